@@ -1,0 +1,2 @@
+//! The PeerCache benchmark binary.
+fn main() {}

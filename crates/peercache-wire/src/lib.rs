@@ -1,0 +1,23 @@
+//! `peercache-wire`: the leaf crate every networked PeerCache crate shares.
+//!
+//! It owns everything that crosses a socket, whatever the plane (discovery, directory,
+//! store control, transport bootstrap):
+//!
+//! * [`frame`] — length-delimited framing with a hard maximum frame size, for blocking
+//!   (`std::net`) and async (`tokio-util` codec) sockets;
+//! * [`envelope`] — the versioned envelope `{magic, version, kind, flags, body_len}` followed by
+//!   a `postcard` body and a trailing extension list that older readers skip;
+//! * [`handshake`] — the connection handshake (version negotiation; authentication extends it);
+//! * [`ids`] — the identifiers every plane shares: [`NodeId`], [`Incarnation`], [`PageKey`].
+//!
+//! Nothing here depends on another PeerCache crate.
+
+pub mod envelope;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod ids;
+
+pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};
+pub use error::WireError;
+pub use ids::{Incarnation, NodeId, PageKey};
