@@ -1,2 +1,67 @@
-//! The PeerCache benchmark binary.
-fn main() {}
+//! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
+
+use peercache_bench::{alloc, micro, report};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
+
+#[derive(Parser, Debug)]
+#[command(name = "peercache-bench", version, about = "PeerCache benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Transport micro-benchmark between two processes (raw-tcp, tcp-read, tcp-write).
+    Micro(micro::MicroArgs),
+    /// Internal: the serving child of `micro`.
+    #[command(hide = true)]
+    MicroServer {
+        #[arg(long, default_value_t = 256)]
+        region_mib: u64,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
+        Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
+        None => {
+            let args = micro::MicroArgs {
+                page_sizes: vec![4096, 131072, 1048576],
+                concurrency: vec![1, 2, 4],
+                batch: 32,
+                rounds: 3,
+                secs: 0.5,
+                region_mib: 256,
+                json: None,
+            };
+            finish(micro::run(&args)?, None)
+        }
+    }
+}
+
+fn finish(report: report::Report, json: Option<&std::path::Path>) -> Result<()> {
+    report.print_table();
+    println!(
+        "summary: {}",
+        serde_json::to_string_pretty(&report.summary)?
+    );
+    if let Some(p) = json {
+        report.write_json(p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}

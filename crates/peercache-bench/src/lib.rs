@@ -1,0 +1,12 @@
+//! `peercache-bench`: the benchmark users run.
+//!
+//! Every subcommand prints a table and accepts `--json FILE` with the result contract of
+//! [`report`]. The `raw-tcp` baseline ([`rawtcp`]) is the one function every TCP row is
+//! compared with.
+
+pub mod alloc;
+pub mod hist;
+pub mod micro;
+pub mod rawtcp;
+pub mod report;
+pub mod runner;

@@ -1,0 +1,37 @@
+//! Transport configuration.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Settings of one transport endpoint.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Address the data server listens on (`127.0.0.1:0` picks a free port).
+    pub bind: SocketAddr,
+    /// Idle-or-busy connections kept per peer (the original's `max_channels_per_peer`).
+    pub max_channels_per_peer: usize,
+    /// Deadline of one batch, connect included.
+    pub op_timeout: Duration,
+    /// How long a peer that timed out is failed fast.
+    pub suspect_for: Duration,
+    /// Most ops in one batch (requests above it are rejected with a typed error).
+    pub max_batch_ops: usize,
+    /// Largest single op in bytes.
+    pub max_op_bytes: u32,
+    /// Most inbound connections the server accepts at once.
+    pub max_server_connections: usize,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_channels_per_peer: 16,
+            op_timeout: Duration::from_secs(5),
+            suspect_for: Duration::from_secs(2),
+            max_batch_ops: 8192,
+            max_op_bytes: 64 << 20,
+            max_server_connections: 1024,
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Vectored socket I/O straight between registered memory and the kernel.
+//!
+//! This is the one place of the TCP engine that turns addresses into memory accesses. Callers
+//! must have validated every `(addr, len)` against a registered region, under the region
+//! table's read guard, before building an iovec.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use peercache_wire::WireError;
+
+/// Most iovecs passed to one `readv`/`writev` (Linux `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Builds an iovec for a validated range.
+pub(crate) fn iovec(addr: u64, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// Tracks one batch's deadline and keeps the socket timeouts no longer than what is left.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    at: Instant,
+    armed: Option<Duration>,
+    total: Duration,
+}
+
+impl Deadline {
+    pub(crate) fn new(total: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + total,
+            armed: None,
+            total,
+        }
+    }
+
+    pub(crate) fn total(&self) -> Duration {
+        self.total
+    }
+
+    /// Called before each blocking syscall: fails if the deadline passed, else shortens the
+    /// socket timeouts when less time is left than they allow. Costs a syscall only when the
+    /// armed timeout changes (once per batch in the common case).
+    pub(crate) fn arm(
+        &mut self,
+        s: &TcpStream,
+        current: &mut Option<Duration>,
+    ) -> Result<(), WireError> {
+        let now = Instant::now();
+        if now >= self.at {
+            return Err(WireError::Timeout(self.total));
+        }
+        let left = self.at - now;
+        let want = match *current {
+            Some(cur) if cur <= left => return Ok(()),
+            _ => left.min(self.total).max(Duration::from_millis(1)),
+        };
+        // Round up so tiny re-arms do not happen on every call.
+        s.set_read_timeout(Some(want))?;
+        s.set_write_timeout(Some(want))?;
+        *current = Some(want);
+        self.armed = Some(want);
+        Ok(())
+    }
+}
+
+fn map(e: io::Error, d: &Deadline) -> WireError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => WireError::Timeout(d.total()),
+        io::ErrorKind::UnexpectedEof => WireError::Closed,
+        _ => WireError::Io(e),
+    }
+}
+
+/// Advances an iovec list past `n` bytes; returns the index of the first unfinished entry.
+fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
+    while n > 0 && start < iovs.len() {
+        let v = &mut iovs[start];
+        if n >= v.iov_len {
+            n -= v.iov_len;
+            v.iov_len = 0;
+            start += 1;
+        } else {
+            // SAFETY: `n < iov_len`, so the new base stays inside the same validated range.
+            v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) } as *mut libc::c_void;
+            v.iov_len -= n;
+            n = 0;
+        }
+    }
+    while start < iovs.len() && iovs[start].iov_len == 0 {
+        start += 1;
+    }
+    start
+}
+
+/// Fills every iovec from the socket, within the deadline.
+pub(crate) fn readv_exact(
+    s: &TcpStream,
+    iovs: &mut [libc::iovec],
+    d: &mut Deadline,
+    armed: &mut Option<Duration>,
+) -> Result<(), WireError> {
+    let fd = s.as_raw_fd();
+    let mut start = advance(iovs, 0, 0);
+    while start < iovs.len() {
+        d.arm(s, armed)?;
+        let cnt = (iovs.len() - start).min(IOV_MAX);
+        // SAFETY: every iovec points into memory validated against a registered region (or a
+        // buffer owned by the caller), held alive by the caller for the duration of the call.
+        let r = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(map(e, d));
+        }
+        if r == 0 {
+            return Err(WireError::Closed);
+        }
+        start = advance(iovs, start, r as usize);
+    }
+    Ok(())
+}
+
+/// Writes every iovec to the socket, within the deadline.
+pub(crate) fn writev_all(
+    s: &TcpStream,
+    iovs: &mut [libc::iovec],
+    d: &mut Deadline,
+    armed: &mut Option<Duration>,
+) -> Result<(), WireError> {
+    let fd = s.as_raw_fd();
+    let mut start = advance(iovs, 0, 0);
+    while start < iovs.len() {
+        d.arm(s, armed)?;
+        let cnt = (iovs.len() - start).min(IOV_MAX);
+        // SAFETY: as in `readv_exact`; the kernel only reads these ranges.
+        let r = unsafe { libc::writev(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(map(e, d));
+        }
+        if r == 0 {
+            return Err(WireError::Closed);
+        }
+        start = advance(iovs, start, r as usize);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advance_walks_partial_and_whole_entries() {
+        let a = [0u8; 10];
+        let b = [0u8; 5];
+        let mut v = [iovec(a.as_ptr() as u64, 10), iovec(b.as_ptr() as u64, 5)];
+        let s = advance(&mut v, 0, 3);
+        assert_eq!(s, 0);
+        assert_eq!(v[0].iov_len, 7);
+        let s = advance(&mut v, s, 9);
+        assert_eq!(s, 1);
+        assert_eq!(v[1].iov_len, 3);
+        assert_eq!(advance(&mut v, s, 3), 2);
+    }
+}

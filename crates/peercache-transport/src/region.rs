@@ -1,0 +1,162 @@
+//! Registered memory regions and their access levels.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{RwLock, RwLockReadGuard};
+
+use crate::{OpError, TransportError};
+
+/// What peers may do with a region. Checked on every op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Only this process uses it (a read destination or a write source). Peers get
+    /// [`OpError::AccessDenied`].
+    LocalOnly,
+    /// Peers may read it (the published pool).
+    RemoteRead,
+    /// Peers may read and write it (reserved slots on storage servers only).
+    RemoteReadWrite,
+}
+
+impl Access {
+    pub(crate) fn allows_remote_read(self) -> bool {
+        matches!(self, Access::RemoteRead | Access::RemoteReadWrite)
+    }
+    pub(crate) fn allows_remote_write(self) -> bool {
+        matches!(self, Access::RemoteReadWrite)
+    }
+}
+
+/// The key peers name a region by (like an RDMA rkey). Unpredictable per process, so a key
+/// from a previous life of a node is unknown to the new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionKey(pub u64);
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Region {
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+}
+
+impl Region {
+    /// Checks that `[addr, addr+len)` lies inside the region.
+    pub(crate) fn check_range(&self, key: RegionKey, addr: u64, len: u64) -> Result<(), OpError> {
+        let end = addr.checked_add(len);
+        match end {
+            Some(end) if addr >= self.base && end <= self.base + self.len => Ok(()),
+            _ => Err(OpError::OutOfRegion {
+                region: key,
+                addr,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+}
+
+/// The table of registered regions, shared by the client and the server of one transport.
+///
+/// Ops look regions up under a read guard held for the whole batch; deregistration takes the
+/// write lock, so memory is never released while a batch still reads or writes it.
+#[derive(Debug)]
+pub(crate) struct RegionTable {
+    regions: RwLock<HashMap<RegionKey, Region>>,
+    next: AtomicU64,
+    salt: u64,
+}
+
+impl RegionTable {
+    pub(crate) fn new() -> Self {
+        let salt = peercache_wire::Incarnation::fresh()
+            .0
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        RegionTable {
+            regions: RwLock::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            salt,
+        }
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, HashMap<RegionKey, Region>> {
+        self.regions.read_recursive()
+    }
+
+    pub(crate) fn insert(
+        &self,
+        base: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<RegionKey, TransportError> {
+        if base == 0 {
+            return Err(TransportError::Register("null pointer"));
+        }
+        if len == 0 {
+            return Err(TransportError::Register("zero length"));
+        }
+        if base.checked_add(len).is_none() {
+            return Err(TransportError::Register("range wraps the address space"));
+        }
+        let mut map = self.regions.write();
+        if map
+            .values()
+            .any(|r| base < r.base + r.len && r.base < base + len)
+        {
+            return Err(TransportError::Register("overlaps a registered region"));
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let key = RegionKey(n.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ self.salt);
+        map.insert(key, Region { base, len, access });
+        Ok(key)
+    }
+
+    pub(crate) fn remove(&self, key: RegionKey) {
+        self.regions.write().remove(&key);
+    }
+}
+
+/// A registered region. Dropping it deregisters the region; the drop waits until no batch is
+/// using it, so the memory may be released right after.
+#[derive(Debug)]
+pub struct RegionHandle {
+    pub(crate) table: Arc<RegionTable>,
+    pub(crate) key: RegionKey,
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+}
+
+impl RegionHandle {
+    /// The key peers use to name this region.
+    pub fn key(&self) -> RegionKey {
+        self.key
+    }
+    /// Start address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// True if the region is empty (never: registration rejects zero length).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access level.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Address of byte `offset` of the region.
+    pub fn addr(&self, offset: u64) -> u64 {
+        self.base + offset
+    }
+}
+
+impl Drop for RegionHandle {
+    fn drop(&mut self) {
+        self.table.remove(self.key);
+    }
+}

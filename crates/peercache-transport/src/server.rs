@@ -1,0 +1,325 @@
+//! The TCP data server: serves registered regions to peers, one thread per connection.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use peercache_wire::handshake::{self, Plane};
+use peercache_wire::{Incarnation, WireError};
+
+use crate::iov::{self, Deadline};
+use crate::proto::{self, Header, WireOp};
+use crate::region::{Region, RegionTable};
+use crate::stats::Counters;
+use crate::{OpError, RegionKey, TransportConfig};
+
+/// Largest total payload of one inbound write batch.
+const MAX_WRITE_BATCH_BYTES: u64 = 1 << 30;
+
+/// Checks a peer's op against the region table.
+pub(crate) fn check_remote_op(
+    regions: &HashMap<RegionKey, Region>,
+    op: &WireOp,
+    write: bool,
+    max_op_bytes: u32,
+) -> Result<(), OpError> {
+    if op.len == 0 || op.len > max_op_bytes {
+        return Err(OpError::BadLength {
+            len: op.len as u64,
+            max: max_op_bytes as u64,
+        });
+    }
+    let region = regions
+        .get(&op.region)
+        .ok_or(OpError::UnknownRegion(op.region))?;
+    let allowed = if write {
+        region.access.allows_remote_write()
+    } else {
+        region.access.allows_remote_read()
+    };
+    if !allowed {
+        return Err(OpError::AccessDenied(op.region));
+    }
+    region.check_range(op.region, op.addr, op.len as u64)
+}
+
+pub(crate) struct ServerShared {
+    pub(crate) table: Arc<RegionTable>,
+    pub(crate) cfg: TransportConfig,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) stop: AtomicBool,
+    pub(crate) live: AtomicUsize,
+    pub(crate) conns: Mutex<HashMap<u64, TcpStream>>,
+    pub(crate) next_conn: AtomicU64,
+    pub(crate) metrics: crate::metrics::Handles,
+}
+
+/// Binds the listener and starts the accept thread. Returns the bound address.
+pub(crate) fn start(
+    shared: Arc<ServerShared>,
+) -> Result<(SocketAddr, std::thread::JoinHandle<()>), std::io::Error> {
+    let listener = TcpListener::bind(shared.cfg.bind)?;
+    let addr = listener.local_addr()?;
+    let handle = std::thread::Builder::new()
+        .name("pc-data-accept".into())
+        .spawn(move || accept_loop(listener, shared))?;
+    Ok((addr, handle))
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        if shared.live.load(Ordering::Acquire) >= shared.cfg.max_server_connections {
+            tracing::warn!(
+                limit = shared.cfg.max_server_connections,
+                "data server at its connection limit; refusing a connection"
+            );
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            shared.conns.lock().insert(id, clone);
+        }
+        shared.live.fetch_add(1, Ordering::AcqRel);
+        let sh = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pc-data-conn".into())
+            .spawn(move || {
+                let peer = stream.peer_addr().ok();
+                if let Err(e) = serve_conn(stream, &sh)
+                    && !matches!(e, WireError::Closed)
+                    && !sh.stop.load(Ordering::Acquire)
+                {
+                    Counters::add(&sh.counters.server_desyncs, 1);
+                    tracing::debug!(?peer, error = %e, "data connection closed");
+                }
+                sh.conns.lock().remove(&id);
+                sh.live.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            shared.conns.lock().remove(&id);
+            shared.live.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Per-connection buffers, reused across requests.
+struct ConnBufs {
+    ops: Vec<u8>,
+    reply: Vec<u8>,
+    iov: Vec<libc::iovec>,
+    sink: Vec<u8>,
+    armed: Option<Duration>,
+}
+
+fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError> {
+    handshake::server_sync(
+        &mut stream,
+        &[Plane::Data],
+        None,
+        sh.incarnation,
+        sh.cfg.op_timeout,
+    )?;
+    let mut bufs = ConnBufs {
+        ops: Vec::new(),
+        reply: Vec::new(),
+        iov: Vec::new(),
+        sink: Vec::new(),
+        armed: None,
+    };
+    loop {
+        // Idle wait for the next request has no deadline; everything after the header does.
+        stream.set_read_timeout(None)?;
+        bufs.armed = None;
+        let mut hdr = [0u8; proto::HDR_LEN];
+        stream
+            .read_exact(&mut hdr)
+            .map_err(peercache_wire::frame::map_io)?;
+        if sh.stop.load(Ordering::Acquire) {
+            return Err(WireError::Closed);
+        }
+        let h = Header::decode(&hdr);
+        if h.magic != proto::REQ_MAGIC {
+            return Err(WireError::BadMagic { found: h.magic });
+        }
+        let mut d = Deadline::new(sh.cfg.op_timeout);
+        let reject = if h.code != proto::OP_READ && h.code != proto::OP_WRITE {
+            Some(proto::BATCH_BAD_KIND)
+        } else if h.count as usize > sh.cfg.max_batch_ops {
+            Some(proto::BATCH_TOO_MANY_OPS)
+        } else {
+            None
+        };
+        if let Some(code) = reject {
+            send_batch_reject(&stream, &h, code, &mut d, &mut bufs)?;
+            return Err(WireError::Malformed {
+                what: "data request",
+                detail: format!("batch rejected with code {code}"),
+            });
+        }
+        let n = h.count as usize;
+        bufs.ops.clear();
+        bufs.ops.resize(n * proto::OP_LEN, 0);
+        bufs.iov.clear();
+        bufs.iov
+            .push(iov::iovec(bufs.ops.as_mut_ptr() as u64, bufs.ops.len()));
+        iov::readv_exact(&stream, &mut bufs.iov, &mut d, &mut bufs.armed)?;
+        if h.code == proto::OP_READ {
+            serve_read(&stream, sh, &h, &mut d, &mut bufs)?;
+        } else {
+            serve_write(&stream, sh, &h, &mut d, &mut bufs)?;
+        }
+    }
+}
+
+fn reply_header(bufs: &mut ConnBufs, h: &Header, status: u8, count: u32) {
+    let mut hb = [0u8; proto::HDR_LEN];
+    Header {
+        magic: proto::REP_MAGIC,
+        code: status,
+        count,
+        req_id: h.req_id,
+    }
+    .encode(&mut hb);
+    bufs.reply.clear();
+    bufs.reply.extend_from_slice(&hb);
+}
+
+fn send_batch_reject(
+    stream: &TcpStream,
+    h: &Header,
+    code: u8,
+    d: &mut Deadline,
+    bufs: &mut ConnBufs,
+) -> Result<(), WireError> {
+    reply_header(bufs, h, code, 0);
+    bufs.iov.clear();
+    bufs.iov
+        .push(iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len()));
+    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)
+}
+
+fn count_served(sh: &ServerShared, ok: u64, bytes: u64, errs: u64, write: bool) {
+    Counters::add(&sh.counters.served_ops, ok);
+    Counters::add(&sh.counters.served_bytes, bytes);
+    Counters::add(&sh.counters.served_errors, errs);
+    let m = &sh.metrics;
+    if write {
+        m.server_write_ops.increment(ok);
+        m.server_write_bytes.increment(bytes);
+    } else {
+        m.server_read_ops.increment(ok);
+        m.server_read_bytes.increment(bytes);
+    }
+    if errs > 0 {
+        metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => "served_op").increment(errs);
+    }
+}
+
+fn serve_read(
+    stream: &TcpStream,
+    sh: &ServerShared,
+    h: &Header,
+    d: &mut Deadline,
+    bufs: &mut ConnBufs,
+) -> Result<(), WireError> {
+    let n = h.count as usize;
+    reply_header(bufs, h, proto::BATCH_OK, h.count);
+    bufs.reply.resize(proto::HDR_LEN + n, 0);
+    bufs.iov.clear();
+    // Placeholder for the reply header + statuses; filled once the statuses are known.
+    bufs.iov.push(iov::iovec(0, 0));
+    // The guard keeps every region alive until the payload is on the wire.
+    let regions = sh.table.read();
+    let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
+    for i in 0..n {
+        let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
+        match check_remote_op(&regions, &op, false, sh.cfg.max_op_bytes) {
+            Ok(()) => {
+                bufs.reply[proto::HDR_LEN + i] = 0;
+                bufs.iov.push(iov::iovec(op.addr, op.len as usize));
+                ok += 1;
+                bytes += op.len as u64;
+            }
+            Err(e) => {
+                bufs.reply[proto::HDR_LEN + i] = e.code();
+                errs += 1;
+            }
+        }
+    }
+    bufs.iov[0] = iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len());
+    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    drop(regions);
+    count_served(sh, ok, bytes, errs, false);
+    Ok(())
+}
+
+fn serve_write(
+    stream: &TcpStream,
+    sh: &ServerShared,
+    h: &Header,
+    d: &mut Deadline,
+    bufs: &mut ConnBufs,
+) -> Result<(), WireError> {
+    let n = h.count as usize;
+    let mut total = 0u64;
+    for i in 0..n {
+        let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
+        total += op.len as u64;
+    }
+    if total > MAX_WRITE_BATCH_BYTES {
+        send_batch_reject(stream, h, proto::BATCH_TOO_MANY_BYTES, d, bufs)?;
+        return Err(WireError::FrameTooLarge {
+            len: total as usize,
+            max: MAX_WRITE_BATCH_BYTES as usize,
+        });
+    }
+    if bufs.sink.is_empty() {
+        bufs.sink.resize(64 << 10, 0);
+    }
+    reply_header(bufs, h, proto::BATCH_OK, h.count);
+    bufs.reply.resize(proto::HDR_LEN + n, 0);
+    bufs.iov.clear();
+    let regions = sh.table.read();
+    let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
+    for i in 0..n {
+        let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
+        match check_remote_op(&regions, &op, true, sh.cfg.max_op_bytes) {
+            Ok(()) => {
+                bufs.reply[proto::HDR_LEN + i] = 0;
+                bufs.iov.push(iov::iovec(op.addr, op.len as usize));
+                ok += 1;
+                bytes += op.len as u64;
+            }
+            Err(e) => {
+                // The payload is on the wire anyway: drain it into the sink.
+                bufs.reply[proto::HDR_LEN + i] = e.code();
+                errs += 1;
+                let mut left = op.len as usize;
+                while left > 0 {
+                    let take = left.min(bufs.sink.len());
+                    bufs.iov
+                        .push(iov::iovec(bufs.sink.as_mut_ptr() as u64, take));
+                    left -= take;
+                }
+            }
+        }
+    }
+    iov::readv_exact(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    drop(regions);
+    bufs.iov.clear();
+    bufs.iov
+        .push(iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len()));
+    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    count_served(sh, ok, bytes, errs, true);
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! Cumulative counters of one transport, readable without a metrics recorder.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of a transport's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Read ops issued that succeeded.
+    pub read_ops: u64,
+    /// Bytes read from peers.
+    pub read_bytes: u64,
+    /// Write ops issued that succeeded.
+    pub write_ops: u64,
+    /// Bytes written to peers.
+    pub write_bytes: u64,
+    /// Ops that failed with a per-op error (either side's validation).
+    pub op_errors: u64,
+    /// Batches that timed out.
+    pub timeouts: u64,
+    /// Times a peer was marked suspect.
+    pub suspect_marks: u64,
+    /// Batches failed fast because the peer was suspect.
+    pub suspect_rejects: u64,
+    /// Connections opened.
+    pub connects: u64,
+    /// Connections dropped after an error.
+    pub conn_discards: u64,
+    /// Ops served to peers.
+    pub served_ops: u64,
+    /// Bytes served to (read) or accepted from (write) peers.
+    pub served_bytes: u64,
+    /// Ops rejected by this node's server.
+    pub served_errors: u64,
+    /// Inbound connections closed because the stream could not be trusted.
+    pub server_desyncs: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) read_ops: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) write_ops: AtomicU64,
+    pub(crate) write_bytes: AtomicU64,
+    pub(crate) op_errors: AtomicU64,
+    pub(crate) timeouts: AtomicU64,
+    pub(crate) suspect_marks: AtomicU64,
+    pub(crate) suspect_rejects: AtomicU64,
+    pub(crate) connects: AtomicU64,
+    pub(crate) conn_discards: AtomicU64,
+    pub(crate) served_ops: AtomicU64,
+    pub(crate) served_bytes: AtomicU64,
+    pub(crate) served_errors: AtomicU64,
+    pub(crate) server_desyncs: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        if n != 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> TransportStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        TransportStats {
+            read_ops: g(&self.read_ops),
+            read_bytes: g(&self.read_bytes),
+            write_ops: g(&self.write_ops),
+            write_bytes: g(&self.write_bytes),
+            op_errors: g(&self.op_errors),
+            timeouts: g(&self.timeouts),
+            suspect_marks: g(&self.suspect_marks),
+            suspect_rejects: g(&self.suspect_rejects),
+            connects: g(&self.connects),
+            conn_discards: g(&self.conn_discards),
+            served_ops: g(&self.served_ops),
+            served_bytes: g(&self.served_bytes),
+            served_errors: g(&self.served_errors),
+            server_desyncs: g(&self.server_desyncs),
+        }
+    }
+}
