@@ -7,6 +7,7 @@
 pub mod alloc;
 pub mod hist;
 pub mod micro;
+pub mod poolbench;
 pub mod rawtcp;
 pub mod report;
 pub mod runner;

@@ -1,6 +1,6 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, micro, report};
+use peercache_bench::{alloc, micro, poolbench, report};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -19,6 +19,8 @@ struct Cli {
 enum Cmd {
     /// Transport micro-benchmark between two processes (raw-tcp, tcp-read, tcp-write).
     Micro(micro::MicroArgs),
+    /// Pool publish against memcpy, and metadata-only allocate/evict/lookup rates.
+    Pool(poolbench::PoolArgs),
     /// Internal: the serving child of `micro`.
     #[command(hide = true)]
     MicroServer {
@@ -38,6 +40,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.json.as_deref()),
         None => {
             let args = micro::MicroArgs {
                 page_sizes: vec![4096, 131072, 1048576],

@@ -1,0 +1,52 @@
+//! Metric names of the pool, and handles resolved once at construction.
+
+use metrics::{Counter, Gauge};
+
+/// Pages resident, label `class` = `retained` | `reclaimable`.
+pub const PAGES: &str = "peercache_pool_pages";
+/// Bytes of payload resident.
+pub const BYTES_USED: &str = "peercache_pool_bytes_used";
+/// Pool capacity in bytes.
+pub const CAPACITY: &str = "peercache_pool_capacity_bytes";
+/// Pages evicted, label `class`.
+pub const EVICTIONS_TOTAL: &str = "peercache_pool_evictions_total";
+/// Pages published (new).
+pub const PUBLISHED_TOTAL: &str = "peercache_pool_published_total";
+/// Publishes of a key already present (answered locally).
+pub const DUPLICATES_TOTAL: &str = "peercache_pool_duplicates_total";
+/// Slabs moved from one size class to another.
+pub const SLAB_STEALS_TOTAL: &str = "peercache_pool_slab_steals_total";
+/// Reads rejected by verification, label `reason`.
+pub const VERIFY_REJECTS_TOTAL: &str = "peercache_pool_verify_rejects_total";
+/// Requests refused with a typed error, label `reason`.
+pub const REJECTS_TOTAL: &str = "peercache_pool_rejects_total";
+
+#[derive(Clone)]
+pub(crate) struct Handles {
+    pub(crate) pages: [Gauge; 2],
+    pub(crate) evictions: [Counter; 2],
+    pub(crate) bytes_used: Gauge,
+    pub(crate) published: Counter,
+    pub(crate) duplicates: Counter,
+    pub(crate) slab_steals: Counter,
+}
+
+impl Handles {
+    pub(crate) fn register(capacity: u64) -> Self {
+        metrics::gauge!(CAPACITY).set(capacity as f64);
+        Handles {
+            pages: [
+                metrics::gauge!(PAGES, "class" => "retained"),
+                metrics::gauge!(PAGES, "class" => "reclaimable"),
+            ],
+            evictions: [
+                metrics::counter!(EVICTIONS_TOTAL, "class" => "retained"),
+                metrics::counter!(EVICTIONS_TOTAL, "class" => "reclaimable"),
+            ],
+            bytes_used: metrics::gauge!(BYTES_USED),
+            published: metrics::counter!(PUBLISHED_TOTAL),
+            duplicates: metrics::counter!(DUPLICATES_TOTAL),
+            slab_steals: metrics::counter!(SLAB_STEALS_TOTAL),
+        }
+    }
+}

@@ -1,0 +1,652 @@
+//! [`Pool`]: the published host-memory pool.
+
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use parking_lot::Mutex;
+use peercache_wire::PageKey;
+
+use crate::header::{self, Expect, HEADER_LEN, SlotHeader};
+use crate::mem::{Mapping, MmapAlloc, RegionAlloc};
+use crate::state::{SlotRef, SlotState, State};
+use crate::{PoolError, VerifyError};
+
+/// Replacement class of a resident page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReplClass {
+    /// Published locally or promoted from disk: evicted last.
+    Retained = 0,
+    /// A copy fetched from a peer, or demoted by the "≥3 live owners" hint: evicted first.
+    Reclaimable = 1,
+}
+
+/// Pool geometry.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Bytes of pool memory.
+    pub size: usize,
+    /// Slab size (0 = derive: size / 64, clamped to 2–64 MiB). The largest page is one slab
+    /// minus the header.
+    pub slab_bytes: usize,
+    /// Try explicit huge pages first.
+    pub hugepages: bool,
+}
+
+impl PoolConfig {
+    /// A pool of `size` bytes with derived slabs and normal pages.
+    pub fn new(size: usize) -> Self {
+        PoolConfig {
+            size,
+            slab_bytes: 0,
+            hugepages: false,
+        }
+    }
+
+    fn effective_slab(&self) -> usize {
+        if self.slab_bytes != 0 {
+            return self.slab_bytes;
+        }
+        ((self.size / 64).clamp(2 << 20, 64 << 20) / 4096) * 4096
+    }
+}
+
+/// Where a resident page lives inside the pool region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageLocation {
+    /// Offset of the slot header from the region base; the payload follows the header.
+    pub offset: u64,
+    /// Payload bytes.
+    pub len: u32,
+    /// Bytes holding data (partial tail pages).
+    pub valid_len: u32,
+    /// Generation of the slot at publish time.
+    pub generation: u64,
+    /// xxh3-64 of the payload.
+    pub checksum: u64,
+    /// Replacement class.
+    pub class: ReplClass,
+}
+
+impl PageLocation {
+    /// Offset of the payload.
+    pub fn payload_offset(&self) -> u64 {
+        self.offset + HEADER_LEN as u64
+    }
+    /// What a reader must find.
+    pub fn expect(&self, key: PageKey) -> Expect {
+        Expect {
+            key,
+            generation: self.generation,
+            len: self.len,
+        }
+    }
+}
+
+/// A page that left the pool (for the caller to tell the directory, in the background).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    /// The page.
+    pub key: PageKey,
+    /// The generation that is gone.
+    pub generation: u64,
+    /// Its class when evicted.
+    pub class: ReplClass,
+}
+
+/// Result of publishing one page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// Written into a new slot.
+    New(PageLocation),
+    /// Already resident (or being written by another caller); recency refreshed.
+    Duplicate(PageLocation),
+    /// Refused.
+    Failed(PoolError),
+}
+
+/// One page to publish: its key and the segments its bytes are gathered from, in order.
+#[derive(Clone, Copy, Debug)]
+pub struct PageWrite<'a> {
+    /// Page key.
+    pub key: PageKey,
+    /// Source segments (K then V, or layer by layer).
+    pub segments: &'a [&'a [u8]],
+    /// Bytes that hold data, when the page is a partial tail (`None` = full).
+    pub valid_len: Option<u32>,
+}
+
+/// Counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Region bytes.
+    pub capacity: u64,
+    /// Payload bytes resident.
+    pub bytes_used: u64,
+    /// Retained pages.
+    pub retained: u64,
+    /// Reclaimable pages.
+    pub reclaimable: u64,
+    /// Retained pages evicted.
+    pub evicted_retained: u64,
+    /// Reclaimable pages evicted.
+    pub evicted_reclaimable: u64,
+    /// Slabs moved between size classes.
+    pub slab_steals: u64,
+    /// Reads rejected by verification.
+    pub verify_rejects: u64,
+}
+
+/// The published pool: one contiguous pre-faulted region cut into size-class slabs, every slot
+/// with a verified header, two-class LRU eviction, leases for local readers.
+pub struct Pool {
+    map: Mapping,
+    state: Mutex<State>,
+    max_payload: u64,
+    metrics: crate::metrics::Handles,
+    verify_rejects: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("base", &self.map.ptr())
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
+/// Scratch a caller reuses across batches so publishing allocates nothing per page.
+#[derive(Debug, Default)]
+pub struct PublishScratch {
+    reserved: Vec<Option<SlotRef>>,
+    offsets: Vec<u64>,
+    checksums: Vec<u64>,
+}
+
+impl Pool {
+    /// Maps and pre-faults a pool with plain mmap (huge pages if configured).
+    pub fn new(cfg: PoolConfig) -> Result<Pool, PoolError> {
+        Self::with_alloc(
+            cfg.clone(),
+            &MmapAlloc {
+                hugepages: cfg.hugepages,
+            },
+        )
+    }
+
+    /// Maps a pool with a custom allocator.
+    pub fn with_alloc(cfg: PoolConfig, alloc: &dyn RegionAlloc) -> Result<Pool, PoolError> {
+        let slab = cfg.effective_slab();
+        if slab < 4096 || !slab.is_multiple_of(64) {
+            return Err(PoolError::Geometry(format!(
+                "slab size {slab} must be a multiple of 64 and at least 4096"
+            )));
+        }
+        if cfg.size < slab {
+            return Err(PoolError::Geometry(format!(
+                "pool size {} is smaller than one slab ({slab})",
+                cfg.size
+            )));
+        }
+        let map = alloc.map(cfg.size)?;
+        let first_generation = peercache_wire::Incarnation::fresh().0 & 0x0000_ffff_ffff_ffff;
+        let state = State::new(map.len() as u64, slab as u64, first_generation);
+        let metrics = crate::metrics::Handles::register(map.len() as u64);
+        tracing::debug!(
+            size = map.len(),
+            slab,
+            huge = map.is_huge(),
+            "pool mapped and pre-faulted"
+        );
+        Ok(Pool {
+            max_payload: slab as u64 - HEADER_LEN as u64,
+            map,
+            state: Mutex::new(state),
+            metrics,
+            verify_rejects: AtomicU64::new(0),
+        })
+    }
+
+    /// Region base (register this with the transport).
+    pub fn base(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+
+    /// Region length.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True if the region is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Largest page accepted.
+    pub fn max_page_bytes(&self) -> u64 {
+        self.max_payload
+    }
+
+    fn seq(&self, offset: u64) -> &AtomicU64 {
+        // SAFETY: `offset` is a slot offset inside the mapping, 64-byte aligned (slabs start at
+        // multiples of the slab size, strides are multiples of 64), and the mapping lives as
+        // long as `self`. All accesses to the seq word go through this atomic view.
+        unsafe { &*(self.map.ptr().add(offset as usize) as *const AtomicU64) }
+    }
+
+    fn check_write(&self, w: &PageWrite<'_>) -> Result<(u32, u32), PoolError> {
+        let len: u64 = w.segments.iter().map(|s| s.len() as u64).sum();
+        if len == 0 {
+            return Err(PoolError::EmptyPage(w.key));
+        }
+        if len > self.max_payload {
+            return Err(PoolError::TooLarge {
+                key: w.key,
+                len,
+                max: self.max_payload,
+            });
+        }
+        let valid = w.valid_len.unwrap_or(len as u32);
+        if valid > len as u32 {
+            return Err(PoolError::BadValidLength {
+                key: w.key,
+                valid,
+                len: len as u32,
+            });
+        }
+        Ok((len as u32, valid))
+    }
+
+    /// Publishes a batch of pages: one lock to reserve slots, copies without the lock, one lock
+    /// to commit. Pages evicted to make room are appended to `evicted`.
+    pub fn publish_batch(
+        &self,
+        pages: &[PageWrite<'_>],
+        class: ReplClass,
+        scratch: &mut PublishScratch,
+        out: &mut Vec<Published>,
+        evicted: &mut Vec<Evicted>,
+    ) {
+        out.clear();
+        scratch.reserved.clear();
+        scratch.offsets.clear();
+        scratch.checksums.clear();
+        {
+            let mut st = self.state.lock();
+            for w in pages {
+                let (len, valid) = match self.check_write(w) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        metrics::counter!(crate::metrics::REJECTS_TOTAL, "reason" => "bad_page")
+                            .increment(1);
+                        out.push(Published::Failed(e));
+                        scratch.reserved.push(None);
+                        scratch.offsets.push(0);
+                        continue;
+                    }
+                };
+                if let Some(&r) = st.index.get(&w.key.0) {
+                    st.refresh(r);
+                    let loc = self.location(&st, r);
+                    out.push(Published::Duplicate(loc));
+                    scratch.reserved.push(None);
+                    scratch.offsets.push(0);
+                    self.metrics.duplicates.increment(1);
+                    continue;
+                }
+                match st.reserve(w.key, len, valid, class, evicted) {
+                    Ok(r) => {
+                        let off = st.offset(r);
+                        // Odd seq: readers that race this write reject what they copy.
+                        let seq = self.seq(off);
+                        let s = seq.load(Ordering::Relaxed);
+                        seq.store(
+                            (s | 1).wrapping_add(if s & 1 == 1 { 2 } else { 0 }),
+                            Ordering::Relaxed,
+                        );
+                        fence(Ordering::Release);
+                        scratch.reserved.push(Some(r));
+                        scratch.offsets.push(off);
+                        out.push(Published::New(PageLocation {
+                            offset: off,
+                            len,
+                            valid_len: valid,
+                            generation: st.meta(r).generation,
+                            checksum: 0,
+                            class,
+                        }));
+                    }
+                    Err(e) => {
+                        metrics::counter!(crate::metrics::REJECTS_TOTAL, "reason" => "full")
+                            .increment(1);
+                        out.push(Published::Failed(e));
+                        scratch.reserved.push(None);
+                        scratch.offsets.push(0);
+                    }
+                }
+            }
+        }
+        // Copy payloads outside the lock; reserved slots are invisible to readers and evictors.
+        for (i, w) in pages.iter().enumerate() {
+            if scratch.reserved[i].is_none() {
+                scratch.checksums.push(0);
+                continue;
+            }
+            let dst = self.payload_ptr(scratch.offsets[i]);
+            // SAFETY: the slot is reserved for this call (state Writing: no other writer, no
+            // eviction) and the page fits its class payload.
+            let sum = unsafe { copy_and_checksum(w.segments, dst) };
+            scratch.checksums.push(sum);
+        }
+        let mut st = self.state.lock();
+        let mut new = 0u64;
+        for (i, w) in pages.iter().enumerate() {
+            let Some(r) = scratch.reserved[i] else {
+                continue;
+            };
+            let off = scratch.offsets[i];
+            let m = *st.meta(r);
+            let seq = self.seq(off);
+            let odd = seq.load(Ordering::Relaxed);
+            let hdr = SlotHeader {
+                seq: odd,
+                flags: class as u16,
+                generation: m.generation,
+                key: w.key,
+                payload_len: m.len,
+                valid_len: m.valid_len,
+                checksum: scratch.checksums[i],
+            };
+            self.write_header_fields(off, &hdr);
+            fence(Ordering::Release);
+            seq.store(odd.wrapping_add(1), Ordering::Release);
+            st.commit(r, scratch.checksums[i]);
+            if let Published::New(loc) = &mut out[i] {
+                loc.checksum = scratch.checksums[i];
+            }
+            new += 1;
+        }
+        self.metrics.published.increment(new);
+        self.publish_gauges(&st);
+    }
+
+    fn publish_gauges(&self, st: &State) {
+        self.metrics.pages[0].set(st.pages[0] as f64);
+        self.metrics.pages[1].set(st.pages[1] as f64);
+        self.metrics.bytes_used.set(st.bytes_used as f64);
+        self.metrics.evictions[0].absolute(st.evictions[0]);
+        self.metrics.evictions[1].absolute(st.evictions[1]);
+        self.metrics.slab_steals.absolute(st.slab_steals);
+    }
+
+    fn payload_ptr(&self, offset: u64) -> *mut u8 {
+        // SAFETY: slot offsets plus the header stay inside the mapping.
+        unsafe { self.map.ptr().add(offset as usize + HEADER_LEN) }
+    }
+
+    /// Writes every header field except seq (bytes 8..64).
+    fn write_header_fields(&self, offset: u64, h: &SlotHeader) {
+        let mut b = [0u8; HEADER_LEN];
+        h.encode(&mut b);
+        // SAFETY: the slot belongs to this writer (Writing state); bytes 8..64 of its header
+        // are inside the mapping and never accessed atomically.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                b.as_ptr().add(8),
+                self.map.ptr().add(offset as usize + 8),
+                HEADER_LEN - 8,
+            );
+        }
+    }
+
+    fn location(&self, st: &State, r: SlotRef) -> PageLocation {
+        let m = st.meta(r);
+        PageLocation {
+            offset: st.offset(r),
+            len: m.len,
+            valid_len: m.valid_len,
+            generation: m.generation,
+            checksum: m.checksum,
+            class: m.repl,
+        }
+    }
+
+    /// Looks up resident pages (`None` = absent or still being written); refreshes hits.
+    pub fn lookup_batch(&self, keys: &[PageKey], out: &mut Vec<Option<PageLocation>>) {
+        out.clear();
+        let mut st = self.state.lock();
+        for k in keys {
+            match st.index.get(&k.0).copied() {
+                Some(r) if st.meta(r).state == SlotState::Live => {
+                    st.refresh(r);
+                    out.push(Some(self.location(&st, r)));
+                }
+                _ => out.push(None),
+            }
+        }
+    }
+
+    /// True if `key` is resident.
+    pub fn contains(&self, key: PageKey) -> bool {
+        let st = self.state.lock();
+        st.index
+            .get(&key.0)
+            .is_some_and(|&r| st.meta(r).state == SlotState::Live)
+    }
+
+    /// Leases resident pages for local reading; eviction skips leased pages until the returned
+    /// guard drops (which releases every lease under one lock).
+    pub fn lease_batch(&self, keys: &[PageKey]) -> Leases<'_> {
+        let mut st = self.state.lock();
+        let mut held = Vec::with_capacity(keys.len());
+        for k in keys {
+            match st.index.get(&k.0).copied() {
+                Some(r) if st.meta(r).state == SlotState::Live => {
+                    st.meta_mut(r).leases += 1;
+                    st.refresh(r);
+                    held.push(Some((r, self.location(&st, r))));
+                }
+                _ => held.push(None),
+            }
+        }
+        Leases { pool: self, held }
+    }
+
+    /// Copies a leased page into `dst` segments, re-checking the seqlock.
+    pub fn read_leased(
+        &self,
+        leases: &Leases<'_>,
+        i: usize,
+        key: PageKey,
+        dst: &mut [&mut [u8]],
+    ) -> Result<(), PoolError> {
+        let Some(Some((_, loc))) = leases.held.get(i) else {
+            return Err(PoolError::NotFound(key));
+        };
+        let total: u64 = dst.iter().map(|d| d.len() as u64).sum();
+        if total != loc.len as u64 {
+            return Err(PoolError::LengthMismatch {
+                key,
+                dst: total,
+                len: loc.len as u64,
+            });
+        }
+        let seq = self.seq(loc.offset);
+        let s1 = seq.load(Ordering::Acquire);
+        let mut src = self.payload_ptr(loc.offset) as *const u8;
+        for d in dst.iter_mut() {
+            // SAFETY: the page is leased (no eviction, no rewrite) and `total == len`, so every
+            // copy stays inside the slot payload.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src, d.as_mut_ptr(), d.len());
+                src = src.add(d.len());
+            }
+        }
+        fence(Ordering::Acquire);
+        if s1 & 1 == 1 || seq.load(Ordering::Relaxed) != s1 {
+            self.reject(VerifyError::Torn);
+            return Err(PoolError::Verify {
+                key,
+                reason: VerifyError::Torn,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies a page without a lease, the way a remote reader does (header + payload in one
+    /// sweep, racing writers), and verifies it. `hdr` receives the header bytes.
+    pub fn read_unleased(
+        &self,
+        loc: &PageLocation,
+        key: PageKey,
+        dst: &mut [u8],
+    ) -> Result<(), PoolError> {
+        if dst.len() != loc.len as usize {
+            return Err(PoolError::LengthMismatch {
+                key,
+                dst: dst.len() as u64,
+                len: loc.len as u64,
+            });
+        }
+        if loc.offset + HEADER_LEN as u64 + loc.len as u64 > self.map.len() as u64 {
+            return Err(PoolError::NotFound(key));
+        }
+        let seq = self.seq(loc.offset);
+        let s1 = seq.load(Ordering::Acquire);
+        let mut hdr = [0u8; HEADER_LEN];
+        // SAFETY: the range was bounds-checked against the mapping above. The slot may be
+        // rewritten concurrently; the copy is treated as untrusted bytes and verified below
+        // (seqlock + generation + key + checksum), exactly as a remote one-sided read is.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.ptr().add(loc.offset as usize),
+                hdr.as_mut_ptr(),
+                HEADER_LEN,
+            );
+            std::ptr::copy_nonoverlapping(
+                self.payload_ptr(loc.offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        fence(Ordering::Acquire);
+        let s2 = seq.load(Ordering::Relaxed);
+        let res = if s1 != s2 || s1 & 1 == 1 {
+            Err(VerifyError::Torn)
+        } else {
+            header::verify(&hdr, dst, &loc.expect(key)).map(|_| ())
+        };
+        res.map_err(|reason| {
+            self.reject(reason);
+            PoolError::Verify { key, reason }
+        })
+    }
+
+    fn reject(&self, reason: VerifyError) {
+        self.verify_rejects.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::VERIFY_REJECTS_TOTAL, "reason" => reason.label())
+            .increment(1);
+    }
+
+    /// Refreshes recency of resident pages (cache hits served elsewhere).
+    pub fn touch(&self, keys: &[PageKey]) {
+        let mut st = self.state.lock();
+        for k in keys {
+            if let Some(&r) = st.index.get(&k.0) {
+                st.refresh(r);
+            }
+        }
+    }
+
+    /// Demotes resident retained pages to reclaimable. Returns how many moved.
+    pub fn mark_reclaimable(&self, keys: &[PageKey]) -> usize {
+        let mut st = self.state.lock();
+        let mut n = 0;
+        for k in keys {
+            if let Some(&r) = st.index.get(&k.0) {
+                n += st.demote(r) as usize;
+            }
+        }
+        self.publish_gauges(&st);
+        n
+    }
+
+    /// Removes pages (only of the given generation, when given). Leased pages stay.
+    pub fn remove_batch(&self, keys: &[(PageKey, Option<u64>)]) -> usize {
+        let mut st = self.state.lock();
+        let n = keys.iter().filter(|(k, g)| st.remove(*k, *g)).count();
+        self.publish_gauges(&st);
+        n
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PoolStats {
+        let st = self.state.lock();
+        PoolStats {
+            capacity: self.map.len() as u64,
+            bytes_used: st.bytes_used,
+            retained: st.pages[0],
+            reclaimable: st.pages[1],
+            evicted_retained: st.evictions[0],
+            evicted_reclaimable: st.evictions[1],
+            slab_steals: st.slab_steals,
+            verify_rejects: self.verify_rejects.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Asserts the internal invariants (every live page indexed once, on its class list).
+    pub fn check_invariants(&self) {
+        self.state.lock().check_invariants();
+    }
+}
+
+/// Copies `segments` to `dst` back to back and returns the XXH3-64 of the result (hashed
+/// from the freshly written, cache-hot destination). A fused chunked copy+hash measured slower
+/// here (the streaming hasher's overhead outweighs the L1 hits).
+///
+/// # Safety
+/// `dst` must be valid for writes of the segments' total length and not aliased.
+unsafe fn copy_and_checksum(segments: &[&[u8]], dst: *mut u8) -> u64 {
+    let mut off = 0usize;
+    for seg in segments {
+        // SAFETY: `off + seg.len()` stays within the total, which the caller guarantees fits.
+        unsafe { std::ptr::copy_nonoverlapping(seg.as_ptr(), dst.add(off), seg.len()) };
+        off += seg.len();
+    }
+    // SAFETY: just written, exclusively ours.
+    header::checksum(unsafe { std::slice::from_raw_parts(dst, off) })
+}
+
+/// Leases on resident pages; dropping releases them all under one lock.
+pub struct Leases<'a> {
+    pool: &'a Pool,
+    held: Vec<Option<(SlotRef, PageLocation)>>,
+}
+
+impl Leases<'_> {
+    /// The location of leased page `i` (`None` if it was not resident).
+    pub fn location(&self, i: usize) -> Option<PageLocation> {
+        self.held.get(i).and_then(|h| h.map(|(_, l)| l))
+    }
+    /// Number of entries (one per key asked for).
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+    /// True if no key was asked for.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+impl Drop for Leases<'_> {
+    fn drop(&mut self) {
+        if self.held.iter().all(|h| h.is_none()) {
+            return;
+        }
+        let mut st = self.pool.state.lock();
+        for (r, _) in self.held.iter().flatten() {
+            let m = st.meta_mut(*r);
+            m.leases -= 1;
+        }
+    }
+}
