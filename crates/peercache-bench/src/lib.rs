@@ -5,6 +5,7 @@
 //! compared with.
 
 pub mod alloc;
+pub mod dirbench;
 pub mod hist;
 pub mod micro;
 pub mod poolbench;

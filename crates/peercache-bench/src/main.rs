@@ -1,6 +1,6 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, micro, poolbench, report};
+use peercache_bench::{alloc, dirbench, micro, poolbench, report};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +21,8 @@ enum Cmd {
     Micro(micro::MicroArgs),
     /// Pool publish against memcpy, and metadata-only allocate/evict/lookup rates.
     Pool(poolbench::PoolArgs),
+    /// Directory: in-process shard lookups, loopback lookup/exists/insert, hand-off.
+    Directory(dirbench::DirArgs),
     /// Internal: the serving child of `micro`.
     #[command(hide = true)]
     MicroServer {
@@ -40,6 +42,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.json.as_deref()),
         None => {
             let args = micro::MicroArgs {

@@ -1,1 +1,31 @@
-//! placeholder
+//! `peercache-directory`: where pages live.
+//!
+//! Every node holds one [`Shard`] of a directory that maps a page key to the locations of its
+//! data owners; the shards that own a key are found on a consistent-hash [`Ring`] of the live
+//! members (`directory_replicas` owners per entry). There is no central metadata server.
+//!
+//! * [`ring`] — our own ring on `xxh3_64`, with committed test vectors.
+//! * [`shard`] — the sans-IO shard: insert (with the "≥3 live owners" reclaimable hint),
+//!   lookup, exists, owner-conditional remove, mark non-resident, bounded memory.
+//! * [`handoff`] — which entries move when the ring changes (only those whose owners changed).
+//! * [`service`] and [`client`] — the thin RPC shell on `peercache-wire`: the client groups
+//!   keys by shard, sends one request per shard per batch to all shards at once, splits large
+//!   batches, and falls back to replicas.
+
+pub mod client;
+mod error;
+pub mod handoff;
+pub mod location;
+pub mod metrics;
+pub mod msg;
+pub mod ring;
+pub mod service;
+pub mod shard;
+
+pub use client::{ClientConfig, DirectoryClient, HandoffReport, Member};
+pub use error::DirError;
+pub use location::{CopyClass, Location, Owners, Rail};
+pub use msg::{DirReply, DirRequest, OwnerRef};
+pub use ring::Ring;
+pub use service::DirectoryService;
+pub use shard::{InsertOutcome, Shard, ShardConfig};

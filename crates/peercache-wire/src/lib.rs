@@ -17,6 +17,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod ids;
+pub mod rpc;
 
 pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};
 pub use error::WireError;

@@ -1,0 +1,481 @@
+//! The routing side: sends each key to its shard owners, one request per shard per batch,
+//! shards in parallel, with replicas as the fallback.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use peercache_wire::envelope;
+use peercache_wire::rpc::{self, RpcClient};
+use peercache_wire::{NodeId, PageKey};
+
+use crate::DirError;
+use crate::handoff;
+use crate::location::{Location, Owners};
+use crate::msg::{DirReply, DirRequest, OwnerRef};
+use crate::ring::Ring;
+use crate::service::DirectoryService;
+use crate::shard::InsertOutcome;
+
+/// A cluster member as the directory sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Node id.
+    pub node: NodeId,
+    /// Its control endpoint (directory RPCs).
+    pub control: SocketAddr,
+}
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Ring owners per entry (`directory_replicas`).
+    pub replicas: usize,
+    /// Virtual nodes per member.
+    pub vnodes: u32,
+    /// Deadline of one fan-out.
+    pub timeout: Duration,
+    /// Keys per request; larger batches are split, never rejected.
+    pub max_keys_per_request: usize,
+    /// After a membership change, misses are retried on replicas for this long (entries may
+    /// still be in flight to their new owners).
+    pub handoff_grace: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            replicas: 2,
+            vnodes: crate::ring::DEFAULT_VNODES,
+            timeout: Duration::from_secs(2),
+            max_keys_per_request: 16 * 1024,
+            handoff_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+struct View {
+    ring: Ring,
+    addrs: HashMap<NodeId, SocketAddr>,
+    changed_at: Instant,
+}
+
+/// What a membership change did to this node's shard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HandoffReport {
+    /// Entries sent to new owners.
+    pub sent: usize,
+    /// Entries dropped because this node no longer owns them.
+    pub dropped: usize,
+    /// Entries whose send failed (kept; retried at the next change).
+    pub failed: usize,
+    /// Locations dropped because their owner left.
+    pub gc: usize,
+}
+
+/// Counters of a client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Requests sent over the network.
+    pub rpcs: u64,
+    /// Requests answered by the local shard.
+    pub local_calls: u64,
+    /// Requests that failed.
+    pub rpc_errors: u64,
+    /// Keys retried on a replica.
+    pub fallbacks: u64,
+}
+
+/// Routes directory operations to shard owners (the local shard directly, peers over RPC).
+pub struct DirectoryClient {
+    me: NodeId,
+    local: Arc<DirectoryService>,
+    rpc: RpcClient,
+    cfg: ClientConfig,
+    view: RwLock<Arc<View>>,
+    rpcs: AtomicU64,
+    local_calls: AtomicU64,
+    errors: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+impl std::fmt::Debug for DirectoryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectoryClient")
+            .field("me", &self.me)
+            .finish()
+    }
+}
+
+type Chunk = (NodeId, Vec<usize>);
+
+impl DirectoryClient {
+    /// A client for node `me`, whose own shard is `local`.
+    pub fn new(
+        me: NodeId,
+        local: Arc<DirectoryService>,
+        rpc: RpcClient,
+        cfg: ClientConfig,
+    ) -> Self {
+        let view = View {
+            ring: Ring::new(Vec::new(), cfg.vnodes),
+            addrs: HashMap::new(),
+            changed_at: Instant::now(),
+        };
+        DirectoryClient {
+            me,
+            local,
+            rpc,
+            cfg,
+            view: RwLock::new(Arc::new(view)),
+            rpcs: AtomicU64::new(0),
+            local_calls: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    fn view(&self) -> Arc<View> {
+        self.view.read().clone()
+    }
+
+    /// The current ring.
+    pub fn ring(&self) -> Ring {
+        self.view().ring.clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            rpcs: self.rpcs.load(Ordering::Relaxed),
+            local_calls: self.local_calls.load(Ordering::Relaxed),
+            rpc_errors: self.errors.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Groups item indices by the owner at replica position `rank` (items without one skip).
+    fn group(
+        &self,
+        view: &View,
+        keys: impl Iterator<Item = (usize, PageKey)>,
+        rank: usize,
+    ) -> Vec<Chunk> {
+        let mut by_node: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut idx = Vec::with_capacity(self.cfg.replicas);
+        for (i, k) in keys {
+            view.ring.owner_indices(k, self.cfg.replicas, &mut idx);
+            if let Some(&m) = idx.get(rank) {
+                by_node.entry(m).or_default().push(i);
+            }
+        }
+        let mut out = Vec::new();
+        for (m, items) in by_node {
+            let node = view.ring.member(m).clone();
+            for chunk in items.chunks(self.cfg.max_keys_per_request.max(1)) {
+                out.push((node.clone(), chunk.to_vec()));
+            }
+        }
+        out
+    }
+
+    /// Sends one request per chunk (local shard inline, peers in parallel).
+    fn fan_out<'a>(
+        &self,
+        view: &View,
+        chunks: &[Chunk],
+        build: impl Fn(&[usize]) -> DirRequest<'a>,
+    ) -> Vec<Result<DirReply, DirError>> {
+        let mut results: Vec<Option<Result<DirReply, DirError>>> =
+            (0..chunks.len()).map(|_| None).collect();
+        let mut frames = Vec::new();
+        let mut remote = Vec::new();
+        for (ci, (node, items)) in chunks.iter().enumerate() {
+            let req = build(items);
+            if *node == self.me {
+                self.local_calls.fetch_add(1, Ordering::Relaxed);
+                results[ci] = Some(Ok(self.local.apply(&req)));
+                continue;
+            }
+            let Some(&addr) = view.addrs.get(node) else {
+                results[ci] = Some(Err(DirError::UnknownMember(node.clone())));
+                continue;
+            };
+            match envelope::encode(&req, &[]) {
+                Ok(f) => {
+                    frames.push((addr, f));
+                    remote.push(ci);
+                }
+                Err(e) => results[ci] = Some(Err(DirError::Wire(e))),
+            }
+        }
+        if !frames.is_empty() {
+            let calls: Vec<(SocketAddr, &[u8])> =
+                frames.iter().map(|(a, f)| (*a, f.as_slice())).collect();
+            self.rpcs.fetch_add(calls.len() as u64, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::RPCS_TOTAL).increment(calls.len() as u64);
+            let replies = self.rpc.call_many(&calls, self.cfg.timeout);
+            for (ci, r) in remote.into_iter().zip(replies) {
+                let r = r
+                    .and_then(|f| rpc::decode_reply::<DirReply>(&f))
+                    .map_err(DirError::Wire);
+                if r.is_err() {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(crate::metrics::RPC_ERRORS_TOTAL).increment(1);
+                }
+                results[ci] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(DirError::NoMembers)))
+            .collect()
+    }
+
+    /// Records locations on every replica owner. Returns, per entry, the primary's outcome
+    /// (or a replica's when the primary failed); `None` if no owner took it.
+    pub fn insert(
+        &self,
+        entries: &[(PageKey, Location)],
+    ) -> Result<Vec<Option<InsertOutcome>>, DirError> {
+        let view = self.view();
+        if view.ring.is_empty() {
+            return Err(DirError::NoMembers);
+        }
+        let mut out: Vec<Option<InsertOutcome>> = vec![None; entries.len()];
+        let mut from_primary = vec![false; entries.len()];
+        let mut chunks = Vec::new();
+        let mut ranks = Vec::new();
+        for rank in 0..self.cfg.replicas {
+            for c in self.group(&view, entries.iter().map(|e| e.0).enumerate(), rank) {
+                chunks.push(c);
+                ranks.push(rank);
+            }
+        }
+        let replies = self.fan_out(&view, &chunks, |items| {
+            DirRequest::Insert(
+                items
+                    .iter()
+                    .map(|&i| entries[i].clone())
+                    .collect::<Vec<_>>()
+                    .into(),
+            )
+        });
+        for (((_, items), rank), reply) in chunks.iter().zip(ranks).zip(replies) {
+            if let Ok(DirReply::Inserted(v)) = reply {
+                for (&i, oc) in items.iter().zip(v) {
+                    if rank == 0 || (!from_primary[i] && out[i].is_none()) {
+                        out[i] = Some(oc);
+                        from_primary[i] = rank == 0;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Owners of each key, best first; misses and failures come back as `None`.
+    pub fn lookup(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, DirError> {
+        let view = self.view();
+        if view.ring.is_empty() {
+            return Err(DirError::NoMembers);
+        }
+        let mut out: Vec<Option<Owners>> = vec![None; keys.len()];
+        let retry_misses = view.changed_at.elapsed() < self.cfg.handoff_grace;
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        for rank in 0..self.cfg.replicas {
+            if pending.is_empty() {
+                break;
+            }
+            if rank > 0 {
+                self.fallbacks
+                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::FALLBACKS_TOTAL).increment(pending.len() as u64);
+            }
+            let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
+            let replies = self.fan_out(&view, &chunks, |items| {
+                DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
+            });
+            let mut next = Vec::new();
+            for ((_, items), reply) in chunks.iter().zip(replies) {
+                match reply {
+                    Ok(DirReply::Found(v)) if v.len() == items.len() => {
+                        for (&i, o) in items.iter().zip(v) {
+                            match o {
+                                Some(o) => out[i] = Some(o),
+                                None if retry_misses => next.push(i),
+                                None => {}
+                            }
+                        }
+                    }
+                    _ => next.extend_from_slice(items),
+                }
+            }
+            pending = next;
+        }
+        Ok(out)
+    }
+
+    /// Presence of each key (memory or disk of a live owner).
+    pub fn exists(&self, keys: &[PageKey]) -> Result<Vec<bool>, DirError> {
+        let view = self.view();
+        if view.ring.is_empty() {
+            return Err(DirError::NoMembers);
+        }
+        let mut out = vec![false; keys.len()];
+        let retry_misses = view.changed_at.elapsed() < self.cfg.handoff_grace;
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        for rank in 0..self.cfg.replicas {
+            if pending.is_empty() {
+                break;
+            }
+            if rank > 0 {
+                self.fallbacks
+                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
+            }
+            let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
+            let replies = self.fan_out(&view, &chunks, |items| {
+                DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
+            });
+            let mut next = Vec::new();
+            for ((_, items), reply) in chunks.iter().zip(replies) {
+                match reply {
+                    Ok(DirReply::Exists(v)) if v.len() == items.len() => {
+                        for (&i, present) in items.iter().zip(v) {
+                            if present {
+                                out[i] = true;
+                            } else if retry_misses {
+                                next.push(i);
+                            }
+                        }
+                    }
+                    _ => next.extend_from_slice(items),
+                }
+            }
+            pending = next;
+        }
+        Ok(out)
+    }
+
+    fn to_replicas(&self, items: &[OwnerRef], mark: bool) -> Result<u32, DirError> {
+        let view = self.view();
+        if view.ring.is_empty() {
+            return Err(DirError::NoMembers);
+        }
+        let mut chunks = Vec::new();
+        for rank in 0..self.cfg.replicas {
+            chunks.extend(self.group(&view, items.iter().map(|r| r.key).enumerate(), rank));
+        }
+        let replies = self.fan_out(&view, &chunks, |idx| {
+            let v: Vec<OwnerRef> = idx.iter().map(|&i| items[i].clone()).collect();
+            if mark {
+                DirRequest::MarkNonResident(v.into())
+            } else {
+                DirRequest::Remove(v.into())
+            }
+        });
+        Ok(replies
+            .into_iter()
+            .map(|r| match r {
+                Ok(DirReply::Applied(n)) => n,
+                _ => 0,
+            })
+            .sum())
+    }
+
+    /// Removes owners' copies on every replica (owner-conditional by generation).
+    pub fn remove(&self, items: &[OwnerRef]) -> Result<u32, DirError> {
+        self.to_replicas(items, false)
+    }
+
+    /// Marks owners' copies disk-only on every replica.
+    pub fn mark_nonresident(&self, items: &[OwnerRef]) -> Result<u32, DirError> {
+        self.to_replicas(items, true)
+    }
+
+    /// Installs a new member set: re-routes, collects locations of departed owners, and hands
+    /// off the entries whose owners changed (only those).
+    pub fn apply_membership(&self, members: &[Member]) -> HandoffReport {
+        let old = self.view();
+        let new_ring = Ring::new(members.iter().map(|m| m.node.clone()), self.cfg.vnodes);
+        let addrs: HashMap<NodeId, SocketAddr> = members
+            .iter()
+            .map(|m| (m.node.clone(), m.control))
+            .collect();
+        let ring_changed = new_ring.members() != old.ring.members();
+        let view = Arc::new(View {
+            ring: new_ring.clone(),
+            addrs,
+            changed_at: if ring_changed {
+                Instant::now()
+            } else {
+                old.changed_at
+            },
+        });
+        *self.view.write() = view.clone();
+        let mut report = HandoffReport::default();
+        if !ring_changed {
+            return report;
+        }
+        for m in old.ring.members() {
+            if !view.addrs.contains_key(m)
+                && let Some(a) = old.addrs.get(m)
+            {
+                self.rpc.forget(*a);
+            }
+        }
+        let plan = self.local.with_shard(|sh, _| {
+            report.gc = sh.set_live(members.iter().map(|m| m.node.clone()));
+            handoff::plan(sh, &self.me, &old.ring, &new_ring, self.cfg.replicas)
+        });
+        let mut ok_all = true;
+        for (node, keys) in &plan.sends {
+            let Some(&addr) = view.addrs.get(node) else {
+                continue;
+            };
+            for chunk in keys.chunks(self.cfg.max_keys_per_request.max(1)) {
+                let entries: Vec<(PageKey, Owners)> = self.local.with_shard(|sh, _| {
+                    chunk
+                        .iter()
+                        .filter_map(|k| sh.peek(*k).map(|o| (*k, o.clone())))
+                        .collect()
+                });
+                let req = DirRequest::Handoff(entries.into());
+                let sent = envelope::encode(&req, &[])
+                    .map_err(DirError::Wire)
+                    .and_then(|f| {
+                        self.rpc
+                            .call(addr, &f, self.cfg.timeout)
+                            .map_err(DirError::Wire)
+                    })
+                    .and_then(|f| rpc::decode_reply::<DirReply>(&f).map_err(DirError::Wire));
+                self.rpcs.fetch_add(1, Ordering::Relaxed);
+                match sent {
+                    Ok(_) => report.sent += chunk.len(),
+                    Err(e) => {
+                        ok_all = false;
+                        report.failed += chunk.len();
+                        tracing::warn!(%node, error = %e, "directory hand-off failed; entries kept");
+                    }
+                }
+            }
+        }
+        if ok_all {
+            self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));
+            report.dropped = plan.drops.len();
+        }
+        metrics::counter!(crate::metrics::HANDOFF_SENT_TOTAL).increment(report.sent as u64);
+        metrics::counter!(crate::metrics::HANDOFF_DROPPED_TOTAL).increment(report.dropped as u64);
+        tracing::info!(
+            members = members.len(),
+            sent = report.sent,
+            dropped = report.dropped,
+            gc = report.gc,
+            "directory ring changed"
+        );
+        report
+    }
+}

@@ -1,0 +1,258 @@
+//! Directory service and client over real loopback sockets, each node on its own 127.0.0.N.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{key, loc, node};
+use peercache_directory::{
+    ClientConfig, DirectoryClient, DirectoryService, Member, OwnerRef, ShardConfig,
+};
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::{Incarnation, NodeId, PageKey};
+
+struct TestNode {
+    id: NodeId,
+    service: Arc<DirectoryService>,
+    server: RpcServer,
+    client: DirectoryClient,
+}
+
+fn start(i: usize, cfg: ClientConfig) -> TestNode {
+    let id = node(i);
+    let service = Arc::new(DirectoryService::new(ShardConfig::default()));
+    let svc = service.clone();
+    let handler: rpc::Handler = Arc::new(move |env| {
+        svc.handle(env).unwrap_or(Reply::Error {
+            error: RpcError {
+                code: RpcError::CODE_UNKNOWN_KIND,
+                message: "not a directory request".into(),
+            },
+            close: false,
+        })
+    });
+    let server = RpcServer::start(
+        ServerConfig {
+            bind: format!("127.0.0.{}:0", i + 1).parse().unwrap(),
+            planes: vec![Plane::Control],
+            node: Some(id.clone()),
+            incarnation: Incarnation(i as u64),
+            max_frame: 16 << 20,
+            handshake_timeout: Duration::from_secs(2),
+            max_connections: 256,
+            workers: 1,
+            name: "dir-test",
+        },
+        handler,
+    )
+    .unwrap();
+    let rpc = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Control, Some(id.clone()), Incarnation(i as u64)),
+        max_idle_per_peer: 8,
+        max_frame: 16 << 20,
+    });
+    let client = DirectoryClient::new(id.clone(), service.clone(), rpc, cfg);
+    TestNode {
+        id,
+        service,
+        server,
+        client,
+    }
+}
+
+fn members(nodes: &[&TestNode]) -> Vec<Member> {
+    nodes
+        .iter()
+        .map(|n| Member {
+            node: n.id.clone(),
+            control: n.server.local_addr(),
+        })
+        .collect()
+}
+
+fn cluster(n: usize, cfg: ClientConfig) -> Vec<TestNode> {
+    let nodes: Vec<TestNode> = (0..n).map(|i| start(i, cfg.clone())).collect();
+    let m = members(&nodes.iter().collect::<Vec<_>>());
+    for t in &nodes {
+        t.client.apply_membership(&m);
+    }
+    nodes
+}
+
+#[test]
+fn insert_on_one_node_is_found_from_every_node() {
+    let nodes = cluster(3, ClientConfig::default());
+    let entries: Vec<_> = (0..500)
+        .map(|i| (key(i), loc(&nodes[0].id, i + 1)))
+        .collect();
+    let out = nodes[0].client.insert(&entries).unwrap();
+    assert!(out.iter().all(|o| o.is_some_and(|o| o.new_owner)));
+    let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    for n in &nodes {
+        let found = n.client.lookup(&keys).unwrap();
+        for (i, f) in found.iter().enumerate() {
+            let owners = f
+                .as_ref()
+                .unwrap_or_else(|| panic!("key {i} missing from {}", n.id));
+            assert_eq!(owners[0], entries[i].1);
+        }
+        assert!(n.client.exists(&keys).unwrap().iter().all(|&b| b));
+    }
+    // Each entry is on exactly two shards (replicas = 2).
+    let total: usize = nodes
+        .iter()
+        .map(|n| n.service.with_shard(|s, _| s.len()))
+        .sum();
+    assert_eq!(total, 1000);
+    assert!(nodes[1].client.stats().rpcs > 0 && nodes[1].client.stats().local_calls > 0);
+}
+
+#[test]
+fn large_batches_are_split_not_rejected() {
+    let cfg = ClientConfig {
+        max_keys_per_request: 100,
+        ..ClientConfig::default()
+    };
+    let nodes = cluster(3, cfg);
+    let entries: Vec<_> = (0..2500).map(|i| (key(i), loc(&nodes[1].id, 1))).collect();
+    nodes[1].client.insert(&entries).unwrap();
+    let keys: Vec<PageKey> = (0..5000).map(key).collect();
+    let present = nodes[2].client.exists(&keys).unwrap();
+    assert_eq!(present.iter().filter(|&&b| b).count(), 2500);
+    assert!(present[..2500].iter().all(|&b| b));
+    assert!(
+        nodes[2].client.stats().rpcs >= 30,
+        "the 5000-key exists was split into many requests"
+    );
+}
+
+#[test]
+fn owner_conditional_remove_and_non_resident_reach_every_replica() {
+    let nodes = cluster(3, ClientConfig::default());
+    let k = key(42);
+    nodes[0]
+        .client
+        .insert(&[(k, loc(&nodes[0].id, 3))])
+        .unwrap();
+    let r = |g| OwnerRef {
+        key: k,
+        node: nodes[0].id.clone(),
+        generation: Some(g),
+    };
+    assert_eq!(
+        nodes[1].client.mark_nonresident(&[r(3)]).unwrap(),
+        2,
+        "both replicas marked"
+    );
+    let owners = nodes[2].client.lookup(&[k]).unwrap()[0].clone().unwrap();
+    assert!(!owners[0].resident);
+    assert_eq!(
+        nodes[2].client.remove(&[r(2)]).unwrap(),
+        0,
+        "wrong generation: nothing removed"
+    );
+    assert_eq!(nodes[2].client.remove(&[r(3)]).unwrap(), 2);
+    assert_eq!(nodes[0].client.lookup(&[k]).unwrap()[0], None);
+}
+
+#[test]
+fn reads_fall_back_to_a_replica_when_the_primary_is_down() {
+    let mut nodes = cluster(
+        3,
+        ClientConfig {
+            timeout: Duration::from_millis(500),
+            ..ClientConfig::default()
+        },
+    );
+    let entries: Vec<_> = (0..300).map(|i| (key(i), loc(&nodes[0].id, 1))).collect();
+    nodes[0].client.insert(&entries).unwrap();
+    // Stop node 2's server without telling anyone (a crash before discovery notices).
+    nodes[2].server.shutdown();
+    let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    let t0 = Instant::now();
+    let found = nodes[0].client.lookup(&keys).unwrap();
+    assert!(
+        found.iter().all(|f| f.is_some()),
+        "every key still found through a replica"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(nodes[0].client.stats().fallbacks > 0);
+    drop(nodes.pop());
+}
+
+#[test]
+fn a_node_that_joins_after_the_publish_finds_every_key() {
+    let mut nodes = cluster(3, ClientConfig::default());
+    let entries: Vec<_> = (0..3000).map(|i| (key(i), loc(&nodes[0].id, 1))).collect();
+    nodes[0].client.insert(&entries).unwrap();
+    nodes.push(start(3, ClientConfig::default()));
+    let m = members(&nodes.iter().collect::<Vec<_>>());
+    let mut sent = 0;
+    let mut dropped = 0;
+    for n in &nodes {
+        let r = n.client.apply_membership(&m);
+        assert_eq!(r.failed, 0);
+        sent += r.sent;
+        dropped += r.dropped;
+    }
+    eprintln!("join over sockets: sent {sent}, dropped {dropped}");
+    // The newcomer's share with two replicas is about 2 × 3000 / 4 entries.
+    assert!(
+        sent > 1000 && sent <= (1.3f64 * 1500.0) as usize,
+        "sent {sent}"
+    );
+    assert_eq!(
+        sent, dropped,
+        "each entry moved once and its old copy was dropped"
+    );
+    let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    let found = nodes[3].client.lookup(&keys).unwrap();
+    assert!(found.iter().all(|f| f.is_some()));
+    let total: usize = nodes
+        .iter()
+        .map(|n| n.service.with_shard(|s, _| s.len()))
+        .sum();
+    assert_eq!(
+        total, 6000,
+        "still exactly two copies of every entry, none stale"
+    );
+}
+
+#[test]
+fn malformed_frames_close_only_that_connection() {
+    let nodes = cluster(2, ClientConfig::default());
+    let addr = nodes[1].server.local_addr();
+    let c = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(9)),
+        max_idle_per_peer: 2,
+        max_frame: 1 << 20,
+    });
+    // A directory-kind envelope whose body is garbage.
+    let mut bad = peercache_wire::envelope::encode(
+        &peercache_directory::DirRequest::Exists(vec![key(1)].into()),
+        &[],
+    )
+    .unwrap();
+    let n = bad.len();
+    bad[n - 1] = 0xff;
+    bad.truncate(n - 1);
+    bad.extend_from_slice(&[0xff, 0xff, 0xff]);
+    let reply = c.call(addr, &bad, Duration::from_secs(1)).unwrap();
+    assert!(rpc::decode_reply::<peercache_directory::DirReply>(&reply).is_err());
+    assert_eq!(
+        nodes[1]
+            .server
+            .counters()
+            .malformed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // The node still serves everyone else.
+    nodes[0]
+        .client
+        .insert(&[(key(5), loc(&nodes[0].id, 1))])
+        .unwrap();
+    assert!(nodes[0].client.exists(&[key(5)]).unwrap()[0]);
+}

@@ -1,0 +1,237 @@
+//! The sans-IO shard and hand-off planning, with a simulated clock and many nodes in-process.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{key, loc, node};
+use peercache_directory::handoff;
+use peercache_directory::{Ring, Shard, ShardConfig};
+use peercache_wire::{Incarnation, NodeId};
+
+#[test]
+fn insert_lookup_exists_and_owner_conditional_remove() {
+    let mut sh = Shard::new(ShardConfig::default());
+    let (a, b) = (node(1), node(2));
+    let k = key(1);
+    let o = sh.insert(k, loc(&a, 5), 0);
+    assert!(o.new_owner && o.live_owners == 1 && !o.reclaimable);
+    let o = sh.insert(k, loc(&a, 6), 1);
+    assert!(
+        !o.new_owner,
+        "same owner again is an update, not a new owner"
+    );
+    sh.insert(k, loc(&b, 9), 2);
+    assert!(sh.exists(k, 3));
+    assert_eq!(sh.lookup(k, 3).unwrap().len(), 2);
+    // A late eviction notice for generation 5 must not remove the newer publish (gen 6).
+    assert!(!sh.remove(k, &a, Some(5)));
+    assert!(sh.remove(k, &a, Some(6)));
+    assert!(sh.remove(k, &b, None));
+    assert!(!sh.exists(k, 4));
+    assert!(sh.is_empty());
+}
+
+#[test]
+fn third_live_owner_gets_the_reclaimable_hint() {
+    let mut sh = Shard::new(ShardConfig::default());
+    let k = key(7);
+    assert!(!sh.insert(k, loc(&node(1), 1), 0).reclaimable);
+    assert!(!sh.insert(k, loc(&node(2), 1), 0).reclaimable);
+    let third = sh.insert(k, loc(&node(3), 1), 0);
+    assert!(third.reclaimable && third.live_owners == 3);
+    // A duplicate insert by an existing owner is not a new owner: no hint.
+    assert!(!sh.insert(k, loc(&node(3), 2), 0).reclaimable);
+    // Owners that left do not count as live.
+    sh.set_live([node(1), node(4)]);
+    let fourth = sh.insert(k, loc(&node(4), 1), 0);
+    assert_eq!(fourth.live_owners, 2);
+    assert!(!fourth.reclaimable);
+}
+
+#[test]
+fn non_resident_copies_sort_last_and_still_exist() {
+    let mut sh = Shard::new(ShardConfig::default());
+    let k = key(2);
+    sh.insert(k, loc(&node(1), 1), 0);
+    sh.insert(k, loc(&node(2), 1), 0);
+    assert!(sh.mark_nonresident(k, &node(1), Some(1)));
+    let owners = sh.lookup(k, 1).unwrap();
+    assert_eq!(owners[0].node, node(2));
+    assert!(!owners[1].resident);
+    sh.remove(k, &node(2), None);
+    assert!(sh.exists(k, 2), "a disk-only copy still counts as present");
+}
+
+#[test]
+fn memory_is_bounded_by_cap_and_ttl() {
+    let mut sh = Shard::new(ShardConfig {
+        max_entries: 100,
+        entry_ttl_ms: 1000,
+        reclaim_threshold: 3,
+    });
+    for i in 0..250 {
+        sh.insert(key(i), loc(&node(1), 1), i);
+    }
+    assert_eq!(sh.len(), 100);
+    assert_eq!(sh.stats().cap_evictions, 150);
+    assert!(
+        sh.exists(key(249), 300) && !sh.exists(key(0), 300),
+        "least recently used go first"
+    );
+    // Reading an old entry keeps it; untouched ones expire.
+    assert!(sh.lookup(key(150), 900).is_some());
+    assert!(sh.lookup(key(151), 1300).is_none(), "expired after the TTL");
+    assert!(
+        sh.lookup(key(150), 1300).is_some(),
+        "refreshed by the read at 900"
+    );
+    assert!(sh.stats().ttl_expirations >= 1);
+}
+
+#[test]
+fn departed_and_restarted_owners_are_collected() {
+    let mut sh = Shard::new(ShardConfig::default());
+    for i in 0..10 {
+        sh.insert(key(i), loc(&node(1), 1), 0);
+        sh.insert(key(i), loc(&node(2), 1), 0);
+    }
+    assert_eq!(sh.set_live([node(2)]), 10);
+    assert!(
+        sh.lookup(key(3), 0)
+            .unwrap()
+            .iter()
+            .all(|o| o.node == node(2))
+    );
+    // node-2 restarts with a new incarnation: its old locations go.
+    assert_eq!(sh.drop_incarnations_before(&node(2), Incarnation(99)), 10);
+    assert!(sh.is_empty());
+}
+
+/// Ten shards, 100k entries with two replicas, one node joins: measure what moves.
+#[test]
+fn a_join_moves_only_changed_entries_and_leaves_no_stale_copies() {
+    const N: usize = 10;
+    const KEYS: u64 = 100_000;
+    const R: usize = 2;
+    let members: Vec<NodeId> = (0..N).map(node).collect();
+    let old = Ring::new(members.clone(), 160);
+    let mut shards: HashMap<NodeId, Shard> = members
+        .iter()
+        .map(|m| (m.clone(), Shard::new(ShardConfig::default())))
+        .collect();
+    for i in 0..KEYS {
+        let k = key(i);
+        for owner in old.owners(k, R) {
+            shards
+                .get_mut(&owner)
+                .unwrap()
+                .insert(k, loc(&members[(i % N as u64) as usize], 1), 0);
+        }
+    }
+    let newcomer = node(N);
+    let mut all = members.clone();
+    all.push(newcomer.clone());
+    let new = Ring::new(all.clone(), 160);
+    shards.insert(newcomer.clone(), Shard::new(ShardConfig::default()));
+
+    let mut plans = HashMap::new();
+    for m in &all {
+        plans.insert(m.clone(), handoff::plan(&shards[m], m, &old, &new, R));
+    }
+    let sent: usize = plans.values().map(|p| p.send_count()).sum();
+    // Apply: deliver, then drop.
+    for (from, plan) in &plans {
+        for (to, keys) in &plan.sends {
+            let entries: Vec<_> = keys
+                .iter()
+                .map(|k| (*k, shards[from].peek(*k).unwrap().clone()))
+                .collect();
+            let dst = shards.get_mut(to).unwrap();
+            for (k, owners) in entries {
+                dst.merge(k, &owners, 1);
+            }
+        }
+    }
+    for (from, plan) in &plans {
+        shards.get_mut(from).unwrap().drop_keys(&plan.drops);
+    }
+    let expected_share =
+        new.shares_with_replicas(R)[new.members().binary_search(&newcomer).unwrap()] * KEYS as f64;
+    let stale: usize = all
+        .iter()
+        .map(|m| {
+            shards[m]
+                .keys()
+                .filter(|k| !new.owners(*k, R).contains(m))
+                .count()
+        })
+        .sum();
+    let missing = (0..KEYS)
+        .filter(|i| {
+            new.owners(key(*i), R)
+                .iter()
+                .any(|o| !shards.get_mut(o).unwrap().exists(key(*i), 2))
+        })
+        .count();
+    eprintln!(
+        "join: sent {sent} entries, newcomer's expected share {expected_share:.0} (ratio {:.3}), stale copies {stale}, missing {missing}",
+        sent as f64 / expected_share
+    );
+    assert!(
+        sent as f64 <= 1.3 * expected_share,
+        "sent {sent} > 1.3 × {expected_share}"
+    );
+    assert_eq!(stale, 0, "former owners must drop what they no longer own");
+    assert_eq!(missing, 0, "every key must be on every new owner");
+    assert_eq!(
+        shards[&newcomer].len() as f64,
+        sent as f64,
+        "everything sent went to the newcomer"
+    );
+}
+
+#[test]
+fn a_leave_re_replicates_from_survivors() {
+    let members: Vec<NodeId> = (0..5).map(node).collect();
+    let old = Ring::new(members.clone(), 160);
+    let mut shards: HashMap<NodeId, Shard> = members
+        .iter()
+        .map(|m| (m.clone(), Shard::new(ShardConfig::default())))
+        .collect();
+    for i in 0..5000 {
+        for owner in old.owners(key(i), 2) {
+            shards
+                .get_mut(&owner)
+                .unwrap()
+                .insert(key(i), loc(&node(0), 1), 0);
+        }
+    }
+    let gone = node(3);
+    shards.remove(&gone);
+    let rest: Vec<NodeId> = members.iter().filter(|m| **m != gone).cloned().collect();
+    let new = Ring::new(rest.clone(), 160);
+    let plans: Vec<_> = rest
+        .iter()
+        .map(|m| (m.clone(), handoff::plan(&shards[m], m, &old, &new, 2)))
+        .collect();
+    for (from, plan) in &plans {
+        for (to, keys) in &plan.sends {
+            let entries: Vec<_> = keys
+                .iter()
+                .map(|k| (*k, shards[from].peek(*k).unwrap().clone()))
+                .collect();
+            for (k, o) in entries {
+                shards.get_mut(to).unwrap().merge(k, &o, 1);
+            }
+        }
+    }
+    for i in 0..5000 {
+        for o in new.owners(key(i), 2) {
+            assert!(
+                shards.get_mut(&o).unwrap().exists(key(i), 2),
+                "key {i} missing on {o}"
+            );
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! Request/response RPC on framed, handshaken connections — the shape every control plane
+//! (discovery, directory, store control) shares.
+//!
+//! * [`RpcServer`]: a small tokio runtime that accepts connections, runs the handshake, and
+//!   answers each request frame with the handler's reply frame. A frame the handler cannot
+//!   decode gets an [`RpcError`] reply and the connection is closed (the stream is not trusted
+//!   any more); the server and every other connection keep going.
+//! * [`RpcClient`]: a blocking client with a per-peer connection pool and a deadline on every
+//!   call; [`RpcClient::call_many`] writes requests to several peers before reading any reply,
+//!   so fan-out costs one round trip, not one per peer.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use tokio_util::codec::Framed;
+
+use crate::envelope::{self, Envelope, Message};
+use crate::frame;
+use crate::handshake::{self, Hello, Plane};
+use crate::{Incarnation, NodeId, WireError};
+
+/// A generic error reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// Machine-readable code (see the `CODE_*` constants).
+    pub code: u16,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+impl RpcError {
+    /// The request did not decode.
+    pub const CODE_MALFORMED: u16 = 1;
+    /// The request kind is not served here.
+    pub const CODE_UNKNOWN_KIND: u16 = 2;
+    /// The request was valid but refused (limits, state).
+    pub const CODE_REFUSED: u16 = 3;
+    /// The server is shutting down.
+    pub const CODE_SHUTDOWN: u16 = 4;
+}
+
+impl Message for RpcError {
+    const KIND: u16 = 0x0003;
+    const NAME: &'static str = "RpcError";
+}
+
+/// What a handler returns: a reply frame, or an error reply (and whether to close).
+pub enum Reply {
+    /// An encoded reply envelope.
+    Frame(Vec<u8>),
+    /// Answer with an [`RpcError`]; `close` drops the connection afterwards.
+    Error {
+        /// The error to send.
+        error: RpcError,
+        /// Close the connection after sending.
+        close: bool,
+    },
+}
+
+/// The request handler of a server.
+pub type Handler = Arc<dyn Fn(Envelope<'_>) -> Reply + Send + Sync>;
+
+/// Settings of an [`RpcServer`].
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address to bind.
+    pub bind: SocketAddr,
+    /// Planes accepted in the handshake.
+    pub planes: Vec<Plane>,
+    /// This node, announced in the handshake.
+    pub node: Option<NodeId>,
+    /// This process's incarnation.
+    pub incarnation: Incarnation,
+    /// Largest request frame.
+    pub max_frame: usize,
+    /// Handshake deadline.
+    pub handshake_timeout: Duration,
+    /// Most concurrent connections.
+    pub max_connections: usize,
+    /// Runtime worker threads.
+    pub workers: usize,
+    /// Thread name prefix.
+    pub name: &'static str,
+}
+
+/// Counters of a server.
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    /// Requests answered.
+    pub requests: AtomicU64,
+    /// Connections closed because a frame was malformed or oversize.
+    pub malformed: AtomicU64,
+    /// Handshakes refused or failed.
+    pub handshake_failures: AtomicU64,
+}
+
+/// A running RPC server. Dropping it stops it.
+pub struct RpcServer {
+    addr: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<tokio::sync::Notify>,
+    stopped: Arc<AtomicBool>,
+    counters: Arc<ServerCounters>,
+}
+
+impl std::fmt::Debug for RpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl RpcServer {
+    /// Binds and starts serving with `handler`.
+    pub fn start(cfg: ServerConfig, handler: Handler) -> Result<RpcServer, WireError> {
+        // One worker: a current-thread runtime on a dedicated thread (no cross-thread wake-ups
+        // on the request path). More: a multi-thread runtime.
+        let runtime = if cfg.workers <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cfg.workers)
+                .thread_name(cfg.name)
+                .enable_all()
+                .build()?
+        };
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(cfg.bind))?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(ServerCounters::default());
+        let live = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
+        let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
+        let name = cfg.name;
+        let accept_loop = async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = stop2.notified() => break,
+                };
+                let Ok((sock, _peer)) = accepted else {
+                    continue;
+                };
+                let Ok(permit) = live.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        limit = cfg.max_connections,
+                        "rpc server at its connection limit"
+                    );
+                    continue;
+                };
+                let _ = sock.set_nodelay(true);
+                let (cfg, handler, counters, stopped) = (
+                    cfg.clone(),
+                    handler.clone(),
+                    counters2.clone(),
+                    stopped2.clone(),
+                );
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    serve_conn(sock, &cfg, &handler, &counters, &stopped).await;
+                });
+            }
+        };
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                runtime.block_on(accept_loop);
+                runtime.shutdown_timeout(Duration::from_millis(500));
+            })?;
+        Ok(RpcServer {
+            addr,
+            thread: Some(thread),
+            stop,
+            stopped,
+            counters,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &ServerCounters {
+        &self.counters
+    }
+
+    /// Stops accepting and closes every connection. Idempotent.
+    pub fn shutdown(&mut self) {
+        self.stopped.store(true, Ordering::Release);
+        self.stop.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn serve_conn(
+    sock: tokio::net::TcpStream,
+    cfg: &ServerConfig,
+    handler: &Handler,
+    counters: &ServerCounters,
+    stopped: &AtomicBool,
+) {
+    let mut framed = Framed::new(sock, frame::codec(cfg.max_frame));
+    if let Err(e) = handshake::server_async(
+        &mut framed,
+        &cfg.planes,
+        cfg.node.clone(),
+        cfg.incarnation,
+        cfg.handshake_timeout,
+    )
+    .await
+    {
+        counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(error = %e, "rpc handshake failed");
+        return;
+    }
+    while let Some(next) = framed.next().await {
+        let Ok(frame) = next else {
+            // Oversize or broken framing: the stream cannot be trusted.
+            counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let (reply, close) = match Envelope::parse(&frame) {
+            Err(e) => (error_frame(RpcError::CODE_MALFORMED, e.to_string()), true),
+            Ok(env) => match handler(env) {
+                Reply::Frame(f) => (f, false),
+                Reply::Error { error, close } => {
+                    (envelope::encode(&error, &[]).unwrap_or_default(), close)
+                }
+            },
+        };
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        if close {
+            counters.malformed.fetch_add(1, Ordering::Relaxed);
+        }
+        if framed.send(Bytes::from(reply)).await.is_err() || close {
+            return;
+        }
+    }
+}
+
+fn error_frame(code: u16, message: String) -> Vec<u8> {
+    envelope::encode(&RpcError { code, message }, &[]).unwrap_or_default()
+}
+
+/// Decodes a reply frame as `M`, turning an [`RpcError`] reply into [`WireError::Handshake`]-
+/// free typed errors.
+pub fn decode_reply<M: Message>(frame: &[u8]) -> Result<M, WireError> {
+    let env = Envelope::parse(frame)?;
+    if env.kind == RpcError::KIND {
+        let e: RpcError = env.decode()?;
+        return Err(WireError::Malformed {
+            what: "remote request",
+            detail: format!("peer answered error {}: {}", e.code, e.message),
+        });
+    }
+    env.decode()
+}
+
+/// Settings of an [`RpcClient`].
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The hello sent on every new connection.
+    pub hello: Hello,
+    /// Idle connections kept per peer.
+    pub max_idle_per_peer: usize,
+    /// Largest reply frame accepted.
+    pub max_frame: usize,
+}
+
+/// A blocking RPC client with pooled connections.
+#[derive(Debug)]
+pub struct RpcClient {
+    cfg: ClientConfig,
+    pools: RwLock<HashMap<SocketAddr, Arc<Mutex<Vec<Conn>>>>>,
+}
+
+impl RpcClient {
+    /// A client with no connections yet.
+    pub fn new(cfg: ClientConfig) -> Self {
+        RpcClient {
+            cfg,
+            pools: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn pool(&self, peer: SocketAddr) -> Arc<Mutex<Vec<Conn>>> {
+        if let Some(p) = self.pools.read().get(&peer) {
+            return p.clone();
+        }
+        self.pools.write().entry(peer).or_default().clone()
+    }
+
+    /// A pooled connection (`true`) or a new one (`false`).
+    fn checkout(&self, peer: SocketAddr, deadline: Instant) -> Result<(Conn, bool), WireError> {
+        if let Some(s) = self.pool(peer).lock().pop() {
+            return Ok((s, true));
+        }
+        Ok((self.fresh(peer, deadline)?, false))
+    }
+
+    fn checkin(&self, peer: SocketAddr, s: Conn) {
+        let pool = self.pool(peer);
+        let mut idle = pool.lock();
+        if idle.len() < self.cfg.max_idle_per_peer {
+            idle.push(s);
+        }
+    }
+
+    /// Drops pooled connections to `peer`.
+    pub fn forget(&self, peer: SocketAddr) {
+        self.pools.write().remove(&peer);
+    }
+
+    /// One request, one reply, within `timeout`.
+    pub fn call(
+        &self,
+        peer: SocketAddr,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, WireError> {
+        self.call_many(&[(peer, request)], timeout)
+            .pop()
+            .unwrap_or(Err(WireError::Closed))
+    }
+
+    /// Sends every request first, then reads every reply: the calls overlap. Each result is
+    /// independent; all share one deadline. A pooled connection the peer closed meanwhile is
+    /// replaced once (requests of every PeerCache plane are idempotent).
+    pub fn call_many(
+        &self,
+        calls: &[(SocketAddr, &[u8])],
+        timeout: Duration,
+    ) -> Vec<Result<Vec<u8>, WireError>> {
+        let deadline = Instant::now() + timeout;
+        let mut conns: Vec<Result<(Conn, bool), WireError>> = calls
+            .iter()
+            .map(|(peer, req)| {
+                let (mut s, reused) = self.checkout(*peer, deadline)?;
+                s.arm(deadline)?;
+                match frame::write_frame(&mut s.stream, req) {
+                    Ok(()) => Ok((s, reused)),
+                    Err(_) if reused => {
+                        let mut s = self.fresh(*peer, deadline)?;
+                        frame::write_frame(&mut s.stream, req)?;
+                        Ok((s, false))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .collect();
+        let mut out = Vec::with_capacity(calls.len());
+        for (i, c) in conns.iter_mut().enumerate() {
+            let (peer, req) = calls[i];
+            let mut res = match c {
+                Err(e) => Err(std::mem::replace(e, WireError::Closed)),
+                Ok((s, _)) => self.read_reply(s, deadline, timeout),
+            };
+            let reused = matches!(c, Ok((_, true)));
+            if reused && matches!(res, Err(WireError::Closed) | Err(WireError::Io(_))) {
+                res = self.fresh(peer, deadline).and_then(|mut s| {
+                    frame::write_frame(&mut s.stream, req)?;
+                    let r = self.read_reply(&mut s, deadline, timeout);
+                    if r.as_ref().is_ok_and(|f| !is_error_reply(f)) {
+                        self.checkin(peer, s);
+                    }
+                    r
+                });
+            } else if res.as_ref().is_ok_and(|f| !is_error_reply(f))
+                && let Ok((s, _)) = std::mem::replace(c, Err(WireError::Closed))
+            {
+                self.checkin(peer, s);
+            }
+            out.push(res);
+        }
+        out
+    }
+
+    fn read_reply(
+        &self,
+        s: &mut Conn,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, WireError> {
+        let mut buf = Vec::new();
+        match s
+            .arm(deadline)
+            .and_then(|_| frame::read_frame(&mut s.stream, self.cfg.max_frame, &mut buf))
+        {
+            Ok(()) => Ok(buf),
+            Err(WireError::Timeout(_)) => Err(WireError::Timeout(timeout)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fresh(&self, peer: SocketAddr, deadline: Instant) -> Result<Conn, WireError> {
+        let left = remaining(deadline)?;
+        let mut s = TcpStream::connect_timeout(&peer, left).map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                WireError::Timeout(left)
+            }
+            _ => WireError::Io(e),
+        })?;
+        s.set_nodelay(true)?;
+        handshake::client_sync(&mut s, &self.cfg.hello, remaining(deadline)?)?;
+        let mut c = Conn {
+            stream: s,
+            armed: None,
+        };
+        c.arm(deadline)?;
+        Ok(c)
+    }
+}
+
+/// An error reply may come with the server closing the connection: never pool it.
+fn is_error_reply(frame: &[u8]) -> bool {
+    Envelope::parse(frame).map_or(true, |e| e.kind == RpcError::KIND)
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, WireError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(WireError::Timeout(Duration::ZERO))
+    } else {
+        Ok(left)
+    }
+}
+
+/// A pooled connection and the socket timeout currently set on it.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    armed: Option<Duration>,
+}
+
+impl Conn {
+    /// Keeps the socket timeouts within 5 ms of the time left, touching them (two syscalls)
+    /// only when they drift: once per connection in steady state instead of twice per call.
+    fn arm(&mut self, deadline: Instant) -> Result<(), WireError> {
+        let left = remaining(deadline)?;
+        let slack = Duration::from_millis(5);
+        let ok = self
+            .armed
+            .is_some_and(|a| a <= left + slack && a * 2 >= left);
+        if !ok {
+            self.stream.set_read_timeout(Some(left))?;
+            self.stream.set_write_timeout(Some(left))?;
+            self.armed = Some(left);
+        }
+        Ok(())
+    }
+}

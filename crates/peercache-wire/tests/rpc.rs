@@ -1,0 +1,178 @@
+//! The shared RPC server and client over real loopback sockets.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use peercache_wire::envelope::{self, Message};
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{
+    self, ClientConfig, Reply, RpcClient, RpcError, RpcServer, ServerConfig,
+};
+use peercache_wire::{Incarnation, WireError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Echo(u64, String);
+impl Message for Echo {
+    const KIND: u16 = 0x00e0;
+    const NAME: &'static str = "Echo";
+}
+
+fn server(addr: &str) -> RpcServer {
+    let handler: rpc::Handler = Arc::new(|env| match env.decode::<Echo>() {
+        Ok(Echo(n, s)) => Reply::Frame(envelope::encode(&Echo(n + 1, s), &[]).unwrap()),
+        Err(e) => Reply::Error {
+            error: RpcError {
+                code: RpcError::CODE_MALFORMED,
+                message: e.to_string(),
+            },
+            close: true,
+        },
+    });
+    RpcServer::start(
+        ServerConfig {
+            bind: addr.parse().unwrap(),
+            planes: vec![Plane::Control],
+            node: None,
+            incarnation: Incarnation(1),
+            max_frame: 1 << 16,
+            handshake_timeout: Duration::from_secs(2),
+            max_connections: 64,
+            workers: 1,
+            name: "test-rpc",
+        },
+        handler,
+    )
+    .unwrap()
+}
+
+fn client() -> RpcClient {
+    RpcClient::new(ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(2)),
+        max_idle_per_peer: 4,
+        max_frame: 1 << 16,
+    })
+}
+
+#[test]
+fn call_and_fan_out_across_three_servers() {
+    let servers: Vec<_> = ["127.0.0.2:0", "127.0.0.3:0", "127.0.0.4:0"]
+        .iter()
+        .map(|a| server(a))
+        .collect();
+    let c = client();
+    let reqs: Vec<Vec<u8>> = (0..3)
+        .map(|i| envelope::encode(&Echo(i, format!("s{i}")), &[]).unwrap())
+        .collect();
+    let calls: Vec<(SocketAddr, &[u8])> = servers
+        .iter()
+        .zip(&reqs)
+        .map(|(s, r)| (s.local_addr(), r.as_slice()))
+        .collect();
+    for _ in 0..3 {
+        let replies = c.call_many(&calls, Duration::from_secs(2));
+        for (i, r) in replies.into_iter().enumerate() {
+            let e: Echo = rpc::decode_reply(&r.unwrap()).unwrap();
+            assert_eq!(e, Echo(i as u64 + 1, format!("s{i}")));
+        }
+    }
+    assert_eq!(
+        servers[0]
+            .counters()
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+}
+
+#[test]
+fn malformed_request_gets_an_error_and_only_that_connection_closes() {
+    let s = server("127.0.0.1:0");
+    let c = client();
+    let bad = envelope::encode(
+        &RpcError {
+            code: 0,
+            message: "x".into(),
+        },
+        &[],
+    )
+    .unwrap();
+    let r = c
+        .call(s.local_addr(), &bad, Duration::from_secs(2))
+        .unwrap();
+    let err = rpc::decode_reply::<Echo>(&r).unwrap_err();
+    assert!(matches!(err, WireError::Malformed { .. }), "{err:?}");
+    // Garbage that is not even an envelope.
+    let r = c
+        .call(s.local_addr(), b"garbage!", Duration::from_secs(2))
+        .unwrap();
+    assert!(rpc::decode_reply::<Echo>(&r).is_err());
+    // The server still serves.
+    let ok = c
+        .call(
+            s.local_addr(),
+            &envelope::encode(&Echo(1, "a".into()), &[]).unwrap(),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+    assert_eq!(rpc::decode_reply::<Echo>(&ok).unwrap(), Echo(2, "a".into()));
+    assert_eq!(
+        s.counters()
+            .malformed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[test]
+fn oversize_frame_closes_the_connection_without_allocating() {
+    let s = server("127.0.0.1:0");
+    let mut raw = std::net::TcpStream::connect(s.local_addr()).unwrap();
+    peercache_wire::handshake::client_sync(
+        &mut raw,
+        &Hello::new(Plane::Control, None, Incarnation(3)),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    raw.write_all(&[0x7f, 0xff, 0xff, 0xff]).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 8];
+    let n = std::io::Read::read(&mut raw, &mut buf).unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "server must close a connection that announces an oversize frame"
+    );
+}
+
+#[test]
+fn silent_peer_times_out_within_the_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = client();
+    let t0 = Instant::now();
+    let err = c
+        .call(
+            l.local_addr().unwrap(),
+            &envelope::encode(&Echo(1, String::new()), &[]).unwrap(),
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+    assert!(took < Duration::from_millis(600), "{took:?}");
+}
+
+#[test]
+fn wrong_plane_is_refused_in_the_handshake() {
+    let s = server("127.0.0.1:0");
+    let c = RpcClient::new(ClientConfig {
+        hello: Hello::new(Plane::Discovery, None, Incarnation(2)),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 16,
+    });
+    let err = c
+        .call(s.local_addr(), b"x", Duration::from_secs(2))
+        .unwrap_err();
+    assert!(matches!(err, WireError::Handshake(_)), "{err:?}");
+}
