@@ -1,1 +1,55 @@
-//! placeholder
+//! `peercache-discovery`: who is alive.
+//!
+//! Multi-master soft state with no single point of failure. Every node tries to host a
+//! discovery server on the cluster-wide meta port (a co-located rank that finds the port taken
+//! is a client only). The masters are the `max_masters` live hosts that run a server: the
+//! seeds of `discovery_addr`, pinned first in their order while alive, then the others in
+//! address order. Every client registers and heartbeats to every master and every seed,
+//! merges their answers, re-registers where a server does not know it, and publishes join,
+//! leave and master-change events. Servers drop members whose heartbeats stop for a TTL;
+//! a clean stop deregisters at once.
+//!
+//! * [`server_core`] and [`client_core`] — the protocol as pure state machines over
+//!   `(state, message, now)`, tested with a simulated clock and hundreds of nodes.
+//! * [`DiscoveryServer`] and [`DiscoveryClient`] — the socket shell on `peercache-wire`.
+//! * [`derive_node_id`] — stable identities (never ephemeral ports or randomness);
+//!   [`peercache_wire::Incarnation`] tells a restarted node's lives apart.
+
+mod client;
+pub mod client_core;
+mod error;
+mod info;
+pub mod msg;
+pub mod server_core;
+mod service;
+
+pub use client::{DiscoveryClient, DiscoveryConfig};
+pub use client_core::{ClientCore, Event, choose_masters};
+pub use error::DiscoveryError;
+pub use info::{NodeInfo, derive_node_id};
+pub use msg::{DiscReply, DiscRequest};
+pub use server_core::ServerCore;
+pub use service::{DiscoveryServer, Hosting};
+
+/// Parses `discovery_addr`: `host:port` or a comma-separated seed list sharing one port.
+pub fn parse_seeds(addr: &str) -> Result<Vec<std::net::SocketAddr>, DiscoveryError> {
+    use std::net::ToSocketAddrs;
+    let mut out = Vec::new();
+    for part in addr.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let a = part
+            .to_socket_addrs()
+            .map_err(|_| DiscoveryError::BadSeed(part.to_string()))?
+            .next()
+            .ok_or_else(|| DiscoveryError::BadSeed(part.to_string()))?;
+        out.push(a);
+    }
+    if out.is_empty() {
+        return Err(DiscoveryError::NoSeeds);
+    }
+    if out.iter().any(|a| a.port() != out[0].port()) {
+        return Err(DiscoveryError::BadSeed(format!(
+            "{addr}: every seed must use the same meta port"
+        )));
+    }
+    Ok(out)
+}
