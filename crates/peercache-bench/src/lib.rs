@@ -7,6 +7,7 @@
 pub mod alloc;
 pub mod dirbench;
 pub mod hist;
+pub mod mainjob;
 pub mod micro;
 pub mod poolbench;
 pub mod rawtcp;

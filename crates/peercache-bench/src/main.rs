@@ -1,6 +1,6 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, dirbench, micro, poolbench, report};
+use peercache_bench::{alloc, dirbench, mainjob, micro, poolbench, report};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -13,6 +13,9 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
+    /// The main job's options (used when no subcommand is given).
+    #[command(flatten)]
+    main: mainjob::MainArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -45,16 +48,11 @@ fn main() -> Result<()> {
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.json.as_deref()),
         None => {
-            let args = micro::MicroArgs {
-                page_sizes: vec![4096, 131072, 1048576],
-                concurrency: vec![1, 2, 4],
-                batch: 32,
-                rounds: 3,
-                secs: 0.5,
-                region_mib: 256,
-                json: None,
-            };
-            finish(micro::run(&args)?, None)
+            eprintln!(
+                "peercache-bench main job: embedded two-node cluster on loopback, {}",
+                cli.main.describe()
+            );
+            finish(mainjob::run(&cli.main)?, cli.main.json.as_deref())
         }
     }
 }

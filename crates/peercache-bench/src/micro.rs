@@ -155,11 +155,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
                             k += 1;
                         }
                         let error = c.batch(&offsets, page as usize, &mut dst).is_err();
-                        CallOutcome {
-                            pages: if error { 0 } else { batch as u64 },
-                            misses: 0,
-                            error,
-                        }
+                        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
                     }
                 });
                 rows.push(row);
@@ -201,17 +197,9 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
                             match res {
                                 Ok(r) => {
                                     let ok = r.iter().filter(|x| x.is_ok()).count() as u64;
-                                    CallOutcome {
-                                        pages: ok,
-                                        misses: 0,
-                                        error: ok != batch as u64,
-                                    }
+                                    CallOutcome::done(ok, 0, ok != batch as u64)
                                 }
-                                Err(_) => CallOutcome {
-                                    pages: 0,
-                                    misses: 0,
-                                    error: true,
-                                },
+                                Err(_) => CallOutcome::done(0, 0, true),
                             }
                         }
                     });

@@ -14,6 +14,31 @@ pub struct CallOutcome {
     pub misses: u64,
     /// True if the call failed.
     pub error: bool,
+    /// True if this worker has nothing more to do (a page budget ran out): its measurement
+    /// ends before this call, which is not counted.
+    pub stop: bool,
+}
+
+impl CallOutcome {
+    /// A call that did `pages` of work, `misses` not found.
+    pub fn done(pages: u64, misses: u64, error: bool) -> Self {
+        CallOutcome {
+            pages,
+            misses,
+            error,
+            stop: false,
+        }
+    }
+
+    /// The worker is finished.
+    pub fn stop() -> Self {
+        CallOutcome {
+            pages: 0,
+            misses: 0,
+            error: false,
+            stop: true,
+        }
+    }
 }
 
 /// Timing of one row.
@@ -47,21 +72,27 @@ where
             std::thread::spawn(move || {
                 barrier.wait();
                 let start = Instant::now();
-                while start.elapsed() < warm {
-                    w();
+                let mut stopped = false;
+                while start.elapsed() < warm && !stopped {
+                    stopped = w().stop;
                 }
                 let mut h = hist::new();
                 let (mut pages, mut misses, mut errors) = (0u64, 0u64, 0u64);
                 let t0 = Instant::now();
-                while t0.elapsed() < meas {
+                let mut end = t0;
+                while !stopped && t0.elapsed() < meas {
                     let c0 = Instant::now();
                     let o = w();
-                    hist::record(&mut h, c0.elapsed());
+                    if o.stop {
+                        break;
+                    }
+                    end = Instant::now();
+                    hist::record(&mut h, end - c0);
                     pages += o.pages;
                     misses += o.misses;
                     errors += o.error as u64;
                 }
-                (h, pages, misses, errors, t0.elapsed())
+                (h, pages, misses, errors, end - t0)
             })
         })
         .collect();

@@ -579,6 +579,40 @@ impl Pool {
         n
     }
 
+    /// Removes every unleased page; returns them (for the caller to tell the directory).
+    pub fn clear(&self) -> Vec<Evicted> {
+        let mut st = self.state.lock();
+        let keys: Vec<(PageKey, u64, ReplClass)> = st
+            .index
+            .values()
+            .map(|&r| {
+                let m = st.meta(r);
+                (m.key, m.generation, m.repl)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, generation, class) in keys {
+            if st.remove(key, Some(generation)) {
+                out.push(Evicted {
+                    key,
+                    generation,
+                    class,
+                });
+            }
+        }
+        self.publish_gauges(&st);
+        out
+    }
+
+    /// The generation of a resident page (`None`: absent or being written).
+    pub fn generation_of(&self, key: PageKey) -> Option<u64> {
+        let st = self.state.lock();
+        st.index
+            .get(&key.0)
+            .filter(|&&r| st.meta(r).state == SlotState::Live)
+            .map(|&r| st.meta(r).generation)
+    }
+
     /// Counters.
     pub fn stats(&self) -> PoolStats {
         let st = self.state.lock();

@@ -1,1 +1,32 @@
-//! placeholder
+//! `peercache-store`: a PeerCache node.
+//!
+//! Composes the four lower crates — transport (data plane), pool (published memory),
+//! directory (where pages live) and discovery (who is alive) — into a node runtime with the
+//! HiCache-shaped, blocking, thread-safe API of [`Store`]:
+//!
+//! * **write** — copy into the pool as *retained*, insert into the directory with one batched
+//!   call per shard; a key already stored is answered locally; eviction notices go through a
+//!   background batcher flushed on shutdown;
+//! * **exists** — one directory fan-out; the leading present pages' locations are primed for
+//!   the next get;
+//! * **read** — local owner: copy under a lease; remote owner: one transport batch per owner
+//!   straight into the destination, then verification of generation, key and checksum (a
+//!   mismatch is a counted miss, never wrong bytes).
+//!
+//! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
+//! [`cli`].
+
+pub mod cli;
+pub mod config;
+mod error;
+mod evict;
+pub mod keys;
+pub mod metrics;
+mod node;
+mod prime;
+mod store;
+
+pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, Role, WritePolicy};
+pub use error::StoreError;
+pub use keys::Keyspace;
+pub use store::{RawSeg, Store, StoreStats};

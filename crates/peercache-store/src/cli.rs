@@ -1,0 +1,154 @@
+//! The node binaries as library functions, so the Python wheel can run them too.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::{Map, Value};
+
+use crate::Store;
+use crate::config::{self, PeerCacheConfig, Role};
+
+/// `peercache-node`: one PeerCache node.
+#[derive(Debug, Parser)]
+#[command(name = "peercache-node", version, about = "Run one PeerCache node")]
+pub struct NodeArgs {
+    /// TOML config file (keys as in docs/configuration.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seed list host:port[,host:port…] (same as the `discovery_addr` key).
+    #[arg(long)]
+    pub discovery_addr: Option<String>,
+    /// Bind and advertise this host for every listener (data, control, meta).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Any config key: `--set key=value` (repeatable; overrides the file).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// `peercache-meta`: a standalone discovery server.
+#[derive(Debug, Parser)]
+#[command(
+    name = "peercache-meta",
+    version,
+    about = "Run a standalone PeerCache discovery server"
+)]
+pub struct MetaArgs {
+    /// Address to serve on (the cluster-wide meta port).
+    #[arg(long, default_value = "0.0.0.0:31998")]
+    pub bind: std::net::SocketAddr,
+    /// Seconds a silent member is kept.
+    #[arg(long, default_value_t = 3.0)]
+    pub member_ttl: f64,
+}
+
+/// Installs the log subscriber (`RUST_LOG` overrides the default `info`).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Builds the node config from the arguments, the file and the environment.
+pub fn node_config(args: &NodeArgs, role: Role) -> Result<PeerCacheConfig> {
+    let mut json = Map::new();
+    if let Some(d) = &args.discovery_addr {
+        json.insert("discovery_addr".into(), Value::String(d.clone()));
+    }
+    if let Some(h) = &args.host {
+        for k in [
+            "local_hostname",
+            "rdma_bind_host",
+            "control_bind_host",
+            "meta_bind_host",
+            "metrics_bind_host",
+        ] {
+            json.insert(k.into(), Value::String(h.clone()));
+        }
+    }
+    let mut env: BTreeMap<String, String> = config::process_env();
+    for kv in &args.set {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
+        // --set beats the file and the environment.
+        env.insert(
+            format!("PEERCACHE_{}", k.trim().to_ascii_uppercase()),
+            v.to_string(),
+        );
+    }
+    let (mut cfg, warnings) =
+        PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    if cfg.role == Role::Auto {
+        cfg.role = role;
+    }
+    Ok(cfg)
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and every thread it starts later), so that
+/// [`wait_for_signal`] receives them.
+pub fn block_signals() {
+    // SAFETY: plain libc signal-mask calls on a zeroed, then initialised, sigset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Waits for SIGINT or SIGTERM (after [`block_signals`]).
+pub fn wait_for_signal() -> i32 {
+    // SAFETY: as in `block_signals`; `sigwait` writes the signal number into `sig`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let mut sig: libc::c_int = 0;
+        libc::sigwait(&set, &mut sig);
+        sig
+    }
+}
+
+/// Runs a node until SIGINT/SIGTERM; `role` is the binary's default role.
+pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
+    init_logging();
+    block_signals();
+    let cfg = node_config(&args, role)?;
+    let startup = cfg.startup_timeout;
+    let store = Store::start(cfg).context("starting the node")?;
+    let timeout = (startup > 0.0).then(|| Duration::from_secs_f64(startup));
+    store.wait_ready(timeout).context("joining the cluster")?;
+    tracing::info!(node = %store.node_id(), members = store.members().len(), "node ready");
+    let sig = wait_for_signal();
+    tracing::info!(signal = sig, "shutting down");
+    store.shutdown();
+    Ok(())
+}
+
+/// Runs a standalone discovery server until SIGINT/SIGTERM.
+pub fn run_meta(args: MetaArgs) -> Result<()> {
+    init_logging();
+    block_signals();
+    let mut server = peercache_discovery::DiscoveryServer::start(
+        args.bind,
+        Duration::from_secs_f64(args.member_ttl),
+        None,
+    )
+    .with_context(|| format!("binding the discovery server on {}", args.bind))?;
+    tracing::info!(addr = %server.local_addr(), ttl = args.member_ttl, "peercache-meta serving");
+    wait_for_signal();
+    server.shutdown();
+    Ok(())
+}

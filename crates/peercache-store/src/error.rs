@@ -1,0 +1,35 @@
+//! The store's error type.
+
+use thiserror::Error;
+
+/// Why a node could not start or an operation could not run.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// A setting was rejected.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A mode or feature this release does not run yet.
+    #[error("{0} is not supported by this release")]
+    Unsupported(String),
+    /// The pool could not be created.
+    #[error("pool: {0}")]
+    Pool(#[from] peercache_pool::PoolError),
+    /// The transport could not start.
+    #[error("transport: {0}")]
+    Transport(#[from] peercache_transport::TransportError),
+    /// Discovery failed or did not become ready.
+    #[error("discovery: {0}")]
+    Discovery(#[from] peercache_discovery::DiscoveryError),
+    /// A control-plane socket failed.
+    #[error("control plane: {0}")]
+    Wire(#[from] peercache_wire::WireError),
+    /// Bad arguments to an API call.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The node was shut down.
+    #[error("the node is shut down")]
+    Shutdown,
+    /// Other I/O.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,145 @@
+//! Eviction notices, off the write path: the pool hands evicted pages to a channel per
+//! publish batch; one background thread coalesces them and tells the directory in batches
+//! (owner-conditional by generation, so a late notice never removes a newer publish).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use peercache_directory::{DirectoryClient, OwnerRef};
+use peercache_pool::Evicted;
+use peercache_wire::NodeId;
+
+enum Msg {
+    Evicted(Vec<Evicted>),
+    Flush(mpsc::Sender<()>),
+}
+
+/// Counters of the batcher.
+#[derive(Debug, Default)]
+pub(crate) struct EvictCounters {
+    pub(crate) queued: AtomicU64,
+    pub(crate) notified: AtomicU64,
+    pub(crate) failed: AtomicU64,
+}
+
+/// The batcher's handle; dropping it flushes and stops the thread.
+pub(crate) struct EvictionBatcher {
+    tx: Option<Sender<Msg>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub(crate) counters: Arc<EvictCounters>,
+}
+
+const MAX_BATCH: usize = 8192;
+const LINGER: Duration = Duration::from_millis(20);
+
+impl EvictionBatcher {
+    pub(crate) fn start(me: NodeId, dir: Arc<DirectoryClient>, notices: metrics::Counter) -> Self {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let counters = Arc::new(EvictCounters::default());
+        let c = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("pc-evict".into())
+            .spawn(move || {
+                let mut pending: Vec<OwnerRef> = Vec::new();
+                let send = |pending: &mut Vec<OwnerRef>| {
+                    if pending.is_empty() {
+                        return;
+                    }
+                    match dir.remove(pending) {
+                        Ok(_) => {
+                            c.notified.fetch_add(pending.len() as u64, Ordering::Relaxed);
+                            notices.increment(pending.len() as u64);
+                        }
+                        Err(e) => {
+                            c.failed.fetch_add(pending.len() as u64, Ordering::Relaxed);
+                            tracing::warn!(error = %e, pages = pending.len(), "eviction notices not delivered; entries will fail verification and expire");
+                        }
+                    }
+                    pending.clear();
+                };
+                loop {
+                    let msg = if pending.is_empty() { rx.recv().map_err(|_| RecvTimeoutError::Disconnected) } else { rx.recv_timeout(LINGER) };
+                    match msg {
+                        Ok(Msg::Evicted(v)) => {
+                            pending.extend(v.into_iter().map(|e| OwnerRef {
+                                key: e.key,
+                                node: me.clone(),
+                                generation: Some(e.generation),
+                            }));
+                            if pending.len() >= MAX_BATCH {
+                                send(&mut pending);
+                            }
+                        }
+                        Ok(Msg::Flush(done)) => {
+                            // Drain whatever is already queued, then answer.
+                            while let Ok(m) = rx.try_recv() {
+                                match m {
+                                    Msg::Evicted(v) => pending.extend(v.into_iter().map(|e| OwnerRef {
+                                        key: e.key,
+                                        node: me.clone(),
+                                        generation: Some(e.generation),
+                                    })),
+                                    Msg::Flush(d) => {
+                                        let _ = d.send(());
+                                    }
+                                }
+                            }
+                            send(&mut pending);
+                            let _ = done.send(());
+                        }
+                        Err(RecvTimeoutError::Timeout) => send(&mut pending),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            send(&mut pending);
+                            return;
+                        }
+                    }
+                }
+            })
+            .expect("spawning the eviction thread");
+        EvictionBatcher {
+            tx: Some(tx),
+            thread: Some(thread),
+            counters,
+        }
+    }
+
+    /// Queues evicted pages (one channel send per publish batch).
+    pub(crate) fn push(&self, evicted: Vec<Evicted>) {
+        if evicted.is_empty() {
+            return;
+        }
+        self.counters
+            .queued
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Evicted(evicted));
+        }
+    }
+
+    /// Waits until every queued notice has been sent (or `timeout` passes).
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        let (done_tx, done_rx) = mpsc::channel();
+        match &self.tx {
+            Some(tx) if tx.send(Msg::Flush(done_tx)).is_ok() => {
+                done_rx.recv_timeout(timeout).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// Flushes and stops.
+    pub(crate) fn stop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EvictionBatcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

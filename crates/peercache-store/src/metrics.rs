@@ -1,0 +1,81 @@
+//! Metric names of the store (kept from the original so existing dashboards work) and the
+//! handles resolved once per node (every series carries `node=<id>`).
+
+use metrics::Counter;
+
+/// Pages asked for by `batch_get`.
+pub const READ_REQUESTS: &str = "peercache_read_requests_total";
+/// Pages served.
+pub const READ_HITS: &str = "peercache_read_hits_total";
+/// Pages not served.
+pub const READ_MISSES: &str = "peercache_read_misses_total";
+/// Pages served from this node's pool.
+pub const READ_LOCAL_HITS: &str = "peercache_read_local_hits_total";
+/// Pages served from a peer.
+pub const READ_REMOTE_HITS: &str = "peercache_read_remote_hits_total";
+/// Pages found in the directory whose read failed (network, or verification).
+pub const READ_FAILURES: &str = "peercache_read_failures_total";
+/// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
+pub const VERIFY_REJECTS: &str = "peercache_verify_rejects_total";
+/// `batch_set` calls.
+pub const WRITE_REQUESTS: &str = "peercache_write_requests_total";
+/// Payload bytes read.
+pub const BYTES_READ: &str = "peercache_bytes_read_total";
+/// Payload bytes written into the pool.
+pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
+/// Pages evicted from the pool.
+pub const EVICTIONS: &str = "peercache_evictions_total";
+/// Eviction notices sent to the directory.
+pub const EVICTION_NOTICES: &str = "peercache_eviction_notices_total";
+/// Directory lookups saved by the exists → get hand-off.
+pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
+/// `batch_exists` calls.
+pub const EXISTS_REQUESTS: &str = "peercache_exists_requests_total";
+/// Leading pages found by `batch_exists`.
+pub const EXISTS_PAGES_FOUND: &str = "peercache_exists_pages_found_total";
+/// Members seen by discovery.
+pub const MEMBERS: &str = "peercache_members";
+
+/// Handles of one node.
+#[derive(Clone)]
+pub(crate) struct Handles {
+    pub(crate) read_requests: Counter,
+    pub(crate) read_hits: Counter,
+    pub(crate) read_misses: Counter,
+    pub(crate) read_local_hits: Counter,
+    pub(crate) read_remote_hits: Counter,
+    pub(crate) read_failures: Counter,
+    pub(crate) verify_rejects: Counter,
+    pub(crate) write_requests: Counter,
+    pub(crate) bytes_read: Counter,
+    pub(crate) bytes_written: Counter,
+    pub(crate) evictions: Counter,
+    pub(crate) eviction_notices: Counter,
+    pub(crate) lookups_saved: Counter,
+    pub(crate) exists_requests: Counter,
+    pub(crate) exists_pages_found: Counter,
+}
+
+impl Handles {
+    pub(crate) fn register(node: &str) -> Self {
+        let n = node.to_string();
+        let c = |name: &'static str| metrics::counter!(name, "node" => n.clone());
+        Handles {
+            read_requests: c(READ_REQUESTS),
+            read_hits: c(READ_HITS),
+            read_misses: c(READ_MISSES),
+            read_local_hits: c(READ_LOCAL_HITS),
+            read_remote_hits: c(READ_REMOTE_HITS),
+            read_failures: c(READ_FAILURES),
+            verify_rejects: c(VERIFY_REJECTS),
+            write_requests: c(WRITE_REQUESTS),
+            bytes_read: c(BYTES_READ),
+            bytes_written: c(BYTES_WRITTEN),
+            evictions: c(EVICTIONS),
+            eviction_notices: c(EVICTION_NOTICES),
+            lookups_saved: c(LOOKUPS_SAVED),
+            exists_requests: c(EXISTS_REQUESTS),
+            exists_pages_found: c(EXISTS_PAGES_FOUND),
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Node start-up and shutdown: transport, pool, directory, control listener, discovery, and
+//! the membership thread that keeps the directory ring in step with discovery.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use peercache_directory::{
+    ClientConfig as DirClientConfig, DirectoryClient, DirectoryService, Member, ShardConfig,
+};
+use peercache_discovery::{DiscoveryClient, DiscoveryConfig, DiscoveryServer, Hosting, NodeInfo};
+use peercache_pool::{Pool, PoolConfig};
+use peercache_transport::{Access, RegionHandle, TcpTransport, TransportConfig};
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::{Incarnation, NodeId};
+
+use crate::StoreError;
+use crate::config::{Mode, PeerCacheConfig, Protocol};
+use crate::evict::EvictionBatcher;
+use crate::keys::Keyspace;
+use crate::metrics::Handles;
+use crate::prime::PrimeMap;
+use crate::store::Scratch;
+
+/// Everything a running node owns. Field order is drop order: the pool's registration goes
+/// before the pool, the transport before the memory it serves.
+pub(crate) struct Inner {
+    pub(crate) cfg: PeerCacheConfig,
+    pub(crate) me: NodeId,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) keys: Keyspace,
+    pub(crate) metrics: Handles,
+    pub(crate) evictions: Mutex<Option<EvictionBatcher>>,
+    pub(crate) discovery: DiscoveryClient,
+    pub(crate) dir: Arc<DirectoryClient>,
+    pub(crate) dir_service: Arc<DirectoryService>,
+    pub(crate) control: Mutex<Option<RpcServer>>,
+    pub(crate) meta: Mutex<Option<DiscoveryServer>>,
+    pub(crate) primed: Mutex<PrimeMap>,
+    pub(crate) scratch: Mutex<Vec<Scratch>>,
+    pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
+    pub(crate) pool_region: Mutex<Option<RegionHandle>>,
+    pub(crate) transport: Arc<TcpTransport>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) data_endpoint: SocketAddr,
+    pub(crate) control_endpoint: SocketAddr,
+    pub(crate) pool_key: u64,
+    pub(crate) ring_ready: (Mutex<bool>, Condvar),
+    pub(crate) stopping: AtomicBool,
+    pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The address peers should use to reach this node.
+fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
+    if !cfg.local_hostname.is_empty() {
+        if let Ok(ip) = cfg.local_hostname.parse() {
+            return ip;
+        }
+        if let Some(a) = (cfg.local_hostname.as_str(), 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut i| i.next())
+        {
+            return a.ip();
+        }
+    }
+    // The local address that routes to the first seed (no packet is sent).
+    let seed = seeds[0];
+    if seed.ip().is_loopback() {
+        return seed.ip();
+    }
+    UdpSocket::bind(("0.0.0.0", 0))
+        .and_then(|s| s.connect(seed).map(|_| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| StoreError::BadRequest(format!("cannot resolve bind host {host:?}")))
+}
+
+fn advertise(bound: SocketAddr, host: IpAddr) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        SocketAddr::new(host, bound.port())
+    } else {
+        bound
+    }
+}
+
+impl Inner {
+    pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Inner>, StoreError> {
+        cfg.validate()?;
+        if cfg.mode != Mode::P2p {
+            return Err(StoreError::Unsupported(format!(
+                "mode {:?} (only p2p runs in this release)",
+                cfg.mode
+            )));
+        }
+        let transport_why = match cfg.protocol {
+            Protocol::Tcp => "protocol=tcp",
+            Protocol::Rdma => {
+                tracing::warn!(
+                    "protocol=rdma requested but this build has no RDMA engine; using the TCP transport"
+                );
+                "rdma unavailable in this build, fell back to tcp"
+            }
+        };
+        let seeds =
+            peercache_discovery::parse_seeds(&cfg.discovery_addr).map_err(StoreError::Discovery)?;
+        let meta_port = seeds[0].port();
+        let host = resolve_local_host(&cfg, &seeds);
+        let me = if cfg.node_id.is_empty() {
+            peercache_discovery::derive_node_id(
+                &host.to_string(),
+                meta_port,
+                cfg.tp_rank,
+                cfg.pp_rank,
+                cfg.dp_rank,
+                &cfg.prefix,
+            )
+            .map_err(StoreError::Wire)?
+        } else {
+            NodeId::new(&cfg.node_id).map_err(StoreError::Wire)?
+        };
+        let incarnation = Incarnation::fresh();
+        let metrics = Handles::register(me.as_str());
+
+        // Memory first: allocate and pre-fault the pool once.
+        let pool = Arc::new(Pool::new(PoolConfig::new(cfg.pool_bytes() as usize))?);
+        let transport = Arc::new(TcpTransport::start(
+            TransportConfig {
+                bind: bind_addr(&cfg.rdma_bind_host, cfg.rdma_port)?,
+                max_channels_per_peer: cfg.max_channels_per_peer,
+                op_timeout: cfg.op_timeout(),
+                suspect_for: Duration::from_secs_f64(cfg.suspect_for),
+                max_batch_ops: cfg.max_batch_ops,
+                ..TransportConfig::default()
+            },
+            Some(me.clone()),
+        )?);
+        // SAFETY: the pool's mapping outlives the registration: `Inner` drops `pool_region`
+        // (explicitly in shutdown, and by field order) before `pool`.
+        let pool_region =
+            unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?;
+        let pool_key = pool_region.key().0;
+        let data_endpoint = advertise(transport.local_endpoint(), host);
+
+        // Directory shard and the control listener that serves it.
+        let dir_service = Arc::new(DirectoryService::new(ShardConfig {
+            max_entries: cfg.directory_max_entries as usize,
+            entry_ttl_ms: 0,
+            reclaim_threshold: cfg.reclaim_threshold,
+        }));
+        let svc = dir_service.clone();
+        let handler: rpc::Handler = Arc::new(move |env| {
+            svc.handle(env).unwrap_or_else(|| Reply::Error {
+                error: RpcError {
+                    code: RpcError::CODE_UNKNOWN_KIND,
+                    message: format!("kind {:#06x} is not served on the control port", env.kind),
+                },
+                close: true,
+            })
+        });
+        let control = RpcServer::start(
+            ServerConfig {
+                bind: bind_addr(&cfg.control_bind_host, cfg.control_port)?,
+                planes: vec![Plane::Control],
+                node: Some(me.clone()),
+                incarnation,
+                max_frame: 64 << 20,
+                handshake_timeout: cfg.op_timeout(),
+                max_connections: 4096,
+                workers: 1,
+                name: "pc-control",
+            },
+            handler,
+        )?;
+        let control_endpoint = advertise(control.local_addr(), host);
+        let dir = Arc::new(DirectoryClient::new(
+            me.clone(),
+            dir_service.clone(),
+            RpcClient::new(rpc::ClientConfig {
+                hello: Hello::new(Plane::Control, Some(me.clone()), incarnation),
+                max_idle_per_peer: cfg.max_channels_per_peer,
+                max_frame: 64 << 20,
+            }),
+            DirClientConfig {
+                replicas: cfg.directory_replicas,
+                vnodes: cfg.vnodes,
+                timeout: cfg.op_timeout(),
+                ..DirClientConfig::default()
+            },
+        ));
+
+        // Discovery: host the meta server if the port is free, then join.
+        let ttl = Duration::from_secs_f64(cfg.member_ttl);
+        let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
+        let meta = match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()))? {
+            Hosting::Hosting(s) => Some(s),
+            Hosting::PortTaken => None,
+        };
+        let meta_role = if meta.is_some() {
+            "hosting meta"
+        } else {
+            "meta client (port taken by a co-located rank)"
+        };
+        let info = NodeInfo {
+            node: me.clone(),
+            incarnation,
+            host,
+            meta: meta.as_ref().map(|m| advertise(m.local_addr(), host)),
+            control: control_endpoint,
+            data: vec![data_endpoint],
+            role: "inference".into(),
+            attrs: vec![
+                ("tp_rank".into(), cfg.tp_rank.to_string()),
+                ("pp_rank".into(), cfg.pp_rank.to_string()),
+            ],
+        };
+        let discovery = DiscoveryClient::start(
+            info,
+            DiscoveryConfig {
+                seeds,
+                heartbeat: Duration::from_secs_f64(cfg.heartbeat_interval),
+                max_masters: cfg.max_masters,
+                rpc_timeout: cfg
+                    .op_timeout()
+                    .min(Duration::from_secs_f64(cfg.heartbeat_interval)),
+            },
+        )?;
+        let evictions =
+            EvictionBatcher::start(me.clone(), dir.clone(), metrics.eviction_notices.clone());
+        tracing::info!(
+            node = %me, transport = transport_why, data = %data_endpoint, control = %control_endpoint,
+            meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
+            "peercache node started"
+        );
+        let inner = Arc::new(Inner {
+            keys: Keyspace::new(&cfg.prefix),
+            cfg,
+            me,
+            incarnation,
+            metrics,
+            evictions: Mutex::new(Some(evictions)),
+            discovery,
+            dir,
+            dir_service,
+            control: Mutex::new(Some(control)),
+            meta: Mutex::new(meta),
+            primed: Mutex::new(PrimeMap::default()),
+            scratch: Mutex::new(Vec::new()),
+            host_buffers: parking_lot::RwLock::new(Vec::new()),
+            pool_region: Mutex::new(Some(pool_region)),
+            transport,
+            pool,
+            data_endpoint,
+            control_endpoint,
+            pool_key,
+            ring_ready: (Mutex::new(false), Condvar::new()),
+            stopping: AtomicBool::new(false),
+            membership: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let events = inner.discovery.subscribe();
+        let heartbeat = Duration::from_secs_f64(inner.cfg.heartbeat_interval);
+        let t = std::thread::Builder::new()
+            .name("pc-membership".into())
+            .spawn(move || {
+                loop {
+                    let got = events.recv_timeout(heartbeat);
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if got.is_err() && *inner.ring_ready.0.lock() {
+                        continue;
+                    }
+                    // Coalesce a burst of events into one ring change.
+                    while events.try_recv().is_ok() {}
+                    inner.sync_membership();
+                }
+            })?;
+        *inner.membership.lock() = Some(t);
+        Ok(inner)
+    }
+
+    /// Installs discovery's current members as the directory ring.
+    pub(crate) fn sync_membership(&self) {
+        let members: Vec<Member> = self
+            .discovery
+            .members()
+            .into_iter()
+            .map(|m| Member {
+                node: m.node,
+                control: m.control,
+            })
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        metrics::gauge!(crate::metrics::MEMBERS, "node" => self.me.to_string())
+            .set(members.len() as f64);
+        let has_me = members.iter().any(|m| m.node == self.me);
+        self.dir.apply_membership(&members);
+        if has_me {
+            let mut ready = self.ring_ready.0.lock();
+            if !*ready {
+                *ready = true;
+                self.ring_ready.1.notify_all();
+            }
+        }
+    }
+
+    /// Waits until discovery registered this node and the directory ring includes it.
+    pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.discovery.wait_ready(timeout)?;
+        let mut ready = self.ring_ready.0.lock();
+        while !*ready {
+            match deadline {
+                Some(d) => {
+                    if self.ring_ready.1.wait_until(&mut ready, d).timed_out() && !*ready {
+                        return Err(StoreError::Discovery(
+                            peercache_discovery::DiscoveryError::NotReady {
+                                after: timeout.unwrap_or_default(),
+                                seeds: Vec::new(),
+                            },
+                        ));
+                    }
+                }
+                None => self.ring_ready.1.wait(&mut ready),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops everything; idempotent.
+    pub(crate) fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Leave the cluster first so peers stop routing to us, then flush eviction notices.
+        self.discovery.shutdown();
+        if let Some(mut e) = self.evictions.lock().take() {
+            e.stop();
+        }
+        if let Some(t) = self.membership.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+        if let Some(mut c) = self.control.lock().take() {
+            c.shutdown();
+        }
+        if let Some(mut m) = self.meta.lock().take() {
+            m.shutdown();
+        }
+        self.transport.shutdown();
+        self.host_buffers.write().clear();
+        self.scratch.lock().clear();
+        self.pool_region.lock().take();
+        tracing::info!(node = %self.me, "peercache node stopped");
+    }
+}

@@ -1,0 +1,816 @@
+//! [`Store`]: the HiCache-shaped API of a node (blocking, thread-safe).
+//!
+//! A page is one or more components, each gathered from (set) or scattered to (get) a list of
+//! segments; segments are given flattened, with `counts[i]` segments for page `i`, so a batch
+//! costs no per-page allocation on the caller's side. Safe slice methods sit on `unsafe`
+//! pointer variants ([`RawSeg`]) that the Python facade uses.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use peercache_directory::{CopyClass, Location, Owners, Rail};
+use peercache_pool::{HEADER_LEN, PageWrite, PublishScratch, Published, ReplClass};
+use peercache_transport::{Access, Batch, RegionHandle, RemoteRange, Segment};
+use peercache_wire::{NodeId, PageKey};
+use smallvec::SmallVec;
+
+use crate::StoreError;
+use crate::config::PeerCacheConfig;
+use crate::node::Inner;
+
+/// One segment by address, for callers that hold raw memory (the Python facade).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawSeg {
+    /// Start address.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+// SAFETY: a RawSeg is only an address and a length; the unsafe entry points that take them
+// state the validity requirements.
+unsafe impl Send for RawSeg {}
+// SAFETY: as above.
+unsafe impl Sync for RawSeg {}
+
+/// Registered scratch memory of one batch: 64-byte header slots, then staging space for
+/// destinations outside any registered host buffer.
+pub(crate) struct Scratch {
+    handle: RegionHandle,
+    buf: Vec<u8>,
+    headers: usize,
+}
+
+impl Scratch {
+    fn new(inner: &Inner, headers: usize, staging: usize) -> Result<Scratch, StoreError> {
+        let len = headers * HEADER_LEN + staging;
+        let mut buf = vec![0u8; len.max(HEADER_LEN)];
+        for i in (0..buf.len()).step_by(4096) {
+            // Fault every page in now rather than on the read path.
+            // SAFETY: `i` is in bounds.
+            unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0) };
+        }
+        // SAFETY: `buf` lives in the same struct as the handle and is never reallocated; the
+        // handle is dropped first (field order).
+        let handle = unsafe {
+            inner
+                .transport
+                .register(buf.as_mut_ptr(), buf.len(), Access::LocalOnly)
+        }?;
+        Ok(Scratch {
+            handle,
+            buf,
+            headers,
+        })
+    }
+
+    fn fits(&self, headers: usize, staging: usize) -> bool {
+        self.headers >= headers && self.buf.len() >= self.headers * HEADER_LEN + staging
+    }
+
+    fn header_addr(&self, i: usize) -> u64 {
+        self.buf.as_ptr() as u64 + (i * HEADER_LEN) as u64
+    }
+
+    fn header(&self, i: usize) -> &[u8; HEADER_LEN] {
+        self.buf[i * HEADER_LEN..(i + 1) * HEADER_LEN]
+            .try_into()
+            .expect("64 bytes")
+    }
+
+    fn staging_addr(&self, off: usize) -> u64 {
+        self.buf.as_ptr() as u64 + (self.headers * HEADER_LEN + off) as u64
+    }
+}
+
+/// Counters of a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Pages resident in the pool.
+    pub pool_pages: u64,
+    /// Pages evicted from the pool.
+    pub pool_evictions: u64,
+    /// Eviction notices queued.
+    pub evictions_queued: u64,
+    /// Eviction notices delivered.
+    pub evictions_notified: u64,
+    /// Directory requests sent over the network.
+    pub directory_rpcs: u64,
+    /// Directory requests answered by the local shard.
+    pub directory_local_calls: u64,
+    /// Entries in this node's directory shard.
+    pub shard_entries: u64,
+    /// Bytes read from peers by the transport.
+    pub transport_read_bytes: u64,
+    /// Members known.
+    pub members: u64,
+    /// Locations primed by `batch_exists` and not yet consumed.
+    pub primed: u64,
+}
+
+/// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("node", &self.inner.me)
+            .finish()
+    }
+}
+
+fn check_counts(n: usize, segs: usize, counts: &[usize]) -> Result<(), StoreError> {
+    if counts.len() != n {
+        return Err(StoreError::BadRequest(format!(
+            "{} segment counts for {n} keys",
+            counts.len()
+        )));
+    }
+    let total: usize = counts.iter().sum();
+    if total != segs {
+        return Err(StoreError::BadRequest(format!(
+            "segment counts add up to {total}, {segs} segments given"
+        )));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Starts a node. Returns at once; see [`Store::wait_ready`].
+    pub fn start(cfg: PeerCacheConfig) -> Result<Store, StoreError> {
+        Ok(Store {
+            inner: Inner::start(cfg)?,
+        })
+    }
+
+    /// Waits until the node is registered and in the directory ring (`None`: forever).
+    pub fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        self.inner.wait_ready(timeout)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.inner.me
+    }
+
+    /// The configuration the node runs with.
+    pub fn config(&self) -> &PeerCacheConfig {
+        &self.inner.cfg
+    }
+
+    /// Members discovery currently sees.
+    pub fn members(&self) -> Vec<peercache_discovery::NodeInfo> {
+        self.inner.discovery.members()
+    }
+
+    /// Waits until discovery sees at least `n` members, then installs them as the directory
+    /// ring. Returns whether `n` was reached within `timeout`.
+    pub fn wait_members(&self, n: usize, timeout: Duration) -> bool {
+        let ok = self.inner.discovery.wait_for(timeout, |m| m.len() >= n);
+        self.inner.sync_membership();
+        ok
+    }
+
+    /// The data endpoint peers read this node's pool from.
+    pub fn data_endpoint(&self) -> std::net::SocketAddr {
+        self.inner.data_endpoint
+    }
+
+    /// The control endpoint (directory and store RPCs).
+    pub fn control_endpoint(&self) -> std::net::SocketAddr {
+        self.inner.control_endpoint
+    }
+
+    /// Re-reads membership into the directory ring now (it also happens on every change).
+    pub fn sync_membership(&self) {
+        self.inner.sync_membership();
+    }
+
+    /// Registers the caller's KV host memory as a read destination (local-only: peers can
+    /// neither read nor write it). Pages read into it land without an intermediate copy.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until the node shuts down.
+    pub unsafe fn register_host_buffer(&self, ptr: *mut u8, len: usize) -> Result<(), StoreError> {
+        // SAFETY: forwarded from the caller.
+        let h = unsafe { self.inner.transport.register(ptr, len, Access::LocalOnly) }?;
+        self.inner.host_buffers.write().push(h);
+        Ok(())
+    }
+
+    fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
+        keys.iter()
+            .map(|k| self.inner.keys.page_key(k.as_ref()))
+            .collect()
+    }
+
+    /// Publishes pages, one contiguous segment each. `true` = stored (or already stored).
+    pub fn batch_set<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &[&[u8]],
+    ) -> Result<Vec<bool>, StoreError> {
+        let counts = vec![1; pages.len()];
+        self.batch_set_segments(keys, pages, &counts)
+    }
+
+    /// Publishes pages gathered from segments (`counts[i]` segments for page `i`).
+    pub fn batch_set_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[&[u8]],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        let raw: Vec<RawSeg> = segs
+            .iter()
+            .map(|s| RawSeg {
+                ptr: s.as_ptr() as *mut u8,
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the segments are borrowed for the whole call and only read.
+        unsafe { self.batch_set_raw(keys, &raw, counts) }
+    }
+
+    /// [`Store::batch_set_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of `len` bytes for the duration of the call.
+    pub unsafe fn batch_set_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        check_counts(keys.len(), segs.len(), counts)?;
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        let slices: Vec<&[u8]> = segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        Ok(self.set_impl(&pkeys, &slices, counts))
+    }
+
+    fn set_impl(&self, keys: &[PageKey], slices: &[&[u8]], counts: &[usize]) -> Vec<bool> {
+        let inner = &*self.inner;
+        let m = &inner.metrics;
+        m.write_requests.increment(1);
+        let mut pages = Vec::with_capacity(keys.len());
+        let mut at = 0;
+        for (k, &c) in keys.iter().zip(counts) {
+            pages.push(PageWrite {
+                key: *k,
+                segments: &slices[at..at + c],
+                valid_len: None,
+            });
+            at += c;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        let mut evicted = Vec::new();
+        inner.pool.publish_batch(
+            &pages,
+            ReplClass::Retained,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        let mut results = vec![false; keys.len()];
+        let mut entries: Vec<(PageKey, Location)> = Vec::new();
+        let mut entry_of: Vec<usize> = Vec::new();
+        let mut written = 0u64;
+        let base = inner.pool.base() as u64;
+        for (i, p) in out.iter().enumerate() {
+            match p {
+                Published::New(loc) => {
+                    written += loc.len as u64;
+                    entries.push((
+                        keys[i],
+                        Location {
+                            node: inner.me.clone(),
+                            incarnation: inner.incarnation,
+                            rails: smallvec::smallvec![Rail {
+                                endpoint: inner.data_endpoint,
+                                region: inner.pool_key,
+                            }],
+                            addr: base + loc.offset,
+                            len: loc.len,
+                            valid_len: loc.valid_len,
+                            generation: loc.generation,
+                            checksum: loc.checksum,
+                            resident: true,
+                            class: CopyClass::Retained,
+                        },
+                    ));
+                    entry_of.push(i);
+                }
+                Published::Duplicate(_) => results[i] = true,
+                Published::Failed(e) => tracing::debug!(error = %e, "page not published"),
+            }
+        }
+        m.evictions.increment(evicted.len() as u64);
+        if let Some(b) = inner.evictions.lock().as_ref() {
+            b.push(evicted);
+        }
+        if entries.is_empty() {
+            return results;
+        }
+        let mut demote = Vec::new();
+        let mut undo = Vec::new();
+        match inner.dir.insert(&entries) {
+            Ok(outcomes) => {
+                for ((j, oc), (k, loc)) in outcomes.into_iter().enumerate().zip(&entries) {
+                    match oc {
+                        Some(oc) => {
+                            results[entry_of[j]] = true;
+                            if oc.reclaimable {
+                                demote.push(*k);
+                            }
+                        }
+                        None => undo.push((*k, Some(loc.generation))),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "directory insert failed; pages withdrawn");
+                undo.extend(entries.iter().map(|(k, l)| (*k, Some(l.generation))));
+            }
+        }
+        if !demote.is_empty() {
+            inner.pool.mark_reclaimable(&demote);
+        }
+        if !undo.is_empty() {
+            // Not findable: withdraw, so a retry publishes again instead of being answered
+            // "already stored" for a page nobody can find.
+            inner.pool.remove_batch(&undo);
+        }
+        m.bytes_written.increment(written);
+        results
+    }
+
+    /// How many leading pages are present in the cluster. Their locations are primed for the
+    /// next [`Store::batch_get`] for `exists_prime_ttl`.
+    pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        Ok(self.exists_impl(&pkeys))
+    }
+
+    fn exists_impl(&self, keys: &[PageKey]) -> usize {
+        let inner = &*self.inner;
+        inner.metrics.exists_requests.increment(1);
+        let Ok(found) = inner.dir.lookup(keys) else {
+            return 0;
+        };
+        let n = found
+            .iter()
+            .take_while(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
+            .count();
+        let ttl = Duration::from_secs_f64(inner.cfg.exists_prime_ttl);
+        if !ttl.is_zero() && n > 0 {
+            let now = Instant::now();
+            let mut primed = inner.primed.lock();
+            for (k, o) in keys.iter().zip(found).take(n) {
+                if let Some(o) = o {
+                    primed.put(*k, o, ttl, now);
+                }
+            }
+        }
+        inner.metrics.exists_pages_found.increment(n as u64);
+        n
+    }
+
+    /// Reads pages into one contiguous buffer each. `true` = the buffer holds the page.
+    pub fn batch_get<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, StoreError> {
+        let counts = vec![1; pages.len()];
+        self.batch_get_segments(keys, pages, &counts)
+    }
+
+    /// Reads pages scattered into segments (`counts[i]` segments for page `i`).
+    pub fn batch_get_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &mut [&mut [u8]],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        let raw: Vec<RawSeg> = segs
+            .iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the segments are exclusively borrowed for the whole call.
+        unsafe { self.batch_get_raw(keys, &raw, counts) }
+    }
+
+    /// [`Store::batch_get_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of `len` bytes for the duration of the call and
+    /// not overlap another segment of the call.
+    pub unsafe fn batch_get_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        check_counts(keys.len(), segs.len(), counts)?;
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { self.get_impl(&pkeys, segs, counts) })
+    }
+
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    unsafe fn get_impl(&self, keys: &[PageKey], segs: &[RawSeg], counts: &[usize]) -> Vec<bool> {
+        let inner = &*self.inner;
+        let m = &inner.metrics;
+        let n = keys.len();
+        m.read_requests.increment(n as u64);
+        let mut starts = Vec::with_capacity(n);
+        let mut lens = Vec::with_capacity(n);
+        let mut at = 0usize;
+        for &c in counts {
+            starts.push(at);
+            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
+            at += c;
+        }
+        // Owners: primed by a preceding exists, else one directory fan-out.
+        let mut owners: Vec<Option<Owners>> = vec![None; n];
+        let mut need = Vec::new();
+        {
+            let now = Instant::now();
+            let mut primed = inner.primed.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match primed.take(*k, now) {
+                    Some(o) => owners[i] = Some(o),
+                    None => need.push(i),
+                }
+            }
+        }
+        m.lookups_saved.increment((n - need.len()) as u64);
+        if !need.is_empty() {
+            let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
+            if let Ok(found) = inner.dir.lookup(&ks) {
+                for (&i, o) in need.iter().zip(found) {
+                    owners[i] = o;
+                }
+            }
+        }
+        let mut hit = vec![false; n];
+        let mut bytes = 0u64;
+
+        // Local pages: copy under a lease.
+        let local: Vec<usize> = (0..n)
+            .filter(|&i| {
+                owners[i]
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|l| l.node == inner.me && l.resident))
+            })
+            .collect();
+        if !local.is_empty() {
+            let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
+            let leases = inner.pool.lease_batch(&lk);
+            for (j, &i) in local.iter().enumerate() {
+                let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
+                    .iter()
+                    // SAFETY: the caller guarantees each segment is valid and unaliased.
+                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
+                    .collect();
+                if inner
+                    .pool
+                    .read_leased(&leases, j, keys[i], &mut dst)
+                    .is_ok()
+                {
+                    hit[i] = true;
+                    bytes += lens[i];
+                }
+            }
+            m.read_local_hits
+                .increment(hit.iter().filter(|h| **h).count() as u64);
+        }
+
+        // Remote pages: one transport batch per owner, then verification; a failed owner
+        // hands its pages to the next owner on the list.
+        let mut remote_hits = 0u64;
+        let mut attempt = 0usize;
+        loop {
+            let mut groups: Vec<(std::net::SocketAddr, Vec<(usize, Location)>)> = Vec::new();
+            for i in 0..n {
+                if hit[i] {
+                    continue;
+                }
+                let Some(o) = &owners[i] else { continue };
+                let cands: SmallVec<[&Location; 2]> = o
+                    .iter()
+                    .filter(|l| {
+                        l.node != inner.me
+                            && l.resident
+                            && l.len as u64 == lens[i]
+                            && !l.rails.is_empty()
+                    })
+                    .collect();
+                if let Some(l) = cands.get(attempt) {
+                    let ep = l.rails[0].endpoint;
+                    match groups.iter_mut().find(|g| g.0 == ep) {
+                        Some(g) => g.1.push((i, (*l).clone())),
+                        None => groups.push((ep, vec![(i, (*l).clone())])),
+                    }
+                }
+            }
+            if groups.is_empty() {
+                break;
+            }
+            for (ep, pages) in groups {
+                // SAFETY: forwarded from the caller.
+                let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
+                for (i, ok) in got {
+                    if ok {
+                        hit[i] = true;
+                        bytes += lens[i];
+                        remote_hits += 1;
+                    } else {
+                        m.read_failures.increment(1);
+                    }
+                }
+            }
+            attempt += 1;
+        }
+        m.read_remote_hits.increment(remote_hits);
+        let hits = hit.iter().filter(|h| **h).count() as u64;
+        m.read_hits.increment(hits);
+        m.read_misses.increment(n as u64 - hits);
+        m.bytes_read.increment(bytes);
+        hit
+    }
+
+    fn host_region(
+        &self,
+        bufs: &[RegionHandle],
+        ptr: u64,
+        len: u64,
+    ) -> Option<peercache_transport::RegionKey> {
+        bufs.iter()
+            .find(|h| ptr >= h.base() && ptr + len <= h.base() + h.len())
+            .map(|h| h.key())
+    }
+
+    fn checkout_scratch(&self, headers: usize, staging: usize) -> Result<Scratch, StoreError> {
+        let mut pool = self.inner.scratch.lock();
+        if let Some(pos) = pool.iter().position(|s| s.fits(headers, staging)) {
+            return Ok(pool.swap_remove(pos));
+        }
+        drop(pool);
+        Scratch::new(&self.inner, headers.max(64), staging.max(1 << 20))
+    }
+
+    /// Reads `pages` from one owner: header + payload per page, straight into the caller's
+    /// registered memory when it is registered, else through staging; verifies every page.
+    ///
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    unsafe fn read_remote(
+        &self,
+        ep: std::net::SocketAddr,
+        pages: &[(usize, Location)],
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        starts: &[usize],
+        counts: &[usize],
+    ) -> Vec<(usize, bool)> {
+        let inner = &*self.inner;
+        let bufs = inner.host_buffers.read();
+        // Which pages land directly, which go through staging.
+        let mut staging_need = 0usize;
+        let mut direct = Vec::with_capacity(pages.len());
+        for (i, loc) in pages {
+            let ok = segs[starts[*i]..starts[*i] + counts[*i]].iter().all(|s| {
+                self.host_region(&bufs, s.ptr as u64, s.len as u64)
+                    .is_some()
+            });
+            if !ok {
+                staging_need += loc.len as usize;
+            }
+            direct.push(ok);
+        }
+        let scratch = match self.checkout_scratch(pages.len(), staging_need) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no scratch memory for a read batch");
+                return pages.iter().map(|(i, _)| (*i, false)).collect();
+            }
+        };
+        let mut batch = Batch::with_capacity(pages.len(), pages.len() * 3);
+        let mut staging_off = Vec::with_capacity(pages.len());
+        let mut soff = 0usize;
+        let mut local: SmallVec<[Segment; 4]> = SmallVec::new();
+        for (j, (i, loc)) in pages.iter().enumerate() {
+            local.clear();
+            local.push(Segment {
+                region: scratch.handle.key(),
+                addr: scratch.header_addr(j),
+                len: HEADER_LEN as u32,
+            });
+            if direct[j] {
+                for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
+                    let region = self
+                        .host_region(&bufs, s.ptr as u64, s.len as u64)
+                        .expect("checked above");
+                    local.push(Segment {
+                        region,
+                        addr: s.ptr as u64,
+                        len: s.len as u32,
+                    });
+                }
+                staging_off.push(usize::MAX);
+            } else {
+                local.push(Segment {
+                    region: scratch.handle.key(),
+                    addr: scratch.staging_addr(soff),
+                    len: loc.len,
+                });
+                staging_off.push(soff);
+                soff += loc.len as usize;
+            }
+            batch.push(
+                RemoteRange {
+                    region: peercache_transport::RegionKey(loc.rails[0].region),
+                    addr: loc.addr,
+                    len: HEADER_LEN as u32 + loc.len,
+                },
+                &local,
+            );
+        }
+        let res = inner.transport.read_batch(ep, &batch);
+        drop(bufs);
+        let mut out = Vec::with_capacity(pages.len());
+        match res {
+            Err(e) => {
+                tracing::debug!(peer = %ep, error = %e, "remote read batch failed");
+                out.extend(pages.iter().map(|(i, _)| (*i, false)));
+            }
+            Ok(results) => {
+                for (j, ((i, loc), r)) in pages.iter().zip(results).enumerate() {
+                    if r.is_err() {
+                        out.push((*i, false));
+                        continue;
+                    }
+                    let expect = peercache_pool::Expect {
+                        key: keys[*i],
+                        generation: loc.generation,
+                        len: loc.len,
+                    };
+                    let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
+                    let verdict = if staging_off[j] == usize::MAX {
+                        let views: SmallVec<[&[u8]; 4]> =
+                            // SAFETY: the caller's segments, just written by the transport.
+                            page_segs.iter().map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) }).collect();
+                        peercache_pool::header::verify_segments(scratch.header(j), &views, &expect)
+                    } else {
+                        let off = scratch.headers * HEADER_LEN + staging_off[j];
+                        let staged = &scratch.buf[off..off + loc.len as usize];
+                        let v = peercache_pool::header::verify(scratch.header(j), staged, &expect);
+                        if v.is_ok() {
+                            let mut at = 0;
+                            for s in page_segs {
+                                // SAFETY: the caller's segment, valid for `len` writes.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        staged[at..].as_ptr(),
+                                        s.ptr,
+                                        s.len,
+                                    )
+                                };
+                                at += s.len;
+                            }
+                        }
+                        v
+                    };
+                    match verdict {
+                        Ok(_) => out.push((*i, true)),
+                        Err(reason) => {
+                            inner.metrics.verify_rejects.increment(1);
+                            tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
+                            out.push((*i, false));
+                        }
+                    }
+                }
+            }
+        }
+        inner.scratch.lock().push(scratch);
+        out
+    }
+
+    /// Removes every page this node published from its pool and the directory (HiCache's
+    /// `clear`). Returns how many pages were removed.
+    pub fn clear(&self) -> usize {
+        let gone = self.inner.pool.clear();
+        let n = gone.len();
+        if let Some(b) = self.inner.evictions.lock().as_ref() {
+            b.push(gone);
+        }
+        self.flush_evictions(self.inner.cfg.op_timeout() * 4);
+        n
+    }
+
+    /// Checks the directory entries of `keys` that name this node against its pool: returns
+    /// (entries naming this node, of which stale — pointing at a slot this node no longer
+    /// holds with that generation). A healthy node has 0 stale entries once eviction notices
+    /// are flushed.
+    pub fn audit<K: AsRef<str>>(&self, keys: &[K]) -> Result<(usize, usize), StoreError> {
+        let pk = self.page_keys(keys);
+        let (mut named, mut stale) = (0, 0);
+        for chunk in pk.chunks(4096) {
+            let found = self
+                .inner
+                .dir
+                .lookup(chunk)
+                .map_err(|e| StoreError::BadRequest(e.to_string()))?;
+            for (k, o) in chunk.iter().zip(found) {
+                for l in o
+                    .iter()
+                    .flatten()
+                    .filter(|l| l.node == self.inner.me && l.resident)
+                {
+                    named += 1;
+                    if self.inner.pool.generation_of(*k) != Some(l.generation) {
+                        stale += 1;
+                    }
+                }
+            }
+        }
+        Ok((named, stale))
+    }
+
+    /// Waits until queued eviction notices reached the directory.
+    pub fn flush_evictions(&self, timeout: Duration) -> bool {
+        self.inner
+            .evictions
+            .lock()
+            .as_ref()
+            .is_some_and(|b| b.flush(timeout))
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        let inner = &*self.inner;
+        let p = inner.pool.stats();
+        let d = inner.dir.stats();
+        let (q, nfd) = inner
+            .evictions
+            .lock()
+            .as_ref()
+            .map(|b| {
+                (
+                    b.counters.queued.load(Ordering::Relaxed),
+                    b.counters.notified.load(Ordering::Relaxed),
+                )
+            })
+            .unwrap_or_default();
+        StoreStats {
+            pool_pages: p.retained + p.reclaimable,
+            pool_evictions: p.evicted_retained + p.evicted_reclaimable,
+            evictions_queued: q,
+            evictions_notified: nfd,
+            directory_rpcs: d.rpcs,
+            directory_local_calls: d.local_calls,
+            shard_entries: inner.dir_service.with_shard(|s, _| s.len() as u64),
+            transport_read_bytes: inner.transport.stats().read_bytes,
+            members: inner.discovery.members().len() as u64,
+            primed: inner.primed.lock().len() as u64,
+        }
+    }
+
+    /// Looks keys up in the directory without reading them (diagnostics and tests).
+    pub fn locate<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<Owners>>, StoreError> {
+        let pk = self.page_keys(keys);
+        self.inner
+            .dir
+            .lookup(&pk)
+            .map_err(|e| StoreError::BadRequest(e.to_string()))
+    }
+
+    fn check_open(&self) -> Result<(), StoreError> {
+        if self.inner.stopping.load(Ordering::Acquire) {
+            Err(StoreError::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Leaves the cluster and releases everything; idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}

@@ -1,0 +1,301 @@
+//! Three (and four) nodes on loopback, each on its own 127.0.0.N, sharing one meta port.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use peercache_store::{PeerCacheConfig, Store};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
+    let host = format!("127.0.0.{n}");
+    let mut m = json!({
+        "discovery_addr": format!("127.0.0.{seed}:{port}"),
+        "protocol": "tcp",
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+        "global_segment_size": "64mb",
+        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
+        "metrics_enabled": false,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        m[k] = v.clone();
+    }
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
+    let port = free_port();
+    let nodes: Vec<Store> = hosts
+        .iter()
+        .map(|&n| node(n, hosts[0], port, extra.clone()))
+        .collect();
+    for s in &nodes {
+        assert!(
+            s.wait_members(hosts.len(), Duration::from_secs(10)),
+            "{} sees {:?}",
+            s.node_id(),
+            s.members().len()
+        );
+    }
+    nodes
+}
+
+fn page(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn set_on_one_node_reads_byte_exact_on_the_others() {
+    let nodes = cluster(&[2, 3, 4], json!({}));
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+
+    // MLA: one component per page.
+    let mla_keys: Vec<String> = (0..40).map(|i| format!("mla-{i}")).collect();
+    let mla: Vec<Vec<u8>> = (0..40).map(|i| page(i, 64 << 10)).collect();
+    let refs: Vec<&[u8]> = mla.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&mla_keys, &refs).unwrap().iter().all(|&x| x));
+
+    // MHA: K and V components from separate buffers.
+    let mha_keys: Vec<String> = (0..20).map(|i| format!("mha-{i}")).collect();
+    let ks: Vec<Vec<u8>> = (0..20).map(|i| page(100 + i, 32 << 10)).collect();
+    let vs: Vec<Vec<u8>> = (0..20).map(|i| page(200 + i, 32 << 10)).collect();
+    let segs: Vec<&[u8]> = ks
+        .iter()
+        .zip(&vs)
+        .flat_map(|(k, v)| [k.as_slice(), v.as_slice()])
+        .collect();
+    assert!(
+        a.batch_set_segments(&mha_keys, &segs, &[2; 20])
+            .unwrap()
+            .iter()
+            .all(|&x| x)
+    );
+
+    // Layer-first: 16 layers × (K, V) = 32 segments of 2 KiB per page.
+    let lf_keys: Vec<String> = (0..8).map(|i| format!("layer-first-{i}")).collect();
+    let layers: Vec<Vec<Vec<u8>>> = (0..8)
+        .map(|p| (0..32).map(|l| page(1000 + p * 64 + l, 2048)).collect())
+        .collect();
+    let lsegs: Vec<&[u8]> = layers
+        .iter()
+        .flat_map(|p| p.iter().map(|l| l.as_slice()))
+        .collect();
+    assert!(
+        a.batch_set_segments(&lf_keys, &lsegs, &[32; 8])
+            .unwrap()
+            .iter()
+            .all(|&x| x)
+    );
+
+    for reader in [b, c] {
+        assert_eq!(reader.batch_exists(&mla_keys).unwrap(), 40);
+        let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 64 << 10]; 40];
+        let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        assert!(
+            reader
+                .batch_get(&mla_keys, &mut dst)
+                .unwrap()
+                .iter()
+                .all(|&x| x)
+        );
+        assert_eq!(bufs, mla);
+
+        assert_eq!(reader.batch_exists(&mha_keys).unwrap(), 20);
+        let mut kk: Vec<Vec<u8>> = vec![vec![0u8; 32 << 10]; 20];
+        let mut vv: Vec<Vec<u8>> = vec![vec![0u8; 32 << 10]; 20];
+        let mut d: Vec<&mut [u8]> = kk
+            .iter_mut()
+            .zip(vv.iter_mut())
+            .flat_map(|(k, v)| [k.as_mut_slice(), v.as_mut_slice()])
+            .collect();
+        assert!(
+            reader
+                .batch_get_segments(&mha_keys, &mut d, &[2; 20])
+                .unwrap()
+                .iter()
+                .all(|&x| x)
+        );
+        assert_eq!(kk, ks);
+        assert_eq!(vv, vs);
+
+        // No exists first: the get looks the directory up itself.
+        let mut out: Vec<Vec<Vec<u8>>> = vec![vec![vec![0u8; 2048]; 32]; 8];
+        let mut d: Vec<&mut [u8]> = out
+            .iter_mut()
+            .flat_map(|p| p.iter_mut().map(|l| l.as_mut_slice()))
+            .collect();
+        assert!(
+            reader
+                .batch_get_segments(&lf_keys, &mut d, &[32; 8])
+                .unwrap()
+                .iter()
+                .all(|&x| x)
+        );
+        assert_eq!(out, layers);
+    }
+    assert!(
+        b.stats().transport_read_bytes > 0,
+        "remote pages moved through the transport"
+    );
+    // The writer reads its own pages locally.
+    let mut own = vec![vec![0u8; 64 << 10]; 1];
+    let mut d: Vec<&mut [u8]> = own.iter_mut().map(|b| b.as_mut_slice()).collect();
+    assert!(a.batch_get(&mla_keys[..1], &mut d).unwrap()[0]);
+    assert_eq!(own[0], mla[0]);
+    for n in &nodes {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn exists_counts_leading_pages_and_misses_are_false() {
+    let nodes = cluster(&[5, 6], json!({}));
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..10).map(|i| page(i, 4096)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    // Store pages 0..6 and 7..10: a hole at 6.
+    let mut stored = keys.clone();
+    stored.remove(6);
+    let mut srefs = refs.clone();
+    srefs.remove(6);
+    nodes[0].batch_set(&stored, &srefs).unwrap();
+    assert_eq!(nodes[1].batch_exists(&keys).unwrap(), 6);
+    let mut bufs = vec![vec![0u8; 4096]; 10];
+    let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let got = nodes[1].batch_get(&keys, &mut d).unwrap();
+    assert_eq!(got, (0..10).map(|i| i != 6).collect::<Vec<_>>());
+    // A destination of the wrong size is a miss, not a partial copy.
+    let mut small = [vec![0u8; 100]];
+    let mut d: Vec<&mut [u8]> = small.iter_mut().map(|b| b.as_mut_slice()).collect();
+    assert_eq!(nodes[1].batch_get(&keys[..1], &mut d).unwrap(), vec![false]);
+    // Bad argument shapes are typed errors.
+    let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    assert!(nodes[1].batch_get_segments(&keys, &mut d, &[1, 2]).is_err());
+    for n in &nodes {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn prefixes_isolate_tenants() {
+    let port = free_port();
+    let a = node(7, 7, port, json!({"prefix": "tenant-a"}));
+    let b = node(8, 7, port, json!({"prefix": "tenant-b"}));
+    assert!(
+        a.wait_members(2, Duration::from_secs(10)) && b.wait_members(2, Duration::from_secs(10))
+    );
+    let p = page(1, 4096);
+    a.batch_set(&["shared-key"], &[&p]).unwrap();
+    assert_eq!(a.batch_exists(&["shared-key"]).unwrap(), 1);
+    assert_eq!(
+        b.batch_exists(&["shared-key"]).unwrap(),
+        0,
+        "tenant b must not see tenant a's page"
+    );
+    let q = page(2, 4096);
+    b.batch_set(&["shared-key"], &[&q]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert!(a.batch_get(&["shared-key"], &mut [&mut buf[..]]).unwrap()[0]);
+    assert_eq!(buf, p);
+    assert!(b.batch_get(&["shared-key"], &mut [&mut buf[..]]).unwrap()[0]);
+    assert_eq!(buf, q);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn a_node_that_joins_after_the_publish_finds_every_key() {
+    let port = free_port();
+    let a = node(10, 10, port, json!({}));
+    let b = node(11, 10, port, json!({}));
+    assert!(
+        a.wait_members(2, Duration::from_secs(10)) && b.wait_members(2, Duration::from_secs(10))
+    );
+    let keys: Vec<String> = (0..300).map(|i| format!("early-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..300).map(|i| page(i, 4096)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    let c = node(12, 10, port, json!({}));
+    for n in [&a, &b, &c] {
+        assert!(n.wait_members(3, Duration::from_secs(10)));
+    }
+    assert_eq!(c.batch_exists(&keys).unwrap(), 300);
+    let mut bufs = vec![vec![0u8; 4096]; 300];
+    let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    assert!(c.batch_get(&keys, &mut d).unwrap().iter().all(|&x| x));
+    assert_eq!(bufs, pages);
+    for n in [a, b, c] {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn a_reader_racing_an_evicting_writer_never_accepts_wrong_bytes() {
+    // 4 MiB pools of 16 KiB pages: the writer evicts constantly while the reader reads.
+    let nodes = cluster(
+        &[13, 14],
+        json!({"global_segment_size": "4mb", "exists_prime_ttl": 5.0}),
+    );
+    let (w, r) = (&nodes[0], &nodes[1]);
+    let len = 16 << 10;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let w = w.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 6000 {
+                let keys: Vec<String> = (i..i + 16).map(|k| format!("race-{}", k % 2000)).collect();
+                let pages: Vec<Vec<u8>> = (i..i + 16).map(|k| page(k % 2000, len)).collect();
+                let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+                w.batch_set(&keys, &refs).unwrap();
+                i += 16;
+            }
+        })
+    };
+    let (mut accepted, mut missed) = (0u64, 0u64);
+    for round in 0..300u64 {
+        let keys: Vec<String> = (0..16)
+            .map(|k| format!("race-{}", (round * 37 + k * 101) % 2000))
+            .collect();
+        // Prime with exists, then read later: the primed locations go stale as slots are reused.
+        r.batch_exists(&keys).unwrap();
+        let mut bufs = vec![vec![0u8; len]; 16];
+        let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let got = r.batch_get(&keys, &mut d).unwrap();
+        for (k, (ok, b)) in keys.iter().zip(got.iter().zip(&bufs)) {
+            if *ok {
+                let id: u64 = k.trim_start_matches("race-").parse().unwrap();
+                assert_eq!(b, &page(id, len), "accepted wrong bytes for {k}");
+                accepted += 1;
+            } else {
+                missed += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!("racing reader: {accepted} pages accepted byte-exact, {missed} misses");
+    assert!(accepted > 0);
+    for n in &nodes {
+        n.shutdown();
+    }
+}
