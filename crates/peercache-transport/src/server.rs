@@ -257,9 +257,10 @@ fn serve_read(
         }
     }
     bufs.iov[0] = iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len());
+    // Counted before the reply leaves, so a client that saw the reply sees the counters.
+    count_served(sh, ok, bytes, errs, false);
     iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
     drop(regions);
-    count_served(sh, ok, bytes, errs, false);
     Ok(())
 }
 
