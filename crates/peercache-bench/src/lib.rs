@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod dirbench;
+pub mod diskbench;
 pub mod hist;
 pub mod mainjob;
 pub mod micro;

@@ -1,6 +1,6 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, dirbench, mainjob, micro, poolbench, report};
+use peercache_bench::{alloc, dirbench, diskbench, mainjob, micro, poolbench, report};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -26,6 +26,8 @@ enum Cmd {
     Pool(poolbench::PoolArgs),
     /// Directory: in-process shard lookups, loopback lookup/exists/insert, hand-off.
     Directory(dirbench::DirArgs),
+    /// Disk tier: write-through and promote against plain sequential file I/O.
+    Disk(diskbench::DiskArgs),
     /// Internal: the serving child of `micro`.
     #[command(hide = true)]
     MicroServer {
@@ -40,12 +42,14 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.json.as_deref()),
         None => {
             eprintln!(

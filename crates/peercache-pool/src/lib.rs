@@ -17,8 +17,10 @@
 //! * A page (all its components) is one slot, so K and V are evicted together.
 //! * Local readers hold leases ([`Pool::lease_batch`]); eviction skips leased pages.
 //! * Evictions come back to the caller in batches ([`Evicted`]); nothing calls out per page.
+//! * [`disk`] — the L4 tier: bounded write-through, checksummed records, recovery by scan.
 
 pub mod class;
+pub mod disk;
 mod error;
 pub mod header;
 pub mod mem;

@@ -21,6 +21,17 @@ pub const VERIFY_REJECTS_TOTAL: &str = "peercache_pool_verify_rejects_total";
 /// Requests refused with a typed error, label `reason`.
 pub const REJECTS_TOTAL: &str = "peercache_pool_rejects_total";
 
+/// Records written to the disk tier.
+pub const DISK_WRITES_TOTAL: &str = "peercache_disk_writes_total";
+/// Disk writes skipped because the queue was full.
+pub const DISK_DROPPED_TOTAL: &str = "peercache_disk_dropped_total";
+/// 1 once a failed write disabled the disk tier.
+pub const DISK_DISABLED: &str = "peercache_disk_disabled";
+/// Pages promoted from the disk tier back into the pool.
+pub const PROMOTES_TOTAL: &str = "peercache_promotes_total";
+/// Torn or corrupt disk records found.
+pub const DISK_CORRUPT_TOTAL: &str = "peercache_disk_corrupt_total";
+
 #[derive(Clone)]
 pub(crate) struct Handles {
     pub(crate) pages: [Gauge; 2],

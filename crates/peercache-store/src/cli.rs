@@ -52,6 +52,7 @@ pub fn init_logging() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -72,19 +73,17 @@ pub fn node_config(args: &NodeArgs, role: Role) -> Result<PeerCacheConfig> {
             json.insert(k.into(), Value::String(h.clone()));
         }
     }
-    let mut env: BTreeMap<String, String> = config::process_env();
+    let env: BTreeMap<String, String> = config::process_env();
+    let mut overrides = Map::new();
     for kv in &args.set {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
-        // --set beats the file and the environment.
-        env.insert(
-            format!("PEERCACHE_{}", k.trim().to_ascii_uppercase()),
-            v.to_string(),
-        );
+        overrides.insert(k.trim().to_string(), Value::String(v.to_string()));
     }
+    // --set beats the environment, which beats the file, which beats the flags above.
     let (mut cfg, warnings) =
-        PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env)?;
+        PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env, &overrides)?;
     for w in warnings {
         tracing::warn!("{w}");
     }

@@ -607,12 +607,13 @@ impl PeerCacheConfig {
     }
 
     /// Builds a config from layered sources: a JSON object (SGLang's `extra_config`), then an
-    /// optional TOML file, then `PEERCACHE_<KEY>` variables from `env`. Returns the config and
-    /// the warnings to log (unknown keys).
+    /// optional TOML file, then `PEERCACHE_<KEY>` variables from `env`, then `overrides`
+    /// (command-line `--set`). Returns the config and the warnings to log (unknown keys).
     pub fn from_sources(
         json: Option<&Map<String, Value>>,
         toml_file: Option<&std::path::Path>,
         env: &BTreeMap<String, String>,
+        overrides: &Map<String, Value>,
     ) -> Result<(PeerCacheConfig, Vec<String>), ConfigError> {
         let mut merged: Map<String, Value> = Map::new();
         if let Some(j) = json {
@@ -643,6 +644,7 @@ impl PeerCacheConfig {
                 }
             }
         }
+        merged.extend(overrides.clone());
         Self::from_map(&merged)
     }
 
@@ -878,11 +880,17 @@ mod tests {
         env.insert("PEERCACHE_TP_SIZE".to_string(), "4".to_string());
         env.insert("PEERCACHE_TP_RANK".to_string(), "3".to_string());
         env.insert("OTHER".to_string(), "x".to_string());
-        let (cfg, _) = PeerCacheConfig::from_sources(Some(&json), Some(&file), &env).unwrap();
+        let mut over = Map::new();
+        over.insert("vnodes".into(), Value::String("120".into()));
+        let (cfg, _) =
+            PeerCacheConfig::from_sources(Some(&json), Some(&file), &env, &Map::new()).unwrap();
         assert_eq!(cfg.vnodes, 100, "the file overrides the JSON");
         assert_eq!(cfg.prefix, "tenant-a", "the environment overrides the file");
         assert_eq!((cfg.tp_rank, cfg.tp_size), (3, 4));
         assert_eq!(cfg.pool_bytes(), 1 << 30);
+        let (cfg, _) =
+            PeerCacheConfig::from_sources(Some(&json), Some(&file), &env, &over).unwrap();
+        assert_eq!(cfg.vnodes, 120, "command-line overrides beat everything");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

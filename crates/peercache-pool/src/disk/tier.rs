@@ -1,0 +1,650 @@
+//! [`DiskTier`]: the L4 tier — a log of records in segment files.
+//!
+//! * Writes go through a bounded queue to a dedicated thread that appends records to the active
+//!   segment (`seg-<id>.log`, rolled at `segment_bytes`): sequential I/O, no file creation per
+//!   page. When the queue is full the page is skipped and counted — memory stays bounded.
+//! * An in-memory index maps each key to (segment, offset, header). The tier holds at most
+//!   `capacity` bytes of segments; beyond it the least recently used segment (by the most
+//!   recent use of any record in it) is deleted with its records.
+//! * After a restart (or `kill -9`) the segments are scanned: every record with a sound header
+//!   and its full length is indexed (a newer record of a key wins); a torn tail or a corrupt
+//!   header ends that segment's scan and is counted. Payload checksums are checked on every
+//!   read; a corrupt record is dropped and reported, never served.
+//! * A failed write (disk full, failing disk) disables the tier with one error log and a
+//!   metric; records already on disk stay readable and the pool keeps working.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+
+use parking_lot::Mutex;
+use peercache_wire::PageKey;
+use thiserror::Error;
+
+use super::record::{RECORD_HEADER, RecordError, RecordHeader};
+
+/// Why the disk tier refused something.
+#[derive(Debug, Error)]
+pub enum DiskError {
+    /// The folder could not be created or read.
+    #[error("disk tier folder {path}: {source}")]
+    Folder {
+        /// The folder.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The key is not on disk.
+    #[error("page {0} is not on disk")]
+    NotFound(PageKey),
+    /// The destination does not match the page.
+    #[error("destination holds {dst} bytes, page has {len}")]
+    LengthMismatch {
+        /// Destination bytes.
+        dst: u64,
+        /// Page bytes.
+        len: u64,
+    },
+    /// The record failed verification (it has been dropped from the index).
+    #[error("record of page {key} is corrupt: {reason:?}")]
+    Corrupt {
+        /// The page.
+        key: PageKey,
+        /// Why.
+        reason: RecordError,
+    },
+    /// I/O on a record.
+    #[error("disk i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Disk tier settings.
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    /// The tier's folder (already specific to the node, e.g. `<disk_path>/<node_id>`).
+    pub dir: PathBuf,
+    /// Bytes of segments kept.
+    pub capacity: u64,
+    /// Pages that may wait for the writer thread; beyond it writes are skipped and counted.
+    pub queue_depth: usize,
+    /// Segment size (0: capacity / 16, clamped to 1–256 MiB). Eviction works a segment at a
+    /// time, so smaller segments follow LRU more closely.
+    pub segment_bytes: u64,
+}
+
+impl DiskConfig {
+    /// A tier in `dir` of `capacity` bytes with a 256-page queue and derived segments.
+    pub fn new(dir: PathBuf, capacity: u64) -> Self {
+        DiskConfig {
+            dir,
+            capacity,
+            queue_depth: 256,
+            segment_bytes: 0,
+        }
+    }
+
+    fn segment_size(&self) -> u64 {
+        if self.segment_bytes != 0 {
+            return self.segment_bytes;
+        }
+        (self.capacity / 16).clamp(1 << 20, 256 << 20)
+    }
+}
+
+/// Counters of the tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Records indexed.
+    pub keys: u64,
+    /// Bytes of segments on disk.
+    pub bytes: u64,
+    /// Segments on disk.
+    pub segments: u64,
+    /// Records written.
+    pub writes: u64,
+    /// Payload bytes written.
+    pub bytes_written: u64,
+    /// Writes skipped (queue full, tier disabled).
+    pub dropped: u64,
+    /// Records dropped with their segment to stay within capacity.
+    pub evictions: u64,
+    /// Torn or corrupt records found.
+    pub corrupt: u64,
+    /// Records found by the recovery scan.
+    pub recovered: u64,
+    /// True once a failed write disabled the tier.
+    pub disabled: bool,
+    /// Reads served.
+    pub reads: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    writes: AtomicU64,
+    bytes_written: AtomicU64,
+    dropped: AtomicU64,
+    evictions: AtomicU64,
+    corrupt: AtomicU64,
+    recovered: AtomicU64,
+    reads: AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    seg: u64,
+    offset: u64,
+    header: RecordHeader,
+}
+
+struct Segment {
+    file: Arc<File>,
+    bytes: u64,
+    keys: Vec<PageKey>,
+    /// Most recent use of any record in it.
+    tick: u64,
+}
+
+struct Index {
+    map: HashMap<PageKey, Entry>,
+    segs: BTreeMap<u64, Segment>,
+    /// tick → segment, least recent first.
+    lru: BTreeMap<u64, u64>,
+    bytes: u64,
+    next_tick: u64,
+    active: Option<u64>,
+    next_seg: u64,
+}
+
+impl Index {
+    fn touch_seg(&mut self, seg: u64) {
+        let t = self.next_tick;
+        self.next_tick += 1;
+        if let Some(s) = self.segs.get_mut(&seg) {
+            self.lru.remove(&s.tick);
+            s.tick = t;
+            self.lru.insert(t, seg);
+        }
+    }
+}
+
+struct Shared {
+    cfg: DiskConfig,
+    index: Mutex<Index>,
+    counters: Counters,
+    disabled: AtomicBool,
+    /// Recycled page buffers, so queued writes allocate nothing in steady state.
+    free_bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+enum Job {
+    Write { header: RecordHeader, buf: Vec<u8> },
+    Barrier(mpsc::Sender<()>),
+}
+
+/// The disk tier. Dropping it drains the queue and stops the writer.
+pub struct DiskTier {
+    shared: Arc<Shared>,
+    tx: Option<SyncSender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.shared.cfg.dir)
+            .finish()
+    }
+}
+
+/// The default parent folder of disk tiers: `$XDG_DATA_HOME/peercache`, else
+/// `~/.local/share/peercache`, else a folder under the system temp dir.
+pub fn default_root() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("peercache");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".local/share/peercache");
+    }
+    std::env::temp_dir().join("peercache")
+}
+
+fn seg_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("seg-{id:016x}.log"))
+}
+
+impl DiskTier {
+    /// Opens (creating if needed) the tier and recovers what a previous run left.
+    pub fn open(cfg: DiskConfig) -> Result<DiskTier, DiskError> {
+        let dir = cfg.dir.clone();
+        let folder = |source| DiskError::Folder {
+            path: dir.clone(),
+            source,
+        };
+        fs::create_dir_all(&cfg.dir).map_err(folder)?;
+        let shared = Arc::new(Shared {
+            index: Mutex::new(Index {
+                map: HashMap::new(),
+                segs: BTreeMap::new(),
+                lru: BTreeMap::new(),
+                bytes: 0,
+                next_tick: 1,
+                active: None,
+                next_seg: 1,
+            }),
+            counters: Counters::default(),
+            disabled: AtomicBool::new(false),
+            free_bufs: Mutex::new(Vec::new()),
+            cfg,
+        });
+        recover(&shared).map_err(folder)?;
+        let (tx, rx) = mpsc::sync_channel::<Job>(shared.cfg.queue_depth.max(1));
+        let s = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("pc-disk".into())
+            .spawn(move || write_loop(&s, rx))
+            .map_err(folder)?;
+        Ok(DiskTier {
+            shared,
+            tx: Some(tx),
+            writer: Some(writer),
+        })
+    }
+
+    /// The tier's folder.
+    pub fn dir(&self) -> &Path {
+        &self.shared.cfg.dir
+    }
+
+    /// Queues a page for write-through. Returns false (and counts a drop) when the queue is
+    /// full, the page does not fit a segment, or the tier is disabled.
+    pub fn put(&self, key: PageKey, segments: &[&[u8]], valid_len: u32, generation: u64) -> bool {
+        let len: usize = segments.iter().map(|s| s.len()).sum();
+        let fits = (len as u64 + RECORD_HEADER as u64)
+            <= self.shared.cfg.segment_size().min(self.shared.cfg.capacity);
+        if len == 0 || !fits || self.is_disabled() {
+            self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if self.contains(key) {
+            return true;
+        }
+        let mut buf = self.shared.free_bufs.lock().pop().unwrap_or_default();
+        buf.clear();
+        for s in segments {
+            buf.extend_from_slice(s);
+        }
+        let header = RecordHeader {
+            key,
+            len: len as u32,
+            valid_len: valid_len.min(len as u32),
+            checksum: crate::header::checksum(&buf),
+            generation,
+        };
+        let Some(tx) = &self.tx else { return false };
+        match tx.try_send(Job::Write { header, buf }) {
+            Ok(()) => true,
+            Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
+                self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::DISK_DROPPED_TOTAL).increment(1);
+                if let Job::Write { buf, .. } = job {
+                    recycle(&self.shared, buf);
+                }
+                false
+            }
+        }
+    }
+
+    /// True once a write failed (disk full or failing).
+    pub fn is_disabled(&self) -> bool {
+        self.shared.disabled.load(Ordering::Relaxed)
+    }
+
+    /// True if `key` is on disk.
+    pub fn contains(&self, key: PageKey) -> bool {
+        self.shared.index.lock().map.contains_key(&key)
+    }
+
+    /// The length of a page on disk.
+    pub fn len_of(&self, key: PageKey) -> Option<u32> {
+        self.shared.index.lock().map.get(&key).map(|e| e.header.len)
+    }
+
+    /// Every key on disk (for re-publishing after a restart).
+    pub fn keys(&self) -> Vec<PageKey> {
+        self.shared.index.lock().map.keys().copied().collect()
+    }
+
+    /// Reads a page into `dst` segments and verifies it against its checksum.
+    pub fn read(&self, key: PageKey, dst: &mut [&mut [u8]]) -> Result<RecordHeader, DiskError> {
+        let (entry, file) = {
+            let mut idx = self.shared.index.lock();
+            let e = *idx.map.get(&key).ok_or(DiskError::NotFound(key))?;
+            let file = idx
+                .segs
+                .get(&e.seg)
+                .map(|s| s.file.clone())
+                .ok_or(DiskError::NotFound(key))?;
+            idx.touch_seg(e.seg);
+            (e, file)
+        };
+        let h = entry.header;
+        let total: u64 = dst.iter().map(|d| d.len() as u64).sum();
+        if total != h.len as u64 {
+            return Err(DiskError::LengthMismatch {
+                dst: total,
+                len: h.len as u64,
+            });
+        }
+        let corrupt = |reason| DiskError::Corrupt { key, reason };
+        let result = (|| -> Result<(), DiskError> {
+            let mut hb = [0u8; RECORD_HEADER];
+            file.read_exact_at(&mut hb, entry.offset)?;
+            if RecordHeader::decode(&hb).map_err(corrupt)? != h {
+                return Err(corrupt(RecordError::BadHeader));
+            }
+            let mut off = entry.offset + RECORD_HEADER as u64;
+            let mut hasher = twox_hash::XxHash3_64::new();
+            for d in dst.iter_mut() {
+                file.read_exact_at(d, off).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => corrupt(RecordError::Truncated),
+                    _ => DiskError::Io(e),
+                })?;
+                std::hash::Hasher::write(&mut hasher, d);
+                off += d.len() as u64;
+            }
+            if std::hash::Hasher::finish(&hasher) != h.checksum {
+                return Err(corrupt(RecordError::PayloadChecksum));
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                self.shared.counters.reads.fetch_add(1, Ordering::Relaxed);
+                Ok(h)
+            }
+            Err(e @ DiskError::Corrupt { .. }) => {
+                self.shared.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::DISK_CORRUPT_TOTAL).increment(1);
+                tracing::warn!(%key, error = %e, "corrupt disk record dropped");
+                self.remove(key);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets a page (its bytes are reclaimed with its segment).
+    pub fn remove(&self, key: PageKey) -> bool {
+        self.shared.index.lock().map.remove(&key).is_some()
+    }
+
+    /// Waits until every write queued so far has been appended (to the page cache: records
+    /// carry checksums, so a crash mid-write is detected at recovery rather than prevented).
+    pub fn flush(&self) {
+        let Some(tx) = &self.tx else { return };
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        if tx.send(Job::Barrier(done_tx)).is_ok() {
+            let _ = done_rx.recv();
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DiskStats {
+        let idx = self.shared.index.lock();
+        let c = &self.shared.counters;
+        DiskStats {
+            keys: idx.map.len() as u64,
+            bytes: idx.bytes,
+            segments: idx.segs.len() as u64,
+            writes: c.writes.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            corrupt: c.corrupt.load(Ordering::Relaxed),
+            recovered: c.recovered.load(Ordering::Relaxed),
+            disabled: self.is_disabled(),
+            reads: c.reads.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn recycle(sh: &Shared, buf: Vec<u8>) {
+    let mut free = sh.free_bufs.lock();
+    if free.len() < sh.cfg.queue_depth {
+        free.push(buf);
+    }
+}
+
+fn write_loop(sh: &Shared, rx: Receiver<Job>) {
+    let mut active: Option<(u64, File, u64)> = None;
+    for job in rx {
+        match job {
+            Job::Barrier(done) => {
+                let _ = done.send(());
+            }
+            Job::Write { header, buf } => {
+                if sh.disabled.load(Ordering::Relaxed) {
+                    sh.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                } else if let Err(e) = append(sh, &mut active, &header, &buf) {
+                    // One error line, then the tier stays off; the pool is unaffected.
+                    sh.disabled.store(true, Ordering::Relaxed);
+                    sh.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    metrics::gauge!(crate::metrics::DISK_DISABLED).set(1.0);
+                    tracing::error!(dir = %sh.cfg.dir.display(), error = %e, "disk tier write failed; disk tier disabled, pool keeps working");
+                }
+                recycle(sh, buf);
+            }
+        }
+    }
+}
+
+/// Appends one record to the active segment (rolling and evicting as needed).
+fn append(
+    sh: &Shared,
+    active: &mut Option<(u64, File, u64)>,
+    h: &RecordHeader,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let size = RECORD_HEADER as u64 + h.len as u64;
+    let seg_size = sh.cfg.segment_size();
+    if active
+        .as_ref()
+        .is_none_or(|(_, _, used)| used + size > seg_size)
+    {
+        let id = {
+            let mut idx = sh.index.lock();
+            let id = idx.next_seg;
+            idx.next_seg += 1;
+            id
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(seg_path(&sh.cfg.dir, id))?;
+        let reader = Arc::new(file.try_clone()?);
+        {
+            let mut idx = sh.index.lock();
+            let t = idx.next_tick;
+            idx.next_tick += 1;
+            idx.segs.insert(
+                id,
+                Segment {
+                    file: reader,
+                    bytes: 0,
+                    keys: Vec::new(),
+                    tick: t,
+                },
+            );
+            idx.lru.insert(t, id);
+            idx.active = Some(id);
+        }
+        *active = Some((id, file, 0));
+    }
+    let (id, file, used) = active.as_mut().expect("an active segment was just ensured");
+    let offset = *used;
+    let hb = h.encode();
+    let mut iov = [std::io::IoSlice::new(&hb), std::io::IoSlice::new(payload)];
+    write_all_vectored(file, &mut iov)?;
+    *used += size;
+    let mut victims: Vec<u64> = Vec::new();
+    {
+        let mut idx = sh.index.lock();
+        idx.map.insert(
+            h.key,
+            Entry {
+                seg: *id,
+                offset,
+                header: *h,
+            },
+        );
+        if let Some(s) = idx.segs.get_mut(id) {
+            s.bytes += size;
+            s.keys.push(h.key);
+        }
+        idx.bytes += size;
+        idx.touch_seg(*id);
+        // Stay within capacity: drop whole least-recently-used segments (never the active one).
+        while idx.bytes > sh.cfg.capacity {
+            let Some((&tick, &victim)) = idx.lru.iter().find(|(_, s)| Some(**s) != idx.active)
+            else {
+                break;
+            };
+            idx.lru.remove(&tick);
+            if let Some(seg) = idx.segs.remove(&victim) {
+                idx.bytes -= seg.bytes;
+                let mut dropped = 0u64;
+                for k in seg.keys {
+                    if idx.map.get(&k).is_some_and(|e| e.seg == victim) {
+                        idx.map.remove(&k);
+                        dropped += 1;
+                    }
+                }
+                sh.counters.evictions.fetch_add(dropped, Ordering::Relaxed);
+            }
+            victims.push(victim);
+        }
+    }
+    sh.counters.writes.fetch_add(1, Ordering::Relaxed);
+    sh.counters
+        .bytes_written
+        .fetch_add(h.len as u64, Ordering::Relaxed);
+    metrics::counter!(crate::metrics::DISK_WRITES_TOTAL).increment(1);
+    for v in victims {
+        let _ = fs::remove_file(seg_path(&sh.cfg.dir, v));
+    }
+    Ok(())
+}
+
+fn write_all_vectored(f: &mut File, mut bufs: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        match f.write_vectored(bufs) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    "disk accepted no bytes",
+                ));
+            }
+            Ok(n) => std::io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Scans every segment in id order. A record counts when its header decodes and its full
+/// length is present; the first bad record ends that segment's scan (a torn tail after a
+/// crash, or corruption — counted either way). Later records of a key replace earlier ones.
+fn recover(sh: &Shared) -> std::io::Result<()> {
+    let mut ids: Vec<u64> = Vec::new();
+    for ent in fs::read_dir(&sh.cfg.dir)? {
+        let ent = ent?;
+        let name = ent.file_name();
+        let name = name.to_string_lossy();
+        match name
+            .strip_prefix("seg-")
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+        {
+            Some(id) => ids.push(id),
+            None => {
+                tracing::debug!(file = %name, "ignoring a foreign file in the disk tier folder")
+            }
+        }
+    }
+    ids.sort_unstable();
+    let mut idx = sh.index.lock();
+    let mut recovered = 0u64;
+    for id in ids {
+        let path = seg_path(&sh.cfg.dir, id);
+        let file = OpenOptions::new().read(true).open(&path)?;
+        let len = file.metadata()?.len();
+        let mut off = 0u64;
+        let mut keys = Vec::new();
+        let mut hb = [0u8; RECORD_HEADER];
+        while off + RECORD_HEADER as u64 <= len {
+            if file.read_exact_at(&mut hb, off).is_err() {
+                break;
+            }
+            let Ok(h) = RecordHeader::decode(&hb) else {
+                break;
+            };
+            let end = off + RECORD_HEADER as u64 + h.len as u64;
+            if end > len {
+                break;
+            }
+            idx.map.insert(
+                h.key,
+                Entry {
+                    seg: id,
+                    offset: off,
+                    header: h,
+                },
+            );
+            keys.push(h.key);
+            recovered += 1;
+            off = end;
+        }
+        if off < len {
+            sh.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(segment = %path.display(), at = off, size = len, "torn or corrupt record: the rest of the segment is skipped");
+        }
+        let t = idx.next_tick;
+        idx.next_tick += 1;
+        idx.segs.insert(
+            id,
+            Segment {
+                file: Arc::new(file),
+                bytes: len,
+                keys,
+                tick: t,
+            },
+        );
+        idx.lru.insert(t, id);
+        idx.bytes += len;
+        idx.next_seg = idx.next_seg.max(id + 1);
+    }
+    // Records superseded by a later segment were overwritten in the map; count what is live.
+    recovered = recovered.min(idx.map.len() as u64);
+    sh.counters.recovered.store(recovered, Ordering::Relaxed);
+    if recovered > 0 {
+        tracing::info!(records = recovered, bytes = idx.bytes, dir = %sh.cfg.dir.display(), "disk tier recovered");
+    }
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! The disk tier over real files: write-through, verified reads, bounded memory and capacity,
+//! recovery after a restart and after `kill -9` mid-write, corrupt records never served.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use peercache_pool::disk::{DiskConfig, DiskError, DiskTier, RecordError};
+use peercache_wire::PageKey;
+
+fn page(i: u64, len: usize) -> Vec<u8> {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn key(i: u64) -> PageKey {
+    PageKey::from_key(&format!("disk-{i}"))
+}
+
+fn open(dir: &Path, capacity: u64, depth: usize) -> DiskTier {
+    open_seg(dir, capacity, depth, 0)
+}
+
+/// `segment` = record size puts every record in its own segment, so eviction is exact LRU.
+fn open_seg(dir: &Path, capacity: u64, depth: usize, segment: u64) -> DiskTier {
+    DiskTier::open(DiskConfig {
+        dir: dir.to_path_buf(),
+        capacity,
+        queue_depth: depth,
+        segment_bytes: segment,
+    })
+    .unwrap()
+}
+
+fn seg(dir: &Path, id: u64) -> std::path::PathBuf {
+    dir.join(format!("seg-{id:016x}.log"))
+}
+
+fn read(t: &DiskTier, k: PageKey, len: usize) -> Result<Vec<u8>, DiskError> {
+    let mut v = vec![0u8; len];
+    t.read(k, &mut [&mut v[..]])?;
+    Ok(v)
+}
+
+#[test]
+fn pages_written_through_read_back_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), 64 << 20, 64);
+    for i in 0..50 {
+        let p = page(i, 8192);
+        assert!(t.put(key(i), &[&p[..4096], &p[4096..]], 8192, i));
+    }
+    t.flush();
+    assert_eq!(t.stats().writes, 50);
+    for i in 0..50 {
+        assert_eq!(read(&t, key(i), 8192).unwrap(), page(i, 8192));
+    }
+    // Scattered into two destinations.
+    let (mut a, mut b) = (vec![0u8; 1000], vec![0u8; 7192]);
+    t.read(key(3), &mut [&mut a[..], &mut b[..]]).unwrap();
+    assert_eq!([a, b].concat(), page(3, 8192));
+    assert!(matches!(
+        read(&t, key(999), 8192),
+        Err(DiskError::NotFound(_))
+    ));
+    assert!(matches!(
+        read(&t, key(1), 100),
+        Err(DiskError::LengthMismatch { .. })
+    ));
+    assert!(!t.put(key(1000), &[], 0, 0), "an empty page is refused");
+}
+
+#[test]
+fn capacity_is_enforced_least_recently_used_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for 10 records of 4 KiB + header, one record per segment.
+    let t = open_seg(dir.path(), 10 * (4096 + 64), 64, 4096 + 64);
+    for i in 0..10 {
+        t.put(key(i), &[&page(i, 4096)], 4096, 0);
+    }
+    t.flush();
+    read(&t, key(0), 4096).unwrap(); // key 0 is now the most recent
+    for i in 10..15 {
+        t.put(key(i), &[&page(i, 4096)], 4096, 0);
+    }
+    t.flush();
+    let s = t.stats();
+    assert_eq!(s.keys, 10);
+    assert_eq!(s.evictions, 5);
+    assert!(s.bytes <= 10 * (4096 + 64));
+    assert!(t.contains(key(0)), "the recently read record stayed");
+    assert!(!t.contains(key(1)), "the oldest unread record went");
+    assert_eq!(
+        walk(dir.path()),
+        10,
+        "evicted segments are deleted from disk too"
+    );
+}
+
+/// Segment files in the folder.
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("seg-")
+        })
+        .count()
+}
+
+#[test]
+fn a_full_queue_skips_and_counts_instead_of_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), 1 << 30, 2);
+    let p = page(1, 256 << 10);
+    let mut accepted = 0;
+    for i in 0..400 {
+        accepted += t.put(key(i), &[&p], p.len() as u32, 0) as u64;
+    }
+    t.flush();
+    let s = t.stats();
+    eprintln!("queue depth 2: {accepted} accepted, {} dropped", s.dropped);
+    assert!(
+        s.dropped > 0,
+        "the disk cannot keep up with 400 back-to-back 256 KiB puts at depth 2"
+    );
+    assert_eq!(s.writes + s.dropped, 400);
+    assert_eq!(s.writes, accepted);
+}
+
+#[test]
+fn a_restart_recovers_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let t = open(dir.path(), 64 << 20, 64);
+        for i in 0..30 {
+            t.put(key(i), &[&page(i, 4096)], 4000, 9);
+        }
+        t.flush();
+    }
+    let t = open(dir.path(), 64 << 20, 64);
+    let s = t.stats();
+    assert_eq!((s.recovered, s.keys, s.corrupt), (30, 30, 0));
+    let mut keys = t.keys();
+    keys.sort();
+    let mut want: Vec<_> = (0..30).map(key).collect();
+    want.sort();
+    assert_eq!(keys, want);
+    for i in 0..30 {
+        let mut v = vec![0u8; 4096];
+        let h = t.read(key(i), &mut [&mut v[..]]).unwrap();
+        assert_eq!(v, page(i, 4096));
+        assert_eq!((h.valid_len, h.generation), (4000, 9));
+    }
+}
+
+#[test]
+fn torn_and_corrupt_records_are_skipped_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = 4096 + 64;
+    {
+        let t = open_seg(dir.path(), 64 << 20, 64, rec);
+        for i in 0..5 {
+            t.put(key(i), &[&page(i, 4096)], 4096, 0);
+        }
+        t.flush();
+    }
+    // Segment i+1 holds record i. Torn: cut short. Foreign: garbage. Corrupt: one flipped bit.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(seg(dir.path(), 2))
+        .unwrap();
+    f.set_len(1000).unwrap();
+    std::fs::write(seg(dir.path(), 3), b"not a record at all").unwrap();
+    let mut bytes = std::fs::read(seg(dir.path(), 4)).unwrap();
+    bytes[64 + 100] ^= 1;
+    std::fs::write(seg(dir.path(), 4), bytes).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"a foreign file is ignored").unwrap();
+
+    let t = open_seg(dir.path(), 64 << 20, 64, rec);
+    let s = t.stats();
+    assert_eq!(s.recovered, 3, "records 0, 3 and 4 have sound headers");
+    assert_eq!(s.corrupt, 2, "the torn and the garbage segment");
+    assert!(!t.contains(key(1)) && !t.contains(key(2)));
+    let err = read(&t, key(3), 4096).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DiskError::Corrupt {
+                reason: RecordError::PayloadChecksum,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        !t.contains(key(3)),
+        "a corrupt record is dropped once found"
+    );
+    assert_eq!(read(&t, key(0), 4096).unwrap(), page(0, 4096));
+    assert_eq!(read(&t, key(4), 4096).unwrap(), page(4, 4096));
+}
+
+/// The child side of the kill -9 test: writes records until killed.
+#[test]
+fn child_writer_until_killed() {
+    let Some(dir) = std::env::var_os("PEERCACHE_DISK_CHILD") else {
+        return;
+    };
+    let t = open_seg(Path::new(&dir), 1 << 30, 16, 4 << 20);
+    for i in 0.. {
+        let p = page(i, 64 << 10);
+        while !t.put(key(i), &[&p], p.len() as u32, i) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn kill_9_mid_write_loses_nothing_already_written_and_serves_nothing_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "child_writer_until_killed",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PEERCACHE_DISK_CHILD", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (on a condition, with a deadline) until a good number of records exist.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dir_bytes(dir.path()) < 200 * ((64 << 10) + 64) {
+        assert!(Instant::now() < deadline, "child wrote too little");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: sends SIGKILL to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let t = open_seg(dir.path(), 1 << 30, 16, 4 << 20);
+    let s = t.stats();
+    assert!(s.corrupt <= 1, "only the record being written can be torn");
+    eprintln!(
+        "after kill -9: {} records recovered, {} torn skipped",
+        s.recovered, s.corrupt
+    );
+    assert!(s.recovered >= 200);
+    let mut served = 0;
+    for k in t.keys() {
+        let len = t.len_of(k).unwrap() as usize;
+        let mut v = vec![0u8; len];
+        let h = t.read(k, &mut [&mut v[..]]).unwrap();
+        assert_eq!(
+            v,
+            page(h.generation, len),
+            "record content must match its key"
+        );
+        served += 1;
+    }
+    assert_eq!(served as u64, s.recovered);
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_full_disk_disables_the_tier_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = 4096 + 64;
+    let t = open_seg(dir.path(), 64 << 20, 8, rec);
+    assert!(t.put(key(0), &[&page(0, 4096)], 4096, 0));
+    t.flush();
+    // The next segment is /dev/full: every write to it fails with ENOSPC.
+    std::os::unix::fs::symlink("/dev/full", seg(dir.path(), 2)).unwrap();
+    t.put(key(1), &[&page(1, 4096)], 4096, 0);
+    t.flush();
+    let s = t.stats();
+    assert!(s.disabled, "a failing write disables the tier");
+    assert!(!t.contains(key(1)));
+    assert!(
+        !t.put(key(2), &[&page(2, 4096)], 4096, 0),
+        "no more writes once disabled"
+    );
+    assert_eq!(
+        read(&t, key(0), 4096).unwrap(),
+        page(0, 4096),
+        "records already on disk still read"
+    );
+}
+
+#[test]
+fn promote_reads_pages_back_into_the_pool_as_retained() {
+    use peercache_pool::{Pool, PoolConfig, PublishScratch, Published, ReplClass};
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), 64 << 20, 64);
+    for i in 0..8 {
+        t.put(key(i), &[&page(i, 16384)], 16384, 0);
+    }
+    t.flush();
+    let pool = Pool::new(PoolConfig::new(8 << 20)).unwrap();
+    let keys: Vec<PageKey> = (0..10).map(key).collect();
+    let (mut out, mut ev) = (Vec::new(), Vec::new());
+    pool.promote_batch(&t, &keys, &mut PublishScratch::default(), &mut out, &mut ev);
+    assert!(
+        out[..8]
+            .iter()
+            .all(|p| matches!(p, Published::New(l) if l.class == ReplClass::Retained))
+    );
+    assert!(
+        out[8..].iter().all(|p| matches!(p, Published::Failed(_))),
+        "keys not on disk fail"
+    );
+    let leases = pool.lease_batch(&keys[..8]);
+    for i in 0..8 {
+        let mut v = vec![0u8; 16384];
+        pool.read_leased(&leases, i, keys[i], &mut [&mut v[..]])
+            .unwrap();
+        assert_eq!(v, page(i as u64, 16384));
+    }
+    drop(leases);
+    pool.promote_batch(
+        &t,
+        &keys[..2],
+        &mut PublishScratch::default(),
+        &mut out,
+        &mut ev,
+    );
+    assert!(
+        out.iter().all(|p| matches!(p, Published::Duplicate(_))),
+        "already resident"
+    );
+}
