@@ -332,10 +332,9 @@ fn promote_reads_pages_back_into_the_pool_as_retained() {
         "keys not on disk fail"
     );
     let leases = pool.lease_batch(&keys[..8]);
-    for i in 0..8 {
+    for (i, k) in keys[..8].iter().enumerate() {
         let mut v = vec![0u8; 16384];
-        pool.read_leased(&leases, i, keys[i], &mut [&mut v[..]])
-            .unwrap();
+        pool.read_leased(&leases, i, *k, &mut [&mut v[..]]).unwrap();
         assert_eq!(v, page(i as u64, 16384));
     }
     drop(leases);
