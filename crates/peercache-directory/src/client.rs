@@ -100,6 +100,16 @@ pub struct DirectoryClient {
     local_calls: AtomicU64,
     errors: AtomicU64,
     fallbacks: AtomicU64,
+    m: Handles,
+}
+
+/// Metric handles resolved once, so the per-call path builds no keys.
+struct Handles {
+    rpcs: metrics::Counter,
+    errors: metrics::Counter,
+    fallbacks: metrics::Counter,
+    handoff_sent: metrics::Counter,
+    handoff_dropped: metrics::Counter,
 }
 
 impl std::fmt::Debug for DirectoryClient {
@@ -135,6 +145,13 @@ impl DirectoryClient {
             local_calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            m: Handles {
+                rpcs: metrics::counter!(crate::metrics::RPCS_TOTAL),
+                errors: metrics::counter!(crate::metrics::RPC_ERRORS_TOTAL),
+                fallbacks: metrics::counter!(crate::metrics::FALLBACKS_TOTAL),
+                handoff_sent: metrics::counter!(crate::metrics::HANDOFF_SENT_TOTAL),
+                handoff_dropped: metrics::counter!(crate::metrics::HANDOFF_DROPPED_TOTAL),
+            },
         }
     }
 
@@ -216,7 +233,7 @@ impl DirectoryClient {
             let calls: Vec<(SocketAddr, &[u8])> =
                 frames.iter().map(|(a, f)| (*a, f.as_slice())).collect();
             self.rpcs.fetch_add(calls.len() as u64, Ordering::Relaxed);
-            metrics::counter!(crate::metrics::RPCS_TOTAL).increment(calls.len() as u64);
+            self.m.rpcs.increment(calls.len() as u64);
             let replies = self.rpc.call_many(&calls, self.cfg.timeout);
             for (ci, r) in remote.into_iter().zip(replies) {
                 let r = r
@@ -224,7 +241,7 @@ impl DirectoryClient {
                     .map_err(DirError::Wire);
                 if r.is_err() {
                     self.errors.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(crate::metrics::RPC_ERRORS_TOTAL).increment(1);
+                    self.m.errors.increment(1);
                 }
                 results[ci] = Some(r);
             }
@@ -293,7 +310,7 @@ impl DirectoryClient {
             if rank > 0 {
                 self.fallbacks
                     .fetch_add(pending.len() as u64, Ordering::Relaxed);
-                metrics::counter!(crate::metrics::FALLBACKS_TOTAL).increment(pending.len() as u64);
+                self.m.fallbacks.increment(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
             let replies = self.fan_out(&view, &chunks, |items| {
@@ -467,8 +484,8 @@ impl DirectoryClient {
             self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));
             report.dropped = plan.drops.len();
         }
-        metrics::counter!(crate::metrics::HANDOFF_SENT_TOTAL).increment(report.sent as u64);
-        metrics::counter!(crate::metrics::HANDOFF_DROPPED_TOTAL).increment(report.dropped as u64);
+        self.m.handoff_sent.increment(report.sent as u64);
+        self.m.handoff_dropped.increment(report.dropped as u64);
         tracing::info!(
             members = members.len(),
             sent = report.sent,

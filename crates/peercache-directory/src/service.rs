@@ -16,6 +16,8 @@ use crate::shard::{Millis, Shard, ShardConfig};
 #[derive(Debug)]
 pub struct DirectoryService {
     shard: Mutex<Shard>,
+    entries: metrics::Gauge,
+    malformed: metrics::Counter,
     epoch: Instant,
     /// Largest number of items accepted in one request.
     pub max_items: usize,
@@ -26,6 +28,8 @@ impl DirectoryService {
     pub fn new(cfg: ShardConfig) -> Self {
         DirectoryService {
             shard: Mutex::new(Shard::new(cfg)),
+            entries: metrics::gauge!(crate::metrics::SHARD_ENTRIES),
+            malformed: metrics::counter!(crate::metrics::MALFORMED_TOTAL),
             epoch: Instant::now(),
             max_items: 1 << 20,
         }
@@ -78,7 +82,7 @@ impl DirectoryService {
                 DirReply::Applied(entries.len() as u32)
             }
         };
-        metrics::gauge!(crate::metrics::SHARD_ENTRIES).set(sh.len() as f64);
+        self.entries.set(sh.len() as f64);
         reply
     }
 
@@ -99,7 +103,7 @@ impl DirectoryService {
         let req: DirRequest<'static> = match env.decode() {
             Ok(r) => r,
             Err(e) => {
-                metrics::counter!(crate::metrics::MALFORMED_TOTAL).increment(1);
+                self.malformed.increment(1);
                 return Some(Reply::Error {
                     error: RpcError {
                         code: RpcError::CODE_MALFORMED,

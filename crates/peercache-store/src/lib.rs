@@ -23,6 +23,7 @@ mod evict;
 pub mod keys;
 pub mod metrics;
 mod node;
+pub mod observe;
 mod prime;
 mod store;
 

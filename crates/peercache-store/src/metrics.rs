@@ -33,6 +33,8 @@ pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
 pub const EXISTS_REQUESTS: &str = "peercache_exists_requests_total";
 /// Leading pages found by `batch_exists`.
 pub const EXISTS_PAGES_FOUND: &str = "peercache_exists_pages_found_total";
+/// Latency of one API call (a batch), label `op` = `read` | `write` | `exists`.
+pub const OP_LATENCY: &str = "peercache_op_latency_seconds";
 /// Members seen by discovery.
 pub const MEMBERS: &str = "peercache_members";
 
@@ -54,6 +56,10 @@ pub(crate) struct Handles {
     pub(crate) lookups_saved: Counter,
     pub(crate) exists_requests: Counter,
     pub(crate) exists_pages_found: Counter,
+    pub(crate) read_latency: metrics::Histogram,
+    pub(crate) write_latency: metrics::Histogram,
+    pub(crate) exists_latency: metrics::Histogram,
+    pub(crate) members: metrics::Gauge,
 }
 
 impl Handles {
@@ -76,6 +82,10 @@ impl Handles {
             lookups_saved: c(LOOKUPS_SAVED),
             exists_requests: c(EXISTS_REQUESTS),
             exists_pages_found: c(EXISTS_PAGES_FOUND),
+            read_latency: metrics::histogram!(OP_LATENCY, "op" => "read", "node" => n.clone()),
+            write_latency: metrics::histogram!(OP_LATENCY, "op" => "write", "node" => n.clone()),
+            exists_latency: metrics::histogram!(OP_LATENCY, "op" => "exists", "node" => n.clone()),
+            members: metrics::gauge!(MEMBERS, "node" => n.clone()),
         }
     }
 }

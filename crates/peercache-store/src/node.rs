@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) ring_ready: (Mutex<bool>, Condvar),
     pub(crate) stopping: AtomicBool,
     pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub(crate) http: Mutex<Option<crate::observe::HttpServer>>,
+    pub(crate) metrics_endpoint: Option<SocketAddr>,
 }
 
 /// The address peers should use to reach this node.
@@ -130,8 +132,44 @@ impl Inner {
         } else {
             NodeId::new(&cfg.node_id).map_err(StoreError::Wire)?
         };
+        if cfg.metrics_enabled {
+            // Every handle the node and its crates register gets `node=<id>`.
+            let rec = crate::observe::node_recorder(me.as_str());
+            metrics::with_local_recorder(&rec, || {
+                Self::build(cfg, me, host, seeds, meta_port, transport_why)
+            })
+        } else {
+            Self::build(cfg, me, host, seeds, meta_port, transport_why)
+        }
+    }
+
+    fn build(
+        cfg: PeerCacheConfig,
+        me: NodeId,
+        host: IpAddr,
+        seeds: Vec<SocketAddr>,
+        meta_port: u16,
+        transport_why: &'static str,
+    ) -> Result<Arc<Inner>, StoreError> {
         let incarnation = Incarnation::fresh();
         let metrics = Handles::register(me.as_str());
+        let cell: crate::observe::NodeCell = Default::default();
+        let http = if cfg.metrics_enabled {
+            let port = if cfg.metrics_port == 0 {
+                0
+            } else {
+                cfg.metrics_port.saturating_add(cfg.local_rank() as u16)
+            };
+            let bind = bind_addr(&cfg.metrics_bind_host, port)?;
+            Some(crate::observe::HttpServer::start(
+                bind,
+                cell.clone(),
+                cfg.metrics_dashboard,
+            )?)
+        } else {
+            None
+        };
+        let metrics_endpoint = http.as_ref().map(|h| advertise(h.addr, host));
 
         // Memory first: allocate and pre-fault the pool once.
         let pool = Arc::new(Pool::new(PoolConfig::new(cfg.pool_bytes() as usize))?);
@@ -220,10 +258,16 @@ impl Inner {
             control: control_endpoint,
             data: vec![data_endpoint],
             role: "inference".into(),
-            attrs: vec![
-                ("tp_rank".into(), cfg.tp_rank.to_string()),
-                ("pp_rank".into(), cfg.pp_rank.to_string()),
-            ],
+            attrs: {
+                let mut a = vec![
+                    ("tp_rank".to_string(), cfg.tp_rank.to_string()),
+                    ("pp_rank".to_string(), cfg.pp_rank.to_string()),
+                ];
+                if let Some(m) = metrics_endpoint {
+                    a.push(("metrics".to_string(), m.to_string()));
+                }
+                a
+            },
         };
         let discovery = DiscoveryClient::start(
             info,
@@ -241,6 +285,8 @@ impl Inner {
         tracing::info!(
             node = %me, transport = transport_why, data = %data_endpoint, control = %control_endpoint,
             meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
+            incarnation = incarnation.0,
+            metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
         );
         let inner = Arc::new(Inner {
@@ -267,7 +313,10 @@ impl Inner {
             ring_ready: (Mutex::new(false), Condvar::new()),
             stopping: AtomicBool::new(false),
             membership: Mutex::new(None),
+            http: Mutex::new(http),
+            metrics_endpoint,
         });
+        let _ = cell.set(Arc::downgrade(&inner));
         let weak = Arc::downgrade(&inner);
         let events = inner.discovery.subscribe();
         let heartbeat = Duration::from_secs_f64(inner.cfg.heartbeat_interval);
@@ -306,8 +355,7 @@ impl Inner {
         if members.is_empty() {
             return;
         }
-        metrics::gauge!(crate::metrics::MEMBERS, "node" => self.me.to_string())
-            .set(members.len() as f64);
+        self.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == self.me);
         self.dir.apply_membership(&members);
         if has_me {
@@ -362,6 +410,9 @@ impl Inner {
         }
         if let Some(mut m) = self.meta.lock().take() {
             m.shutdown();
+        }
+        if let Some(mut h) = self.http.lock().take() {
+            h.shutdown();
         }
         self.transport.shutdown();
         self.host_buffers.write().clear();

@@ -180,6 +180,16 @@ impl Store {
         self.inner.data_endpoint
     }
 
+    /// The metrics HTTP endpoint, when enabled.
+    pub fn metrics_endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.inner.metrics_endpoint
+    }
+
+    /// The `/cluster` document of this node.
+    pub fn cluster_view(&self) -> serde_json::Value {
+        crate::observe::cluster_view(&self.inner)
+    }
+
     /// The control endpoint (directory and store RPCs).
     pub fn control_endpoint(&self) -> std::net::SocketAddr {
         self.inner.control_endpoint
@@ -248,13 +258,19 @@ impl Store {
     ) -> Result<Vec<bool>, StoreError> {
         self.check_open()?;
         check_counts(keys.len(), segs.len(), counts)?;
+        let t0 = std::time::Instant::now();
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
         let slices: Vec<&[u8]> = segs
             .iter()
             .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
             .collect();
-        Ok(self.set_impl(&pkeys, &slices, counts))
+        let r = self.set_impl(&pkeys, &slices, counts);
+        self.inner
+            .metrics
+            .write_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(r)
     }
 
     fn set_impl(&self, keys: &[PageKey], slices: &[&[u8]], counts: &[usize]) -> Vec<bool> {
@@ -358,7 +374,13 @@ impl Store {
     pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize, StoreError> {
         self.check_open()?;
         let pkeys = self.page_keys(keys);
-        Ok(self.exists_impl(&pkeys))
+        let t0 = std::time::Instant::now();
+        let n = self.exists_impl(&pkeys);
+        self.inner
+            .metrics
+            .exists_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(n)
     }
 
     fn exists_impl(&self, keys: &[PageKey]) -> usize {
@@ -428,7 +450,14 @@ impl Store {
         check_counts(keys.len(), segs.len(), counts)?;
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
-        Ok(unsafe { self.get_impl(&pkeys, segs, counts) })
+        let t0 = std::time::Instant::now();
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { self.get_impl(&pkeys, segs, counts) };
+        self.inner
+            .metrics
+            .read_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(r)
     }
 
     /// # Safety

@@ -41,6 +41,8 @@ struct PoolState {
 /// Connections to one peer.
 pub(crate) struct PeerPool {
     addr: SocketAddr,
+    errors: std::sync::atomic::AtomicU64,
+    timeouts: std::sync::atomic::AtomicU64,
     state: Mutex<PoolState>,
     freed: Condvar,
 }
@@ -87,11 +89,28 @@ impl Client {
             .or_insert_with(|| {
                 Arc::new(PeerPool {
                     addr: peer,
+                    errors: Default::default(),
+                    timeouts: Default::default(),
                     state: Mutex::new(PoolState::default()),
                     freed: Condvar::new(),
                 })
             })
             .clone()
+    }
+
+    /// Per-peer counters.
+    pub(crate) fn peer_stats(&self) -> Vec<crate::stats::PeerStats> {
+        let now = Instant::now();
+        self.peers
+            .read()
+            .values()
+            .map(|p| crate::stats::PeerStats {
+                peer: p.addr,
+                errors: p.errors.load(std::sync::atomic::Ordering::Relaxed),
+                timeouts: p.timeouts.load(std::sync::atomic::Ordering::Relaxed),
+                suspect: p.state.lock().suspect_until.is_some_and(|t| t > now),
+            })
+            .collect()
     }
 
     /// Forgets idle connections to `peer` (e.g. after it left the cluster).
@@ -241,6 +260,10 @@ impl Client {
         let mut conn = match self.acquire(&pool, &d, until) {
             Ok(c) => c,
             Err(e) => {
+                if !matches!(e, TransportError::Suspect { .. }) {
+                    pool.errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if matches!(
                     e,
                     TransportError::Timeout { .. }
@@ -249,6 +272,8 @@ impl Client {
                             ..
                         }
                 ) {
+                    pool.timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     Counters::add(&self.counters.timeouts, 1);
                     self.mark_suspect(&pool, &mut pool.state.lock());
                 }
@@ -275,6 +300,12 @@ impl Client {
             }
             Err(e) => {
                 let timed_out = matches!(e, WireError::Timeout(_));
+                pool.errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if timed_out {
+                    pool.timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 self.release(&pool, None, timed_out);
                 if timed_out {
                     Counters::add(&self.counters.timeouts, 1);

@@ -28,7 +28,7 @@ pub use batch::{Batch, OpDesc, RemoteRange, Segment};
 pub use config::TransportConfig;
 pub use error::{OpError, TransportError};
 pub use region::{Access, RegionHandle, RegionKey};
-pub use stats::TransportStats;
+pub use stats::{PeerStats, TransportStats};
 pub use tcp::TcpTransport;
 
 /// Per-op outcome of a batch, in op order.

@@ -80,3 +80,16 @@ impl Counters {
         }
     }
 }
+
+/// Counters of one peer, as seen by this node's client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerStats {
+    /// The peer's data endpoint.
+    pub peer: std::net::SocketAddr,
+    /// Batches that failed (connection errors, rejects, timeouts).
+    pub errors: u64,
+    /// Batches that timed out.
+    pub timeouts: u64,
+    /// True while the peer is suspect.
+    pub suspect: bool,
+}

@@ -114,6 +114,11 @@ impl TcpTransport {
         self.client.forget(peer);
     }
 
+    /// Per-peer counters of this node's client.
+    pub fn peer_stats(&self) -> Vec<crate::PeerStats> {
+        self.client.peer_stats()
+    }
+
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         self.server.counters.snapshot()

@@ -1,0 +1,301 @@
+//! Metrics for operators: one Prometheus recorder per process, every series of a node
+//! labelled `node=<id>`, and a small HTTP server per node (`/metrics`, `/healthz`,
+//! `/cluster`, and a dashboard at `/`).
+//!
+//! The lower crates register their metric handles when a node starts; the node runs that
+//! start-up under a recorder that adds its `node` label, so several nodes in one process keep
+//! their series apart.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// Where the HTTP handlers find their node once it exists.
+pub(crate) type NodeCell = Arc<OnceLock<Weak<Inner>>>;
+
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::node::Inner;
+
+/// Latency buckets in seconds: 20 µs to 5 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
+    1.0, 2.0, 5.0,
+];
+
+struct Global {
+    recorder: &'static PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+static GLOBAL: OnceLock<Global> = OnceLock::new();
+
+/// Forwards to the process recorder (installed as the global one).
+struct Forward(&'static PrometheusRecorder);
+
+impl Recorder for Forward {
+    fn describe_counter(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.0.describe_counter(k, u, d)
+    }
+    fn describe_gauge(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.0.describe_gauge(k, u, d)
+    }
+    fn describe_histogram(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.0.describe_histogram(k, u, d)
+    }
+    fn register_counter(&self, k: &Key, m: &Metadata<'_>) -> Counter {
+        self.0.register_counter(k, m)
+    }
+    fn register_gauge(&self, k: &Key, m: &Metadata<'_>) -> Gauge {
+        self.0.register_gauge(k, m)
+    }
+    fn register_histogram(&self, k: &Key, m: &Metadata<'_>) -> Histogram {
+        self.0.register_histogram(k, m)
+    }
+}
+
+/// Adds `node=<id>` to every series registered through it.
+pub(crate) struct NodeRecorder {
+    inner: &'static PrometheusRecorder,
+    node: String,
+}
+
+impl NodeRecorder {
+    fn key(&self, k: &Key) -> Key {
+        if k.labels().any(|l| l.key() == "node") {
+            return k.clone();
+        }
+        let mut labels: Vec<Label> = k.labels().cloned().collect();
+        labels.push(Label::new("node", self.node.clone()));
+        Key::from_parts(k.name().to_string(), labels)
+    }
+}
+
+impl Recorder for NodeRecorder {
+    fn describe_counter(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.inner.describe_counter(k, u, d)
+    }
+    fn describe_gauge(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.inner.describe_gauge(k, u, d)
+    }
+    fn describe_histogram(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.inner.describe_histogram(k, u, d)
+    }
+    fn register_counter(&self, k: &Key, m: &Metadata<'_>) -> Counter {
+        self.inner.register_counter(&self.key(k), m)
+    }
+    fn register_gauge(&self, k: &Key, m: &Metadata<'_>) -> Gauge {
+        self.inner.register_gauge(&self.key(k), m)
+    }
+    fn register_histogram(&self, k: &Key, m: &Metadata<'_>) -> Histogram {
+        self.inner.register_histogram(&self.key(k), m)
+    }
+}
+
+/// The process recorder, installed on first use (as the global recorder when none is set).
+fn global() -> &'static Global {
+    GLOBAL.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(LATENCY_BUCKETS)
+            .expect("latency buckets are non-empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        let recorder: &'static PrometheusRecorder = Box::leak(Box::new(recorder));
+        if metrics::set_global_recorder(Forward(recorder)).is_err() {
+            tracing::debug!(
+                "a metrics recorder was already installed; node-labelled series still render here"
+            );
+        }
+        Global { recorder, handle }
+    })
+}
+
+/// The recorder a node registers its handles through.
+pub(crate) fn node_recorder(node: &str) -> NodeRecorder {
+    NodeRecorder {
+        inner: global().recorder,
+        node: node.to_string(),
+    }
+}
+
+/// The Prometheus text of every series in this process.
+pub fn render() -> String {
+    let g = global();
+    g.handle.run_upkeep();
+    g.handle.render()
+}
+
+/// A node's HTTP endpoint.
+pub(crate) struct HttpServer {
+    pub(crate) addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Serves `/metrics`, `/healthz`, `/cluster` and `/` for the node behind `inner`. Binds
+    /// `bind`; if that port is taken, an ephemeral one (and says so).
+    pub(crate) fn start(
+        bind: SocketAddr,
+        inner: NodeCell,
+        dashboard: bool,
+    ) -> std::io::Result<HttpServer> {
+        let listener = match std::net::TcpListener::bind(bind) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let any = SocketAddr::new(bind.ip(), 0);
+                let l = std::net::TcpListener::bind(any)?;
+                tracing::warn!(wanted = %bind, got = %l.local_addr()?, "metrics port taken; serving metrics on an ephemeral port");
+                l
+            }
+            Err(e) => return Err(e),
+        };
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("pc-metrics-http".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let app = routes(inner, dashboard);
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = rx.await;
+                        })
+                        .await;
+                });
+            })?;
+        Ok(HttpServer {
+            addr,
+            stop: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn node(cell: &NodeCell) -> Option<Arc<Inner>> {
+    cell.get().and_then(Weak::upgrade)
+}
+
+fn routes(inner: NodeCell, dashboard: bool) -> axum::Router {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    let cluster_inner = inner.clone();
+    let mut app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    render(),
+                )
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let alive = node(&inner)
+                    .is_some_and(|i| !i.stopping.load(std::sync::atomic::Ordering::Acquire));
+                async move {
+                    if alive {
+                        (axum::http::StatusCode::OK, "ok").into_response()
+                    } else {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping").into_response()
+                    }
+                }
+            }),
+        )
+        .route(
+            "/cluster",
+            get(move || {
+                let view = node(&cluster_inner).map(|i| cluster_view(&i));
+                async move {
+                    match view {
+                        Some(v) => axum::Json(v).into_response(),
+                        None => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping")
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+    if dashboard {
+        app = app.route(
+            "/",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                    DASHBOARD,
+                )
+            }),
+        );
+    }
+    app
+}
+
+/// The `/cluster` document.
+pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
+    let members: Vec<serde_json::Value> = inner
+        .discovery
+        .members()
+        .into_iter()
+        .map(|m| {
+            let metrics = m.attrs.iter().find(|(k, _)| k == "metrics").map(|(_, v)| v.clone());
+            serde_json::json!({
+                "node": m.node.as_str(), "incarnation": m.incarnation.0, "host": m.host.to_string(),
+                "control": m.control.to_string(), "data": m.data.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+                "meta": m.meta.map(|a| a.to_string()), "role": m.role, "metrics": metrics,
+            })
+        })
+        .collect();
+    let pool = inner.pool.stats();
+    let t = inner.transport.stats();
+    let d = inner.dir.stats();
+    let peers: Vec<serde_json::Value> = inner
+        .transport
+        .peer_stats()
+        .into_iter()
+        .map(|p| serde_json::json!({"peer": p.peer.to_string(), "errors": p.errors, "timeouts": p.timeouts, "suspect": p.suspect}))
+        .collect();
+    serde_json::json!({
+        "node": inner.me.as_str(),
+        "incarnation": inner.incarnation.0,
+        "masters": inner.discovery.masters().iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        "members": members,
+        "shard_entries": inner.dir_service.with_shard(|s, _| s.len()),
+        "pool": {"capacity": pool.capacity, "bytes_used": pool.bytes_used, "retained": pool.retained,
+                 "reclaimable": pool.reclaimable, "evicted": pool.evicted_retained + pool.evicted_reclaimable,
+                 "verify_rejects": pool.verify_rejects},
+        "transport": {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes, "timeouts": t.timeouts,
+                      "suspect_marks": t.suspect_marks, "served_bytes": t.served_bytes},
+        "directory": {"rpcs": d.rpcs, "local_calls": d.local_calls, "errors": d.rpc_errors, "fallbacks": d.fallbacks},
+        "peers": peers,
+    })
+}
+
+/// The dashboard: one self-contained page (no external assets) polling `/metrics` and
+/// `/cluster`.
+const DASHBOARD: &str = include_str!("dashboard.html");

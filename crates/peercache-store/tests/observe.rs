@@ -1,0 +1,140 @@
+//! Metrics over HTTP: scrape and parse `/metrics`, the dashboard, `/cluster` with three nodes,
+//! and distinct series for two nodes in one process.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use peercache_store::{PeerCacheConfig, Store};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn node(n: u8, port: u16) -> Store {
+    let host = format!("127.0.0.{n}");
+    let m = json!({
+        "discovery_addr": format!("127.0.0.40:{port}"),
+        "protocol": "tcp",
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+        "metrics_bind_host": host, "metrics_port": 0,
+        "global_segment_size": "16mb",
+        "heartbeat_interval": 0.2, "member_ttl": 0.6,
+    });
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// A minimal HTTP/1.0 GET (the test side only; the server is axum).
+fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head.to_string(), body.to_string())
+}
+
+#[test]
+fn metrics_dashboard_cluster_and_labelled_series() {
+    let port = free_port();
+    let nodes: Vec<Store> = [40u8, 41, 42].iter().map(|&n| node(n, port)).collect();
+    for n in &nodes {
+        assert!(n.wait_members(3, Duration::from_secs(10)));
+    }
+    let page = vec![7u8; 8192];
+    nodes[0].batch_set(&["a", "b"], &[&page, &page]).unwrap();
+    let mut buf = vec![0u8; 8192];
+    assert!(nodes[1].batch_get(&["a"], &mut [&mut buf[..]]).unwrap()[0]);
+
+    let ep = nodes[0].metrics_endpoint().expect("metrics enabled");
+    let (status, head, body) = get(ep, "/metrics");
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("text/plain"));
+    // A real Prometheus text parser accepts it.
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
+    assert!(!scrape.samples.is_empty());
+    // No metric has two TYPE lines.
+    let mut types = std::collections::HashSet::new();
+    for l in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split_whitespace().nth(2).unwrap();
+        assert!(
+            types.insert(name.to_string()),
+            "duplicate TYPE line for {name}"
+        );
+    }
+    // Histograms carry buckets.
+    assert!(
+        body.contains("peercache_op_latency_seconds_bucket"),
+        "latency is a histogram with buckets"
+    );
+    // Two nodes in one process: distinct labelled series.
+    let writes = |node: &str| {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == "peercache_write_requests_total" && s.labels.get("node") == Some(node)
+            })
+            .count()
+    };
+    assert_eq!(writes(nodes[0].node_id().as_str()), 1);
+    assert_eq!(writes(nodes[1].node_id().as_str()), 1);
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "peercache_read_remote_hits_total"
+                && s.labels.get("node") == Some(nodes[1].node_id().as_str())),
+        "the reader's remote hit is labelled with the reader"
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric.starts_with("peercache_transport_ops_total")
+                && s.labels.get("node").is_some()),
+        "lower crates' series carry the node label too"
+    );
+
+    let (status, _, body) = get(ep, "/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, head, body) = get(ep, "/");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("text/html")
+            && body.contains("PeerCache node")
+            && !body.contains("http://")
+            && !body.contains("https://"),
+        "the dashboard is served and self-contained"
+    );
+
+    let (status, _, body) = get(ep, "/cluster");
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["members"].as_array().unwrap().len(), 3);
+    assert!(
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["metrics"].is_string()),
+        "each member advertises its metrics endpoint"
+    );
+    assert_eq!(v["node"], nodes[0].node_id().as_str());
+    assert!(!v["masters"].as_array().unwrap().is_empty());
+    for n in &nodes {
+        n.shutdown();
+    }
+    let _ = std::net::TcpStream::connect_timeout(&ep, Duration::from_millis(200));
+}
