@@ -15,6 +15,9 @@ use crate::config::{self, PeerCacheConfig, Role};
 #[derive(Debug, Parser)]
 #[command(name = "peercache-node", version, about = "Run one PeerCache node")]
 pub struct NodeArgs {
+    /// `status`: print the cluster view instead of running a node.
+    #[command(subcommand)]
+    pub command: Option<NodeCommand>,
     /// TOML config file (keys as in docs/configuration.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -27,6 +30,13 @@ pub struct NodeArgs {
     /// Any config key: `--set key=value` (repeatable; overrides the file).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+}
+
+/// Subcommands of `peercache-node`.
+#[derive(Debug, clap::Subcommand)]
+pub enum NodeCommand {
+    /// Print the cluster view (members, masters, pool and shard use) and exit.
+    Status(crate::status::StatusArgs),
 }
 
 /// `peercache-meta`: a standalone discovery server.
@@ -45,11 +55,11 @@ pub struct MetaArgs {
     pub member_ttl: f64,
 }
 
-/// Installs the log subscriber (`RUST_LOG` overrides the default `info`).
-pub fn init_logging() {
+/// Installs the log subscriber: `RUST_LOG` if set, else `level`.
+pub fn init_logging(level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -85,7 +95,7 @@ pub fn node_config(args: &NodeArgs, role: Role) -> Result<PeerCacheConfig> {
     let (mut cfg, warnings) =
         PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env, &overrides)?;
     for w in warnings {
-        tracing::warn!("{w}");
+        eprintln!("warning: {w}");
     }
     if cfg.role == Role::Auto {
         cfg.role = role;
@@ -122,9 +132,12 @@ pub fn wait_for_signal() -> i32 {
 
 /// Runs a node until SIGINT/SIGTERM; `role` is the binary's default role.
 pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
-    init_logging();
+    if let Some(NodeCommand::Status(s)) = args.command {
+        return crate::status::run(s);
+    }
     block_signals();
     let cfg = node_config(&args, role)?;
+    init_logging(&cfg.log_level);
     let startup = cfg.startup_timeout;
     let store = Store::start(cfg).context("starting the node")?;
     let timeout = (startup > 0.0).then(|| Duration::from_secs_f64(startup));
@@ -138,7 +151,7 @@ pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
 
 /// Runs a standalone discovery server until SIGINT/SIGTERM.
 pub fn run_meta(args: MetaArgs) -> Result<()> {
-    init_logging();
+    init_logging("info");
     block_signals();
     let mut server = peercache_discovery::DiscoveryServer::start(
         args.bind,

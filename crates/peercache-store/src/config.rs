@@ -179,6 +179,9 @@ pub struct PeerCacheConfig {
     pub pp_size: u32,
     /// Data-parallel rank.
     pub dp_rank: u32,
+    /// Log filter of the node binaries (`RUST_LOG` overrides it), e.g. `info` or
+    /// `peercache_transport=debug,info`.
+    pub log_level: String,
 }
 
 impl Default for PeerCacheConfig {
@@ -232,6 +235,7 @@ impl Default for PeerCacheConfig {
             pp_rank: 0,
             pp_size: 1,
             dp_rank: 0,
+            log_level: "info".into(),
         }
     }
 }
@@ -286,6 +290,7 @@ pub const KEYS: &[&str] = &[
     "pp_rank",
     "pp_size",
     "dp_rank",
+    "log_level",
 ];
 
 /// Keys SGLang itself puts into `extra_config`: accepted silently.
@@ -601,6 +606,21 @@ impl PeerCacheConfig {
                 self.pp_size = ranged("pp_size", v, as_u64("pp_size", v)?, 1, 4096)? as u32
             }
             "dp_rank" => self.dp_rank = as_u64("dp_rank", v)? as u32,
+            "log_level" => {
+                let l = as_str(v);
+                if l.is_empty()
+                    || !l
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_=,:.-".contains(c))
+                {
+                    return Err(bad(
+                        "log_level",
+                        v,
+                        "expected a filter such as info, debug or peercache_transport=debug,info",
+                    ));
+                }
+                self.log_level = l;
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -822,6 +842,7 @@ mod tests {
             ("reclaim_threshold", 1.into()),
             ("max_batch_ops", 0.into()),
             ("tp_size", 0.into()),
+            ("log_level", "info; rm -rf".into()),
         ];
         for (k, v) in cases {
             let mut m = map(base.clone());

@@ -25,6 +25,7 @@ pub mod metrics;
 mod node;
 pub mod observe;
 mod prime;
+pub mod status;
 mod store;
 
 pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, Role, WritePolicy};

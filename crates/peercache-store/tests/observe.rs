@@ -107,6 +107,15 @@ fn metrics_dashboard_cluster_and_labelled_series() {
         "lower crates' series carry the node label too"
     );
 
+    // `peercache-node status` asks discovery for the same members.
+    let seeds = vec![format!("127.0.0.40:{port}").parse().unwrap()];
+    let seen = peercache_store::status::members(&seeds, Duration::from_secs(2)).unwrap();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen.iter()
+            .all(|m| m.attrs.iter().any(|(k, _)| k == "metrics"))
+    );
+
     let (status, _, body) = get(ep, "/healthz");
     assert_eq!((status, body.as_str()), (200, "ok"));
     let (status, head, body) = get(ep, "/");

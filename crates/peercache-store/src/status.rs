@@ -1,0 +1,132 @@
+//! `peercache-node status`: the cluster as discovery sees it, one row per member, with each
+//! member's pool and shard figures from its `/cluster` endpoint when reachable.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use peercache_discovery::{DiscReply, DiscRequest, NodeInfo, choose_masters};
+use peercache_wire::Incarnation;
+use peercache_wire::envelope;
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, RpcClient};
+
+/// Options of `peercache-node status`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// Seed list host:port[,host:port…].
+    #[arg(long)]
+    pub discovery_addr: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for each answer.
+    #[arg(long, default_value_t = 2.0)]
+    pub timeout: f64,
+}
+
+/// Asks the seeds for the members (the union of their answers).
+pub fn members(seeds: &[SocketAddr], timeout: Duration) -> Result<Vec<NodeInfo>> {
+    let client = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Discovery, None, Incarnation::fresh()),
+        max_idle_per_peer: 1,
+        max_frame: 8 << 20,
+    });
+    let req = envelope::encode(&DiscRequest::Members, &[])?;
+    let calls: Vec<(SocketAddr, &[u8])> = seeds.iter().map(|s| (*s, req.as_slice())).collect();
+    let mut all: std::collections::BTreeMap<String, NodeInfo> = Default::default();
+    let mut answered = 0;
+    for r in client.call_many(&calls, timeout) {
+        if let Ok(DiscReply::Members { members, .. }) =
+            r.and_then(|f| rpc::decode_reply::<DiscReply>(&f))
+        {
+            answered += 1;
+            for m in members {
+                all.insert(m.node.to_string(), m);
+            }
+        }
+    }
+    if answered == 0 {
+        bail!("no discovery server answered at {seeds:?}");
+    }
+    Ok(all.into_values().collect())
+}
+
+/// GET `/cluster` of a node's metrics endpoint (best effort).
+fn cluster_of(addr: SocketAddr, timeout: Duration) -> Option<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    write!(s, "GET /cluster HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut out = Vec::new();
+    s.take(16 << 20).read_to_end(&mut out).ok()?;
+    let text = String::from_utf8(out).ok()?;
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    serde_json::from_str(body).ok()
+}
+
+/// Prints the cluster view.
+pub fn run(args: StatusArgs) -> Result<()> {
+    let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
+        .context("parsing --discovery-addr")?;
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let members = members(&seeds, timeout)?;
+    let servers = members.iter().filter_map(|m| m.meta).collect();
+    let masters = choose_masters(&seeds, &servers, 3);
+    let rows: Vec<serde_json::Value> = members
+        .iter()
+        .map(|m| {
+            let metrics = m.attrs.iter().find(|(k, _)| k == "metrics").and_then(|(_, v)| v.parse::<SocketAddr>().ok());
+            let view = metrics.and_then(|a| cluster_of(a, timeout));
+            serde_json::json!({
+                "node": m.node.as_str(), "incarnation": m.incarnation.0, "role": m.role,
+                "control": m.control.to_string(), "data": m.data.first().map(|d| d.to_string()),
+                "meta": m.meta.map(|a| a.to_string()), "master": m.meta.is_some_and(|a| masters.contains(&a)),
+                "metrics": metrics.map(|a| a.to_string()),
+                "pool_used": view.as_ref().map(|v| v["pool"]["bytes_used"].clone()),
+                "pool_capacity": view.as_ref().map(|v| v["pool"]["capacity"].clone()),
+                "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),
+                "verify_rejects": view.as_ref().map(|v| v["pool"]["verify_rejects"].clone()),
+            })
+        })
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"masters": masters, "members": rows})
+            )?
+        );
+        return Ok(());
+    }
+    println!("{} members, masters {:?}", rows.len(), masters);
+    println!(
+        "{:<36} {:<9} {:<22} {:<22} {:>7} {:>12} {:>10}",
+        "node", "role", "control", "data", "master", "pool used", "shard"
+    );
+    for r in &rows {
+        let pool = match (r["pool_used"].as_u64(), r["pool_capacity"].as_u64()) {
+            (Some(u), Some(c)) if c > 0 => format!("{:.1}%", 100.0 * u as f64 / c as f64),
+            _ => "-".into(),
+        };
+        let shard = r["shard_entries"]
+            .as_u64()
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<36} {:<9} {:<22} {:<22} {:>7} {:>12} {:>10}",
+            r["node"].as_str().unwrap_or("?"),
+            r["role"].as_str().unwrap_or("?"),
+            r["control"].as_str().unwrap_or("?"),
+            r["data"].as_str().unwrap_or("-"),
+            if r["master"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                ""
+            },
+            pool,
+            shard
+        );
+    }
+    Ok(())
+}
