@@ -1,1 +1,305 @@
-//! placeholder
+//! `peercache._peercache`: the Rust core behind the `peercache` Python package.
+//!
+//! A thin layer: [`Node`] wraps a [`peercache_store::Store`]; every call that does I/O releases
+//! the GIL, so SGLang's prefetch, backup and scheduler threads run concurrently. Pointers come
+//! from SGLang (`get_page_buffer_meta`, tensor `data_ptr()`), bytes-like objects through the
+//! buffer protocol. The pure-Python `peercache.store.PeerCacheStore` adapts this to SGLang's
+//! `HiCacheStorage`.
+
+mod logging;
+
+use std::time::Duration;
+
+use peercache_store::{PeerCacheConfig, RawSeg, Store, StoreError};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+fn to_py(e: StoreError) -> PyErr {
+    match e {
+        StoreError::Config(_) | StoreError::BadRequest(_) | StoreError::Unsupported(_) => {
+            PyValueError::new_err(e.to_string())
+        }
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+fn raw(ptrs: &[usize], sizes: &[usize]) -> PyResult<Vec<RawSeg>> {
+    if ptrs.len() != sizes.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} pointers but {} sizes",
+            ptrs.len(),
+            sizes.len()
+        )));
+    }
+    if ptrs.contains(&0) {
+        return Err(PyValueError::new_err("a segment pointer is null"));
+    }
+    Ok(ptrs
+        .iter()
+        .zip(sizes)
+        .map(|(&p, &l)| RawSeg {
+            ptr: p as *mut u8,
+            len: l,
+        })
+        .collect())
+}
+
+/// One PeerCache node in this process.
+#[pyclass(frozen)]
+struct Node {
+    store: Store,
+    warnings: Vec<String>,
+}
+
+#[pymethods]
+impl Node {
+    /// Starts a node from a JSON object of config keys (`PEERCACHE_<KEY>` variables override).
+    #[new]
+    fn new(py: Python<'_>, config_json: &str) -> PyResult<Self> {
+        logging::install();
+        let v: serde_json::Value = serde_json::from_str(config_json)
+            .map_err(|e| PyValueError::new_err(format!("config is not JSON: {e}")))?;
+        let map = v
+            .as_object()
+            .ok_or_else(|| PyValueError::new_err("config must be a JSON object"))?;
+        let env = peercache_store::config::process_env();
+        let (cfg, warnings) =
+            PeerCacheConfig::from_sources(Some(map), None, &env, &Default::default())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        let store = py.detach(|| Store::start(cfg)).map_err(to_py)?;
+        Ok(Node { store, warnings })
+    }
+
+    /// Waits until the node is in the cluster (`None`: forever).
+    #[pyo3(signature = (timeout=None))]
+    fn wait_ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let t = timeout.map(Duration::from_secs_f64);
+        py.detach(|| self.store.wait_ready(t)).map_err(to_py)
+    }
+
+    /// Waits until discovery sees `n` members; returns whether it did within `timeout`.
+    fn wait_members(&self, py: Python<'_>, n: usize, timeout: f64) -> bool {
+        py.detach(|| self.store.wait_members(n, Duration::from_secs_f64(timeout)))
+    }
+
+    /// This node's id.
+    #[getter]
+    fn node_id(&self) -> String {
+        self.store.node_id().to_string()
+    }
+
+    /// Warnings from the config (unknown keys).
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    /// The metrics endpoint, if enabled.
+    #[getter]
+    fn metrics_endpoint(&self) -> Option<String> {
+        self.store.metrics_endpoint().map(|a| a.to_string())
+    }
+
+    /// Registers host memory (SGLang's `kv_buffer`) as a local-only read destination.
+    ///
+    /// The memory must stay valid until the node is closed.
+    fn register_host_buffer(&self, ptr: usize, length: usize) -> PyResult<()> {
+        if ptr == 0 || length == 0 {
+            return Err(PyValueError::new_err(
+                "register_host_buffer needs a non-null pointer and a length",
+            ));
+        }
+        // SAFETY: the caller (the Python facade) registers SGLang's host pool, which lives for
+        // the whole process, as documented.
+        unsafe { self.store.register_host_buffer(ptr as *mut u8, length) }.map_err(to_py)
+    }
+
+    /// Publishes pages from raw segments: `counts[i]` segments (from `ptrs`/`sizes`) for key `i`.
+    fn batch_set_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        counts: Vec<usize>,
+    ) -> PyResult<Vec<bool>> {
+        let segs = raw(&ptrs, &sizes)?;
+        let segs = SendSegs(segs);
+        // SAFETY: the pointers come from live SGLang buffers or tensors the caller keeps alive
+        // for the call; they are only read.
+        py.detach(|| unsafe { self.store.batch_set_raw(&keys, &segs.0, &counts) })
+            .map_err(to_py)
+    }
+
+    /// Reads pages into raw segments; `True` = the segments hold the page.
+    fn batch_get_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        counts: Vec<usize>,
+    ) -> PyResult<Vec<bool>> {
+        let segs = SendSegs(raw(&ptrs, &sizes)?);
+        // SAFETY: the pointers come from live, writable SGLang buffers or tensors the caller
+        // keeps alive and does not touch during the call.
+        py.detach(|| unsafe { self.store.batch_get_raw(&keys, &segs.0, &counts) })
+            .map_err(to_py)
+    }
+
+    /// Publishes bytes-like values (one contiguous buffer per page).
+    fn batch_set_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<PyBuffer<u8>>,
+    ) -> PyResult<Vec<bool>> {
+        if keys.len() != values.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} keys but {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let mut segs = Vec::with_capacity(values.len());
+        for v in &values {
+            if !v.is_c_contiguous() {
+                return Err(PyValueError::new_err("values must be C-contiguous buffers"));
+            }
+            segs.push(RawSeg {
+                ptr: v.buf_ptr() as *mut u8,
+                len: v.len_bytes(),
+            });
+        }
+        let counts = vec![1; segs.len()];
+        let segs = SendSegs(segs);
+        // SAFETY: the buffers are held (exported) by `values` for the whole call.
+        let r = py
+            .detach(|| unsafe { self.store.batch_set_raw(&keys, &segs.0, &counts) })
+            .map_err(to_py);
+        drop(values);
+        r
+    }
+
+    /// Reads pages into writable bytes-like destinations (bytearray, memoryview, numpy).
+    /// A read-only destination is an error, never a silent "hit".
+    fn batch_get_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        dests: Vec<PyBuffer<u8>>,
+    ) -> PyResult<Vec<bool>> {
+        if keys.len() != dests.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} keys but {} destinations",
+                keys.len(),
+                dests.len()
+            )));
+        }
+        let mut segs = Vec::with_capacity(dests.len());
+        for d in &dests {
+            if d.readonly() {
+                return Err(PyValueError::new_err(
+                    "destination is read-only (bytes); pass a bytearray, memoryview or array",
+                ));
+            }
+            if !d.is_c_contiguous() {
+                return Err(PyValueError::new_err(
+                    "destinations must be C-contiguous buffers",
+                ));
+            }
+            segs.push(RawSeg {
+                ptr: d.buf_ptr() as *mut u8,
+                len: d.len_bytes(),
+            });
+        }
+        let counts = vec![1; segs.len()];
+        let segs = SendSegs(segs);
+        // SAFETY: writable buffers held (exported) by `dests` for the whole call.
+        let r = py
+            .detach(|| unsafe { self.store.batch_get_raw(&keys, &segs.0, &counts) })
+            .map_err(to_py);
+        drop(dests);
+        r
+    }
+
+    /// How many leading pages are present.
+    fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
+        py.detach(|| self.store.batch_exists(&keys)).map_err(to_py)
+    }
+
+    /// Removes every page this node published. Returns how many.
+    fn clear(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.store.clear())
+    }
+
+    /// Counters as a JSON object string.
+    fn stats_json(&self) -> String {
+        let s = self.store.stats();
+        serde_json::json!({
+            "pool_pages": s.pool_pages, "pool_evictions": s.pool_evictions,
+            "evictions_notified": s.evictions_notified, "directory_rpcs": s.directory_rpcs,
+            "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,
+            "members": s.members, "primed": s.primed,
+        })
+        .to_string()
+    }
+
+    /// The `/cluster` view as a JSON string.
+    fn cluster_json(&self) -> String {
+        self.store.cluster_view().to_string()
+    }
+
+    /// Leaves the cluster and releases everything; idempotent.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.store.shutdown());
+    }
+}
+
+/// Raw segments carried across the GIL release.
+struct SendSegs(Vec<RawSeg>);
+
+/// Runs `peercache-node` with `argv` (program name first) until SIGINT/SIGTERM.
+#[pyfunction]
+fn run_node(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    use clap::Parser;
+    let args = peercache_store::cli::NodeArgs::try_parse_from(argv)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    py.detach(|| peercache_store::cli::run_node(args, peercache_store::Role::Inference))
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// Runs `peercache-storage-server` with `argv`.
+#[pyfunction]
+fn run_storage_server(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    use clap::Parser;
+    let args = peercache_store::cli::NodeArgs::try_parse_from(argv)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    py.detach(|| peercache_store::cli::run_node(args, peercache_store::Role::Storage))
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// Runs `peercache-meta` with `argv`.
+#[pyfunction]
+fn run_meta(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    use clap::Parser;
+    let args = peercache_store::cli::MetaArgs::try_parse_from(argv)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    py.detach(|| peercache_store::cli::run_meta(args))
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// The extension module.
+#[pymodule]
+fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Node>()?;
+    m.add_function(wrap_pyfunction!(run_node, m)?)?;
+    m.add_function(wrap_pyfunction!(run_meta, m)?)?;
+    m.add_function(wrap_pyfunction!(run_storage_server, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,174 @@
+"""PeerCacheStore through its SGLang-facing methods, two nodes on loopback in one process."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import peercache
+from peercache.store import PeerCacheStore
+from conftest import Config, HostPool, node_config
+
+
+def make(n, seed, port, **kw):
+    cfg = node_config(n, seed, port, interface_v1=1)
+    extra = kw.pop("extra", {})
+    cfg.update(extra)
+    return PeerCacheStore(Config(cfg, **kw))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_v1_round_trip_is_byte_exact_across_nodes(port, layout):
+    a, b = make(50, 50, port), make(51, 50, port)
+    try:
+        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        pa, pb = HostPool(layout=layout), HostPool(layout=layout)
+        a.register_mem_pool_host(pa)
+        b.register_mem_pool_host(pb)
+        pa.fill(1)
+        keys = [f"hash-{layout}-{i}" for i in range(5)]
+        idx = np.arange(0, 5 * pa.page_size)
+        assert a.batch_set_v1(keys, idx) == [True] * 5
+        assert a.batch_set_v1(keys, idx) == [True] * 5, "re-setting stored pages is success"
+        assert b.batch_exists(keys) == 5
+        # Read into other slots of B's pool.
+        dst = np.arange(8 * pb.page_size, 13 * pb.page_size)
+        assert b.batch_get_v1(keys, dst) == [True] * 5
+        assert pb.pages(dst) == pa.pages(idx)
+        assert b.stats()["transport_read_bytes"] > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_hole_cuts_the_leading_count(port):
+    a, b = make(52, 52, port), make(53, 52, port)
+    try:
+        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        pa, pb = HostPool(), HostPool()
+        a.register_mem_pool_host(pa)
+        b.register_mem_pool_host(pb)
+        pa.fill(2)
+        keys = [f"chain-{i}" for i in range(5)]
+        ps = pa.page_size
+        for i in (0, 1, 3, 4):
+            assert a.batch_set_v1([keys[i]], np.arange(i * ps, (i + 1) * ps)) == [True]
+        assert b.batch_exists(keys) == 2
+        assert b.batch_get_v1(keys, np.arange(0, 5 * ps)) == [True, True, False, True, True]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_mla_ranks_read_what_rank_zero_wrote_and_mha_ranks_stay_apart(port):
+    r0 = make(54, 54, port, tp_rank=0, tp_size=2, is_mla=True)
+    r1 = make(55, 54, port, tp_rank=1, tp_size=2, is_mla=True)
+    m0 = make(56, 54, port, tp_rank=0, tp_size=2)
+    m1 = make(57, 54, port, tp_rank=1, tp_size=2)
+    try:
+        for s in (r0, r1, m0, m1):
+            assert s._node.wait_members(4, 10)
+        page = bytes(range(256)) * 16
+        assert r0.batch_set(["h1"], [page])
+        dst = bytearray(len(page))
+        assert r1.batch_get(["h1"], [dst]) == [dst] and bytes(dst) == page
+        assert m0.batch_set(["h1"], [page])
+        assert m1.batch_exists(["h1"]) == 0, "MHA ranks hold different heads: never the same key"
+    finally:
+        for s in (r0, r1, m0, m1):
+            s.close()
+
+
+def test_generic_path_with_bytes_arrays_and_a_read_only_destination(port):
+    a = make(58, 58, port)
+    try:
+        vals = [os.urandom(4096) for _ in range(3)]
+        arr = np.frombuffer(os.urandom(4096), dtype=np.uint8).copy()
+        assert a.batch_set(["g0", "g1", "g2"], vals)
+        assert a.set("g3", arr)
+        assert a.exists("g0") and a.batch_exists(["g0", "g1", "g2", "g3", "nope"]) == 4
+        out = [bytearray(4096) for _ in range(3)] + [np.zeros(4096, dtype=np.uint8)]
+        got = a.batch_get(["g0", "g1", "g2", "g3"], out)
+        assert [bytes(x) for x in got[:3]] == vals and np.array_equal(got[3], arr)
+        assert a.batch_get(["missing"], [bytearray(4096)]) == [None]
+        with pytest.raises(ValueError, match="read-only"):
+            a.batch_get(["g0"], [bytes(4096)])
+        assert a.check_server()
+        a.clear()
+        assert a.batch_exists(["g0"]) == 0
+    finally:
+        a.close()
+        a.close()  # idempotent
+
+
+def test_bad_config_is_a_clear_error():
+    with pytest.raises(ValueError, match="discovery_addr"):
+        PeerCacheStore(Config({"interface_v1": 1}))
+    with pytest.raises(ValueError, match="global_segment_size"):
+        PeerCacheStore(Config({"discovery_addr": "127.0.0.1:1", "global_segment_size": "lots"}))
+
+
+OWNER = textwrap.dedent(
+    """
+    import json, sys, time
+    from peercache.store import PeerCacheStore
+    sys.path.insert(0, {tests!r})
+    from conftest import Config, node_config
+    s = PeerCacheStore(Config(node_config(60, 60, {port})))
+    s._node.wait_members(2, 10)
+    assert s.batch_set(["stall-" + str(i) for i in range(64)], [bytes(4096)] * 64)
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_get_waiting_on_a_stalled_peer_does_not_hold_the_gil(port):
+    tests = os.path.dirname(__file__)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER.format(tests=tests, port=port)], stdout=subprocess.PIPE, text=True
+    )
+    reader = None
+    try:
+        reader = make(61, 60, port)
+        assert reader._node.wait_members(2, 10)
+        assert owner.stdout.readline().strip() == "ready"
+        keys = ["stall-" + str(i) for i in range(64)]
+        assert reader.batch_exists(keys) == 64
+        owner.send_signal(19)  # SIGSTOP: the owner accepts nothing and answers nothing
+        ticks = 0
+        stop = threading.Event()
+
+        def spin():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=spin)
+        t.start()
+        t0 = time.monotonic()
+        got = reader.batch_get(keys, [bytearray(4096) for _ in keys])
+        took = time.monotonic() - t0
+        stop.set()
+        t.join()
+        assert all(g is None for g in got), "a stalled owner's pages are misses"
+        assert took < 3.5, f"the read must give up near op_timeout (1 s), took {took:.2f} s"
+        assert ticks > 100, f"another Python thread ran only {ticks} times during the wait"
+    finally:
+        owner.send_signal(18)  # SIGCONT, then kill
+        owner.kill()
+        owner.wait()
+        if reader is not None:
+            reader.close()
+
+
+def test_import_without_sglang_is_silent():
+    r = subprocess.run([sys.executable, "-c", "import peercache, peercache.store"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
+    assert peercache.__version__
