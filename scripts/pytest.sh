@@ -1,22 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Python wheel into a cached venv and runs the fast Python tests.
-# The venv lives outside the clone, keyed by the pinned tool versions.
+# Builds the Python wheel into the cached venv and runs the fast Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MATURIN_VERSION=1.16.0
-PYTEST_VERSION=9.2.0
-NUMPY_VERSION=2.4.6
-CACHE_DIR="${PEERCACHE_CI_CACHE:-$HOME/.cache/peercache-ci}"
-PY="${PYTHON:-python3}"
-PYVER=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-VENV="$CACHE_DIR/venv-py$PYVER-maturin$MATURIN_VERSION-pytest$PYTEST_VERSION-numpy$NUMPY_VERSION"
-if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ]; then
-  rm -rf "$VENV"
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check \
-    "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "numpy==$NUMPY_VERSION"
-fi
-export VIRTUAL_ENV="$VENV"
-export PATH="$VENV/bin:$PATH"
+source scripts/venv.sh
 maturin develop --release -q -m crates/peercache-py/Cargo.toml
 pytest -q crates/peercache-py/tests "$@"

@@ -35,7 +35,13 @@ const MAX_BATCH: usize = 8192;
 const LINGER: Duration = Duration::from_millis(20);
 
 impl EvictionBatcher {
-    pub(crate) fn start(me: NodeId, dir: Arc<DirectoryClient>, notices: metrics::Counter) -> Self {
+    /// With a disk tier, pages it holds are marked disk-only instead of removed.
+    pub(crate) fn start(
+        me: NodeId,
+        dir: Arc<DirectoryClient>,
+        notices: metrics::Counter,
+        disk: Option<Arc<peercache_pool::disk::DiskTier>>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel::<Msg>();
         let counters = Arc::new(EvictCounters::default());
         let c = counters.clone();
@@ -47,17 +53,26 @@ impl EvictionBatcher {
                     if pending.is_empty() {
                         return;
                     }
-                    match dir.remove(pending) {
+                    let (on_disk, gone): (Vec<OwnerRef>, Vec<OwnerRef>) = pending
+                        .drain(..)
+                        .partition(|r| disk.as_ref().is_some_and(|d| d.contains(r.key)));
+                    let n = on_disk.len() + gone.len();
+                    let res = match (on_disk.is_empty(), gone.is_empty()) {
+                        (true, _) => dir.remove(&gone),
+                        (false, true) => dir.mark_nonresident(&on_disk),
+                        (false, false) => dir.mark_nonresident(&on_disk).and_then(|_| dir.remove(&gone)),
+                    };
+                    pending.clear();
+                    match res {
                         Ok(_) => {
-                            c.notified.fetch_add(pending.len() as u64, Ordering::Relaxed);
-                            notices.increment(pending.len() as u64);
+                            c.notified.fetch_add(n as u64, Ordering::Relaxed);
+                            notices.increment(n as u64);
                         }
                         Err(e) => {
-                            c.failed.fetch_add(pending.len() as u64, Ordering::Relaxed);
-                            tracing::warn!(error = %e, pages = pending.len(), "eviction notices not delivered; entries will fail verification and expire");
+                            c.failed.fetch_add(n as u64, Ordering::Relaxed);
+                            tracing::warn!(error = %e, pages = n, "eviction notices not delivered; entries will fail verification and expire");
                         }
                     }
-                    pending.clear();
                 };
                 loop {
                     let msg = if pending.is_empty() { rx.recv().map_err(|_| RecvTimeoutError::Disconnected) } else { rx.recv_timeout(LINGER) };

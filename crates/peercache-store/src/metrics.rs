@@ -13,6 +13,16 @@ pub const READ_MISSES: &str = "peercache_read_misses_total";
 pub const READ_LOCAL_HITS: &str = "peercache_read_local_hits_total";
 /// Pages served from a peer.
 pub const READ_REMOTE_HITS: &str = "peercache_read_remote_hits_total";
+/// Pages served from this node's disk tier.
+pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
+/// Pages re-published to the directory (recovered from the disk tier after a restart).
+pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
+/// Pages resident in the pool.
+pub const POOL_KEYS: &str = "peercache_pool_keys";
+/// Read hits / read requests since start.
+pub const READ_HIT_RATE: &str = "peercache_read_hit_rate";
+/// Seconds since the node started.
+pub const UPTIME: &str = "peercache_uptime_seconds";
 /// Pages found in the directory whose read failed (network, or verification).
 pub const READ_FAILURES: &str = "peercache_read_failures_total";
 /// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
@@ -60,9 +70,29 @@ pub(crate) struct Handles {
     pub(crate) write_latency: metrics::Histogram,
     pub(crate) exists_latency: metrics::Histogram,
     pub(crate) members: metrics::Gauge,
+    pub(crate) read_disk_hits: Counter,
+    pub(crate) republishes: Counter,
+    pub(crate) pool_keys: metrics::Gauge,
+    pub(crate) hit_rate: metrics::Gauge,
+    pub(crate) uptime: metrics::Gauge,
+    pub(crate) started: std::time::Instant,
+    pub(crate) requests_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) hits_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Handles {
+    /// Refreshes the derived gauges (called about once per heartbeat).
+    pub(crate) fn refresh(&self, pool_keys: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.uptime.set(self.started.elapsed().as_secs_f64());
+        self.pool_keys.set(pool_keys as f64);
+        let req = self.requests_seen.load(Relaxed);
+        if req > 0 {
+            self.hit_rate
+                .set(self.hits_seen.load(Relaxed) as f64 / req as f64);
+        }
+    }
+
     pub(crate) fn register(node: &str) -> Self {
         let n = node.to_string();
         let c = |name: &'static str| metrics::counter!(name, "node" => n.clone());
@@ -86,6 +116,14 @@ impl Handles {
             write_latency: metrics::histogram!(OP_LATENCY, "op" => "write", "node" => n.clone()),
             exists_latency: metrics::histogram!(OP_LATENCY, "op" => "exists", "node" => n.clone()),
             members: metrics::gauge!(MEMBERS, "node" => n.clone()),
+            read_disk_hits: c(READ_DISK_HITS),
+            republishes: c(DIRECTORY_REPUBLISHES),
+            pool_keys: metrics::gauge!(POOL_KEYS, "node" => n.clone()),
+            hit_rate: metrics::gauge!(READ_HIT_RATE, "node" => n.clone()),
+            uptime: metrics::gauge!(UPTIME, "node" => n.clone()),
+            started: std::time::Instant::now(),
+            requests_seen: Default::default(),
+            hits_seen: Default::default(),
         }
     }
 }

@@ -40,11 +40,16 @@ pub(crate) struct Inner {
     pub(crate) control: Mutex<Option<RpcServer>>,
     pub(crate) meta: Mutex<Option<DiscoveryServer>>,
     pub(crate) primed: Mutex<PrimeMap>,
+    pub(crate) read_cache: Mutex<PrimeMap>,
+    pub(crate) verify_rejects: std::sync::atomic::AtomicU64,
     pub(crate) scratch: Mutex<Vec<Scratch>>,
     pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
     pub(crate) transport: Arc<TcpTransport>,
     pub(crate) pool: Arc<Pool>,
+    pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
+    /// Recovered disk pages still to re-publish once the ring includes this node.
+    pub(crate) republish_pending: AtomicBool,
     pub(crate) data_endpoint: SocketAddr,
     pub(crate) control_endpoint: SocketAddr,
     pub(crate) pool_key: u64,
@@ -79,6 +84,30 @@ fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
         .and_then(|s| s.local_addr())
         .map(|a| a.ip())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// Opens this node's disk tier (`<disk_path>/<node_id>`); a tier that cannot open is
+/// disabled with a warning and the node runs without it.
+fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::disk::DiskTier>> {
+    let root = if cfg.disk_path.is_empty() {
+        peercache_pool::disk::default_root()
+    } else {
+        std::path::PathBuf::from(&cfg.disk_path)
+    };
+    let dir = root.join(me.as_str());
+    match peercache_pool::disk::DiskTier::open(peercache_pool::disk::DiskConfig::new(
+        dir.clone(),
+        cfg.disk_size,
+    )) {
+        Ok(t) => {
+            tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovered = t.stats().recovered, "disk tier open");
+            Some(Arc::new(t))
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "disk tier unavailable; running without it");
+            None
+        }
+    }
 }
 
 fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
@@ -280,8 +309,17 @@ impl Inner {
                     .min(Duration::from_secs_f64(cfg.heartbeat_interval)),
             },
         )?;
-        let evictions =
-            EvictionBatcher::start(me.clone(), dir.clone(), metrics.eviction_notices.clone());
+        let disk = if cfg.disk_enabled {
+            open_disk(&cfg, &me)
+        } else {
+            None
+        };
+        let evictions = EvictionBatcher::start(
+            me.clone(),
+            dir.clone(),
+            metrics.eviction_notices.clone(),
+            disk.clone(),
+        );
         tracing::info!(
             node = %me, transport = transport_why, data = %data_endpoint, control = %control_endpoint,
             meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
@@ -302,11 +340,17 @@ impl Inner {
             control: Mutex::new(Some(control)),
             meta: Mutex::new(meta),
             primed: Mutex::new(PrimeMap::default()),
+            read_cache: Mutex::new(PrimeMap::default()),
+            verify_rejects: std::sync::atomic::AtomicU64::new(0),
             scratch: Mutex::new(Vec::new()),
             host_buffers: parking_lot::RwLock::new(Vec::new()),
             pool_region: Mutex::new(Some(pool_region)),
             transport,
             pool,
+            republish_pending: AtomicBool::new(
+                disk.as_ref().is_some_and(|d| d.stats().recovered > 0),
+            ),
+            disk,
             data_endpoint,
             control_endpoint,
             pool_key,
@@ -329,6 +373,8 @@ impl Inner {
                     if inner.stopping.load(Ordering::Acquire) {
                         return;
                     }
+                    let ps = inner.pool.stats();
+                    inner.metrics.refresh(ps.retained + ps.reclaimable);
                     if got.is_err() && *inner.ring_ready.0.lock() {
                         continue;
                     }
@@ -358,6 +404,9 @@ impl Inner {
         self.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == self.me);
         self.dir.apply_membership(&members);
+        if has_me && self.republish_pending.swap(false, Ordering::AcqRel) {
+            self.republish_recovered();
+        }
         if has_me {
             let mut ready = self.ring_ready.0.lock();
             if !*ready {
@@ -365,6 +414,47 @@ impl Inner {
                 self.ring_ready.1.notify_all();
             }
         }
+    }
+
+    /// Tells the directory about every page the disk tier recovered (as disk-only copies of
+    /// this node), so a restarted node's pages are found again.
+    fn republish_recovered(&self) {
+        let Some(disk) = &self.disk else { return };
+        let keys = disk.keys();
+        let mut entries = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(len) = disk.len_of(k) {
+                entries.push((
+                    k,
+                    peercache_directory::Location {
+                        node: self.me.clone(),
+                        incarnation: self.incarnation,
+                        rails: smallvec::smallvec![peercache_directory::Rail {
+                            endpoint: self.data_endpoint,
+                            region: self.pool_key,
+                        }],
+                        addr: 0,
+                        len,
+                        valid_len: len,
+                        generation: 0,
+                        checksum: 0,
+                        resident: false,
+                        class: peercache_directory::CopyClass::Retained,
+                    },
+                ));
+            }
+        }
+        let mut done = 0;
+        for chunk in entries.chunks(4096) {
+            if let Ok(r) = self.dir.insert(chunk) {
+                done += r.iter().filter(|o| o.is_some()).count();
+            }
+        }
+        self.metrics.republishes.increment(done as u64);
+        tracing::info!(
+            pages = done,
+            "re-published pages recovered from the disk tier"
+        );
     }
 
     /// Waits until discovery registered this node and the directory ring includes it.
@@ -399,6 +489,9 @@ impl Inner {
         self.discovery.shutdown();
         if let Some(mut e) = self.evictions.lock().take() {
             e.stop();
+        }
+        if let Some(d) = &self.disk {
+            d.flush();
         }
         if let Some(t) = self.membership.lock().take()
             && t.thread().id() != std::thread::current().id()

@@ -1,5 +1,7 @@
-//! The exists → get hand-off: locations found by `batch_exists` are kept for a short time and
-//! consumed by the next `batch_get`, which then needs no directory round trip.
+//! Short-lived location maps: the exists → get hand-off (locations found by `batch_exists`,
+//! consumed by the next `batch_get`) and the optional directory read cache
+//! (`directory_read_cache_ttl`), which is safe by construction — a cached location whose slot
+//! was reused fails verification, counts as a miss and is dropped from the cache.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -31,6 +33,19 @@ impl PrimeMap {
             Some((t, o)) if t > now => Some(o),
             _ => None,
         }
+    }
+
+    /// The owners of `key` without consuming them, if still valid.
+    pub(crate) fn get(&self, key: PageKey, now: Instant) -> Option<Owners> {
+        match self.map.get(&key) {
+            Some((t, o)) if *t > now => Some(o.clone()),
+            _ => None,
+        }
+    }
+
+    /// Forgets `key`.
+    pub(crate) fn remove(&mut self, key: PageKey) {
+        self.map.remove(&key);
     }
 
     /// Entries held.

@@ -107,6 +107,8 @@ pub struct StoreStats {
     pub members: u64,
     /// Locations primed by `batch_exists` and not yet consumed.
     pub primed: u64,
+    /// Remote pages rejected by verification (stale, torn, wrong key or checksum).
+    pub verify_rejects: u64,
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -305,6 +307,9 @@ impl Store {
             match p {
                 Published::New(loc) => {
                     written += loc.len as u64;
+                    if let Some(d) = &inner.disk {
+                        d.put(keys[i], pages[i].segments, loc.valid_len, loc.generation);
+                    }
                     entries.push((
                         keys[i],
                         Location {
@@ -488,10 +493,31 @@ impl Store {
                 }
             }
         }
+        let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
+        if !cache_ttl.is_zero() && !need.is_empty() {
+            let now = Instant::now();
+            let cache = inner.read_cache.lock();
+            need.retain(|&i| match cache.get(keys[i], now) {
+                Some(o) => {
+                    owners[i] = Some(o);
+                    false
+                }
+                None => true,
+            });
+        }
         m.lookups_saved.increment((n - need.len()) as u64);
         if !need.is_empty() {
             let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
             if let Ok(found) = inner.dir.lookup(&ks) {
+                if !cache_ttl.is_zero() {
+                    let now = Instant::now();
+                    let mut cache = inner.read_cache.lock();
+                    for (k, o) in ks.iter().zip(&found) {
+                        if let Some(o) = o {
+                            cache.put(*k, o.clone(), cache_ttl, now);
+                        }
+                    }
+                }
                 for (&i, o) in need.iter().zip(found) {
                     owners[i] = o;
                 }
@@ -499,6 +525,21 @@ impl Store {
         }
         let mut hit = vec![false; n];
         let mut bytes = 0u64;
+
+        // Pages this node owns but evicted to its disk tier: promote them back first.
+        if let Some(disk) = &inner.disk {
+            let promote: Vec<usize> = (0..n)
+                .filter(|&i| {
+                    owners[i]
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|l| l.node == inner.me))
+                })
+                .filter(|&i| !inner.pool.contains(keys[i]) && disk.contains(keys[i]))
+                .collect();
+            if !promote.is_empty() {
+                self.promote_local(disk, &promote, keys, &mut owners);
+            }
+        }
 
         // Local pages: copy under a lease.
         let local: Vec<usize> = (0..n)
@@ -577,11 +618,71 @@ impl Store {
             attempt += 1;
         }
         m.read_remote_hits.increment(remote_hits);
+        if !cache_ttl.is_zero() {
+            // A cached location that did not serve (slot reused, owner gone) is dropped.
+            let mut cache = inner.read_cache.lock();
+            for i in (0..n).filter(|&i| !hit[i] && owners[i].is_some()) {
+                cache.remove(keys[i]);
+            }
+        }
         let hits = hit.iter().filter(|h| **h).count() as u64;
         m.read_hits.increment(hits);
+        m.requests_seen.fetch_add(n as u64, Ordering::Relaxed);
+        m.hits_seen.fetch_add(hits, Ordering::Relaxed);
         m.read_misses.increment(n as u64 - hits);
         m.bytes_read.increment(bytes);
         hit
+    }
+
+    /// Reads pages from the local disk tier into the pool, tells the directory they are
+    /// resident again, and points `owners` at the fresh local copies.
+    fn promote_local(
+        &self,
+        disk: &peercache_pool::disk::DiskTier,
+        idx: &[usize],
+        keys: &[PageKey],
+        owners: &mut [Option<Owners>],
+    ) {
+        let inner = &*self.inner;
+        let pk: Vec<PageKey> = idx.iter().map(|&i| keys[i]).collect();
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        inner.pool.promote_batch(
+            disk,
+            &pk,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        if let Some(b) = inner.evictions.lock().as_ref() {
+            b.push(evicted);
+        }
+        let base = inner.pool.base() as u64;
+        let mut entries = Vec::new();
+        for (&i, p) in idx.iter().zip(&out) {
+            if let Published::New(loc) | Published::Duplicate(loc) = p {
+                let l = Location {
+                    node: inner.me.clone(),
+                    incarnation: inner.incarnation,
+                    rails: smallvec::smallvec![Rail {
+                        endpoint: inner.data_endpoint,
+                        region: inner.pool_key,
+                    }],
+                    addr: base + loc.offset,
+                    len: loc.len,
+                    valid_len: loc.valid_len,
+                    generation: loc.generation,
+                    checksum: loc.checksum,
+                    resident: true,
+                    class: CopyClass::Retained,
+                };
+                owners[i] = Some(smallvec::smallvec![l.clone()]);
+                entries.push((keys[i], l));
+            }
+        }
+        inner.metrics.read_disk_hits.increment(entries.len() as u64);
+        if !entries.is_empty() {
+            let _ = inner.dir.insert(&entries);
+        }
     }
 
     fn host_region(
@@ -730,6 +831,7 @@ impl Store {
                         Ok(_) => out.push((*i, true)),
                         Err(reason) => {
                             inner.metrics.verify_rejects.increment(1);
+                            inner.verify_rejects.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
                             out.push((*i, false));
                         }
@@ -818,6 +920,7 @@ impl Store {
             transport_read_bytes: inner.transport.stats().read_bytes,
             members: inner.discovery.members().len() as u64,
             primed: inner.primed.lock().len() as u64,
+            verify_rejects: inner.verify_rejects.load(Ordering::Relaxed),
         }
     }
 

@@ -299,3 +299,38 @@ fn a_reader_racing_an_evicting_writer_never_accepts_wrong_bytes() {
         n.shutdown();
     }
 }
+
+#[test]
+fn a_cached_location_of_a_reused_slot_is_a_miss_not_another_keys_bytes() {
+    // The original returned Y's bytes for X here (reference §11, weak spot 1).
+    let port = free_port();
+    // 4 MiB pool, 1 MiB pages: two slots, so the third page reuses the first page's slot.
+    let w = node(16, 16, port, json!({"global_segment_size": "4mb"}));
+    let r = node(17, 16, port, json!({"directory_read_cache_ttl": 30.0}));
+    assert!(
+        w.wait_members(2, Duration::from_secs(10)) && r.wait_members(2, Duration::from_secs(10))
+    );
+    let (px, py, pz) = (page(1, 1 << 20), page(2, 1 << 20), page(3, 1 << 20));
+    assert!(w.batch_set(&["X"], &[&px]).unwrap()[0]);
+    let mut buf = vec![0u8; 1 << 20];
+    assert!(r.batch_get(&["X"], &mut [&mut buf[..]]).unwrap()[0]);
+    assert_eq!(buf, px);
+    // X's location is now cached on r. Fill w so that Z lands in X's old slot.
+    assert!(w.batch_set(&["Y"], &[&py]).unwrap()[0]);
+    assert!(w.batch_set(&["Z"], &[&pz]).unwrap()[0]);
+    assert!(w.flush_evictions(Duration::from_secs(5)));
+    buf.fill(0);
+    let got = r.batch_get(&["X"], &mut [&mut buf[..]]).unwrap()[0];
+    assert!(!got, "a stale cached location must be a miss");
+    assert_ne!(buf, pz, "never another key's bytes");
+    assert_eq!(
+        r.stats().verify_rejects,
+        1,
+        "the reuse was caught by verification"
+    );
+    // The entry was dropped from the cache: the next read asks the directory (X is gone).
+    assert!(!r.batch_get(&["X"], &mut [&mut buf[..]]).unwrap()[0]);
+    assert_eq!(r.stats().verify_rejects, 1);
+    w.shutdown();
+    r.shutdown();
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs the examples: the Rust one, and the Python one against the wheel built by pytest.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo run --release --locked -q -p peercache-store --example two_nodes
+source scripts/venv.sh
+python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m crates/peercache-py/Cargo.toml
+python examples/python_roundtrip.py
