@@ -135,13 +135,25 @@ impl Inner {
                 cfg.mode
             )));
         }
-        let transport_why = match cfg.protocol {
-            Protocol::Tcp => "protocol=tcp",
+        let transport_why: String = match cfg.protocol {
+            Protocol::Tcp => "protocol=tcp".into(),
             Protocol::Rdma => {
-                tracing::warn!(
-                    "protocol=rdma requested but this build has no RDMA engine; using the TCP transport"
-                );
-                "rdma unavailable in this build, fell back to tcp"
+                let wanted: Vec<String> = if cfg.device_names.is_empty() {
+                    [cfg.device_name.clone()]
+                        .into_iter()
+                        .filter(|d| !d.is_empty())
+                        .collect()
+                } else {
+                    cfg.device_names.clone()
+                };
+                let why = match peercache_transport::rdma::probe(&wanted) {
+                    Ok(devices) => {
+                        peercache_transport::rdma::RdmaUnavailable::DataPathNotInRelease { devices }
+                    }
+                    Err(why) => why,
+                };
+                tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
+                format!("tcp (rdma fallback: {why})")
             }
         };
         let seeds =
@@ -178,7 +190,7 @@ impl Inner {
         host: IpAddr,
         seeds: Vec<SocketAddr>,
         meta_port: u16,
-        transport_why: &'static str,
+        transport_why: String,
     ) -> Result<Arc<Inner>, StoreError> {
         let incarnation = Incarnation::fresh();
         let metrics = Handles::register(me.as_str());
@@ -321,7 +333,7 @@ impl Inner {
             disk.clone(),
         );
         tracing::info!(
-            node = %me, transport = transport_why, data = %data_endpoint, control = %control_endpoint,
+            node = %me, transport = %transport_why, data = %data_endpoint, control = %control_endpoint,
             meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
             incarnation = incarnation.0,
             metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),

@@ -19,6 +19,7 @@ mod error;
 mod iov;
 pub mod metrics;
 mod proto;
+pub mod rdma;
 mod region;
 mod server;
 mod stats;

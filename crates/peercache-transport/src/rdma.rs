@@ -1,0 +1,134 @@
+//! RDMA availability: which devices this host has, or why RDMA cannot run here.
+//!
+//! Built with the `rdma` feature, this uses `sideway`, whose `rdma-mummy-sys` loads rdma-core
+//! at run time: it builds with only cmake and libclang, and one binary runs on hosts without
+//! RDMA libraries. (The `ibverbs` crate wraps no one-sided READ/WRITE and makes binaries fail
+//! to start without `libibverbs1`; `async-rdma` is GPL-3.0 with yanked dependencies.)
+//!
+//! The RDMA data path itself (RC queue pairs, rails, batched one-sided reads) is not in this
+//! release: callers use [`probe`] to log why they run on TCP.
+
+use std::fmt;
+
+/// Why RDMA cannot be used on this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RdmaUnavailable {
+    /// This build has no RDMA support (the `rdma` feature is off).
+    NotBuilt,
+    /// The kernel has no RDMA support (`ENOSYS` from the device list).
+    NoKernelSupport,
+    /// rdma-core (`libibverbs.so.1`) is not installed (`EOPNOTSUPP`).
+    NoLibrary,
+    /// rdma-core found no device.
+    NoDevices,
+    /// A configured device does not exist.
+    MissingDevice {
+        /// The device asked for.
+        wanted: String,
+        /// The devices present.
+        present: Vec<String>,
+    },
+    /// Devices exist, but this release's data path is TCP only.
+    DataPathNotInRelease {
+        /// The devices present.
+        devices: Vec<String>,
+    },
+    /// Another error from rdma-core.
+    Other(String),
+}
+
+impl fmt::Display for RdmaUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RdmaUnavailable::NotBuilt => write!(
+                f,
+                "this build has no RDMA support (built without the `rdma` feature)"
+            ),
+            RdmaUnavailable::NoKernelSupport => {
+                write!(f, "the kernel has no RDMA support (ENOSYS)")
+            }
+            RdmaUnavailable::NoLibrary => write!(
+                f,
+                "rdma-core is not installed (libibverbs.so.1 missing: EOPNOTSUPP)"
+            ),
+            RdmaUnavailable::NoDevices => write!(f, "no RDMA device found"),
+            RdmaUnavailable::MissingDevice { wanted, present } => {
+                write!(f, "RDMA device {wanted:?} not found (present: {present:?})")
+            }
+            RdmaUnavailable::DataPathNotInRelease { devices } => {
+                write!(
+                    f,
+                    "RDMA devices {devices:?} found, but this release's data path is TCP only"
+                )
+            }
+            RdmaUnavailable::Other(e) => write!(f, "rdma-core failed: {e}"),
+        }
+    }
+}
+
+/// The RDMA devices present (all of `wanted` must be among them), or why there are none.
+#[cfg(feature = "rdma")]
+pub fn probe(wanted: &[String]) -> Result<Vec<String>, RdmaUnavailable> {
+    use sideway::ibverbs::device::{DeviceInfo, DeviceList, GetDeviceListErrorKind};
+    let list = match DeviceList::new() {
+        Ok(l) => l,
+        Err(e) => {
+            #[allow(unreachable_patterns)] // the error kinds are #[non_exhaustive]
+            let why = match &e.0 {
+                GetDeviceListErrorKind::Ibverbs(io) => match io.raw_os_error() {
+                    Some(libc::ENOSYS) => RdmaUnavailable::NoKernelSupport,
+                    Some(libc::EOPNOTSUPP) => RdmaUnavailable::NoLibrary,
+                    _ => RdmaUnavailable::Other(io.to_string()),
+                },
+                other => RdmaUnavailable::Other(other.to_string()),
+            };
+            return Err(why);
+        }
+    };
+    let present: Vec<String> = list.iter().map(|d| d.name()).collect();
+    if present.is_empty() {
+        return Err(RdmaUnavailable::NoDevices);
+    }
+    if let Some(w) = wanted.iter().find(|w| !present.contains(w)) {
+        return Err(RdmaUnavailable::MissingDevice {
+            wanted: w.clone(),
+            present,
+        });
+    }
+    Ok(present)
+}
+
+/// Without the `rdma` feature there is nothing to probe.
+#[cfg(not(feature = "rdma"))]
+pub fn probe(_wanted: &[String]) -> Result<Vec<String>, RdmaUnavailable> {
+    Err(RdmaUnavailable::NotBuilt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reports_a_reason_on_a_host_without_rdma() {
+        let has_nic =
+            std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+        if has_nic {
+            return; // a real NIC: covered by the validation procedure in docs/operations.md
+        }
+        let err = probe(&[]).unwrap_err();
+        if cfg!(feature = "rdma") {
+            assert!(
+                matches!(
+                    err,
+                    RdmaUnavailable::NoKernelSupport
+                        | RdmaUnavailable::NoLibrary
+                        | RdmaUnavailable::NoDevices
+                ),
+                "{err:?}"
+            );
+        } else {
+            assert_eq!(err, RdmaUnavailable::NotBuilt);
+        }
+        assert!(!err.to_string().is_empty());
+    }
+}
