@@ -270,7 +270,8 @@ impl Inner {
                 hello: Hello::new(Plane::Control, Some(me.clone()), incarnation),
                 max_idle_per_peer: cfg.max_channels_per_peer,
                 max_frame: 64 << 20,
-            }),
+            })
+            .with_suspect_for(Duration::from_secs_f64(cfg.suspect_for)),
             DirClientConfig {
                 replicas: cfg.directory_replicas,
                 vnodes: cfg.vnodes,

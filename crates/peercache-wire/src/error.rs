@@ -73,6 +73,14 @@ pub enum WireError {
     /// A network wait passed its deadline.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// The peer timed out recently; calls to it fail fast until the suspect period ends.
+    #[error("peer {peer} is suspect for another {remaining:?}")]
+    PeerSuspect {
+        /// The peer.
+        peer: std::net::SocketAddr,
+        /// Time left.
+        remaining: std::time::Duration,
+    },
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,

@@ -295,6 +295,8 @@ pub struct ClientConfig {
 pub struct RpcClient {
     cfg: ClientConfig,
     pools: RwLock<HashMap<SocketAddr, Arc<Mutex<Vec<Conn>>>>>,
+    suspect_for: Duration,
+    suspects: Mutex<HashMap<SocketAddr, Instant>>,
 }
 
 impl RpcClient {
@@ -303,6 +305,38 @@ impl RpcClient {
         RpcClient {
             cfg,
             pools: RwLock::new(HashMap::new()),
+            suspect_for: Duration::ZERO,
+            suspects: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// After a peer times out, fail calls to it fast for `d` instead of waiting again (0: off).
+    pub fn with_suspect_for(mut self, d: Duration) -> Self {
+        self.suspect_for = d;
+        self
+    }
+
+    fn suspect_remaining(&self, peer: SocketAddr) -> Option<Duration> {
+        if self.suspect_for.is_zero() {
+            return None;
+        }
+        let mut s = self.suspects.lock();
+        let until = *s.get(&peer)?;
+        let now = Instant::now();
+        if until > now {
+            Some(until - now)
+        } else {
+            s.remove(&peer);
+            None
+        }
+    }
+
+    fn mark_suspect(&self, peer: SocketAddr) {
+        if !self.suspect_for.is_zero() {
+            self.suspects
+                .lock()
+                .insert(peer, Instant::now() + self.suspect_for);
+            tracing::warn!(%peer, suspect_for = ?self.suspect_for, "control peer timed out; marked suspect");
         }
     }
 
@@ -358,6 +392,12 @@ impl RpcClient {
         let mut conns: Vec<Result<(Conn, bool), WireError>> = calls
             .iter()
             .map(|(peer, req)| {
+                if let Some(remaining) = self.suspect_remaining(*peer) {
+                    return Err(WireError::PeerSuspect {
+                        peer: *peer,
+                        remaining,
+                    });
+                }
                 let (mut s, reused) = self.checkout(*peer, deadline)?;
                 s.arm(deadline)?;
                 match frame::write_frame(&mut s.stream, req) {
@@ -392,6 +432,9 @@ impl RpcClient {
                 && let Ok((s, _)) = std::mem::replace(c, Err(WireError::Closed))
             {
                 self.checkin(peer, s);
+            }
+            if matches!(res, Err(WireError::Timeout(_))) {
+                self.mark_suspect(peer);
             }
             out.push(res);
         }

@@ -176,3 +176,20 @@ fn wrong_plane_is_refused_in_the_handshake() {
         .unwrap_err();
     assert!(matches!(err, WireError::Handshake(_)), "{err:?}");
 }
+
+#[test]
+fn a_peer_that_timed_out_is_failed_fast_while_suspect() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let peer = l.local_addr().unwrap();
+    let c = client().with_suspect_for(Duration::from_secs(5));
+    let req = envelope::encode(&Echo(1, String::new()), &[]).unwrap();
+    let err = c.call(peer, &req, Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+    let t0 = Instant::now();
+    let err = c.call(peer, &req, Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(err, WireError::PeerSuspect { .. }), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_millis(20));
+    // Other peers are unaffected.
+    let s = server("127.0.0.1:0");
+    assert!(c.call(s.local_addr(), &req, Duration::from_secs(1)).is_ok());
+}
