@@ -55,7 +55,7 @@ impl EvictionBatcher {
                     }
                     let (on_disk, gone): (Vec<OwnerRef>, Vec<OwnerRef>) = pending
                         .drain(..)
-                        .partition(|r| disk.as_ref().is_some_and(|d| d.contains(r.key)));
+                        .partition(|r| disk.as_ref().is_some_and(|d| d.holds_or_pending(r.key)));
                     let n = on_disk.len() + gone.len();
                     let res = match (on_disk.is_empty(), gone.is_empty()) {
                         (true, _) => dir.remove(&gone),

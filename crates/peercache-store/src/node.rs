@@ -429,6 +429,33 @@ impl Inner {
         }
     }
 
+    /// The directory location of a page resident in this node's pool.
+    pub(crate) fn resident_location(
+        &self,
+        loc: &peercache_pool::PageLocation,
+    ) -> peercache_directory::Location {
+        peercache_directory::Location {
+            node: self.me.clone(),
+            incarnation: self.incarnation,
+            rails: smallvec::smallvec![peercache_directory::Rail {
+                endpoint: self.data_endpoint,
+                region: self.pool_key,
+            }],
+            addr: self.pool.base() as u64 + loc.offset,
+            len: loc.len,
+            valid_len: loc.valid_len,
+            generation: loc.generation,
+            checksum: loc.checksum,
+            resident: true,
+            class: match loc.class {
+                peercache_pool::ReplClass::Retained => peercache_directory::CopyClass::Retained,
+                peercache_pool::ReplClass::Reclaimable => {
+                    peercache_directory::CopyClass::Reclaimable
+                }
+            },
+        }
+    }
+
     /// Tells the directory about every page the disk tier recovered (as disk-only copies of
     /// this node), so a restarted node's pages are found again.
     fn republish_recovered(&self) {

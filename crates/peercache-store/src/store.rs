@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use peercache_directory::{CopyClass, Location, Owners, Rail};
+use peercache_directory::{Location, Owners};
 use peercache_pool::{HEADER_LEN, PageWrite, PublishScratch, Published, ReplClass};
 use peercache_transport::{Access, Batch, RegionHandle, RemoteRange, Segment};
 use peercache_wire::{NodeId, PageKey};
@@ -302,7 +302,6 @@ impl Store {
         let mut entries: Vec<(PageKey, Location)> = Vec::new();
         let mut entry_of: Vec<usize> = Vec::new();
         let mut written = 0u64;
-        let base = inner.pool.base() as u64;
         for (i, p) in out.iter().enumerate() {
             match p {
                 Published::New(loc) => {
@@ -310,24 +309,7 @@ impl Store {
                     if let Some(d) = &inner.disk {
                         d.put(keys[i], pages[i].segments, loc.valid_len, loc.generation);
                     }
-                    entries.push((
-                        keys[i],
-                        Location {
-                            node: inner.me.clone(),
-                            incarnation: inner.incarnation,
-                            rails: smallvec::smallvec![Rail {
-                                endpoint: inner.data_endpoint,
-                                region: inner.pool_key,
-                            }],
-                            addr: base + loc.offset,
-                            len: loc.len,
-                            valid_len: loc.valid_len,
-                            generation: loc.generation,
-                            checksum: loc.checksum,
-                            resident: true,
-                            class: CopyClass::Retained,
-                        },
-                    ));
+                    entries.push((keys[i], inner.resident_location(loc)));
                     entry_of.push(i);
                 }
                 Published::Duplicate(_) => results[i] = true,
@@ -534,8 +516,12 @@ impl Store {
                         .as_ref()
                         .is_some_and(|o| o.iter().any(|l| l.node == inner.me))
                 })
-                .filter(|&i| !inner.pool.contains(keys[i]) && disk.contains(keys[i]))
+                .filter(|&i| !inner.pool.contains(keys[i]) && disk.holds_or_pending(keys[i]))
                 .collect();
+            if promote.iter().any(|&i| disk.is_pending(keys[i])) {
+                // Written through but not on disk yet: wait for the writer (bounded queue).
+                disk.flush();
+            }
             if !promote.is_empty() {
                 self.promote_local(disk, &promote, keys, &mut owners);
             }
@@ -656,25 +642,10 @@ impl Store {
         if let Some(b) = inner.evictions.lock().as_ref() {
             b.push(evicted);
         }
-        let base = inner.pool.base() as u64;
         let mut entries = Vec::new();
         for (&i, p) in idx.iter().zip(&out) {
             if let Published::New(loc) | Published::Duplicate(loc) = p {
-                let l = Location {
-                    node: inner.me.clone(),
-                    incarnation: inner.incarnation,
-                    rails: smallvec::smallvec![Rail {
-                        endpoint: inner.data_endpoint,
-                        region: inner.pool_key,
-                    }],
-                    addr: base + loc.offset,
-                    len: loc.len,
-                    valid_len: loc.valid_len,
-                    generation: loc.generation,
-                    checksum: loc.checksum,
-                    resident: true,
-                    class: CopyClass::Retained,
-                };
+                let l = inner.resident_location(loc);
                 owners[i] = Some(smallvec::smallvec![l.clone()]);
                 entries.push((keys[i], l));
             }

@@ -98,12 +98,13 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
     start
 }
 
-/// Fills every iovec from the socket, within the deadline.
-pub(crate) fn readv_exact(
+/// Runs `op` (`readv` or `writev`) until every iovec is done, within the deadline.
+fn transfer_all(
     s: &TcpStream,
     iovs: &mut [libc::iovec],
     d: &mut Deadline,
     armed: &mut Option<Duration>,
+    op: unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int) -> libc::ssize_t,
 ) -> Result<(), WireError> {
     let fd = s.as_raw_fd();
     let mut start = advance(iovs, 0, 0);
@@ -111,8 +112,9 @@ pub(crate) fn readv_exact(
         d.arm(s, armed)?;
         let cnt = (iovs.len() - start).min(IOV_MAX);
         // SAFETY: every iovec points into memory validated against a registered region (or a
-        // buffer owned by the caller), held alive by the caller for the duration of the call.
-        let r = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
+        // buffer owned by the caller), held alive by the caller for the duration of the call;
+        // `op` is `readv` or `writev`.
+        let r = unsafe { op(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -128,6 +130,16 @@ pub(crate) fn readv_exact(
     Ok(())
 }
 
+/// Fills every iovec from the socket, within the deadline.
+pub(crate) fn readv_exact(
+    s: &TcpStream,
+    iovs: &mut [libc::iovec],
+    d: &mut Deadline,
+    armed: &mut Option<Duration>,
+) -> Result<(), WireError> {
+    transfer_all(s, iovs, d, armed, libc::readv)
+}
+
 /// Writes every iovec to the socket, within the deadline.
 pub(crate) fn writev_all(
     s: &TcpStream,
@@ -135,26 +147,7 @@ pub(crate) fn writev_all(
     d: &mut Deadline,
     armed: &mut Option<Duration>,
 ) -> Result<(), WireError> {
-    let fd = s.as_raw_fd();
-    let mut start = advance(iovs, 0, 0);
-    while start < iovs.len() {
-        d.arm(s, armed)?;
-        let cnt = (iovs.len() - start).min(IOV_MAX);
-        // SAFETY: as in `readv_exact`; the kernel only reads these ranges.
-        let r = unsafe { libc::writev(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(map(e, d));
-        }
-        if r == 0 {
-            return Err(WireError::Closed);
-        }
-        start = advance(iovs, start, r as usize);
-    }
-    Ok(())
+    transfer_all(s, iovs, d, armed, libc::writev)
 }
 
 #[cfg(test)]

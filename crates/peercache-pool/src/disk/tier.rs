@@ -178,6 +178,8 @@ struct Shared {
     index: Mutex<Index>,
     counters: Counters,
     disabled: AtomicBool,
+    /// Keys queued for the writer and not yet written (or failed).
+    pending: Mutex<std::collections::HashSet<PageKey>>,
     /// Recycled page buffers, so queued writes allocate nothing in steady state.
     free_bufs: Mutex<Vec<Vec<u8>>>,
 }
@@ -239,6 +241,7 @@ impl DiskTier {
             }),
             counters: Counters::default(),
             disabled: AtomicBool::new(false),
+            pending: Mutex::new(Default::default()),
             free_bufs: Mutex::new(Vec::new()),
             cfg,
         });
@@ -287,9 +290,11 @@ impl DiskTier {
             generation,
         };
         let Some(tx) = &self.tx else { return false };
+        self.shared.pending.lock().insert(key);
         match tx.try_send(Job::Write { header, buf }) {
             Ok(()) => true,
             Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
+                self.shared.pending.lock().remove(&key);
                 self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(crate::metrics::DISK_DROPPED_TOTAL).increment(1);
                 if let Job::Write { buf, .. } = job {
@@ -303,6 +308,16 @@ impl DiskTier {
     /// True once a write failed (disk full or failing).
     pub fn is_disabled(&self) -> bool {
         self.shared.disabled.load(Ordering::Relaxed)
+    }
+
+    /// True if `key` is on disk or queued to be written.
+    pub fn holds_or_pending(&self, key: PageKey) -> bool {
+        self.shared.pending.lock().contains(&key) || self.contains(key)
+    }
+
+    /// True if `key` is queued and not yet written.
+    pub fn is_pending(&self, key: PageKey) -> bool {
+        self.shared.pending.lock().contains(&key)
     }
 
     /// True if `key` is on disk.
@@ -447,6 +462,7 @@ fn write_loop(sh: &Shared, rx: Receiver<Job>) {
                     metrics::gauge!(crate::metrics::DISK_DISABLED).set(1.0);
                     tracing::error!(dir = %sh.cfg.dir.display(), error = %e, "disk tier write failed; disk tier disabled, pool keeps working");
                 }
+                sh.pending.lock().remove(&header.key);
                 recycle(sh, buf);
             }
         }
