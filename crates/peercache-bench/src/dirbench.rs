@@ -176,6 +176,10 @@ pub fn run(args: &DirArgs) -> Result<Report> {
                 .lookup(&keys32)
                 .is_ok_and(|v| v.iter().all(|o| o.is_some()))
         }));
+        rows.push(timed("lookup-1", 1, round, dur, || {
+            i = (i + 7919) % n;
+            client.lookup(&[key(i)]).is_ok_and(|v| v[0].is_some())
+        }));
         let keys2000: Vec<PageKey> = (0..2000).map(|j| key((j * 13 + round) % n)).collect();
         rows.push(timed("exists", 2000, round, dur, || {
             client.exists(&keys2000).is_ok_and(|v| v.iter().all(|&b| b))
