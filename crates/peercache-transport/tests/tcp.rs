@@ -256,6 +256,7 @@ fn stall_after_handshake_marks_suspect_and_fails_fast() {
     // A peer that completes the handshake and then never answers a request.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let peer = l.local_addr().unwrap();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let server = std::thread::spawn(move || {
         let mut held = Vec::new();
         for _ in 0..1 {
@@ -270,7 +271,8 @@ fn stall_after_handshake_marks_suspect_and_fails_fast() {
             .unwrap();
             held.push(s);
         }
-        std::thread::sleep(Duration::from_secs(2));
+        // Hold the stalled connection until the test has seen what it needs.
+        let _ = release_rx.recv();
         drop(held);
     });
     let t = TcpTransport::start(cfg(300), None).unwrap();
@@ -302,6 +304,7 @@ fn stall_after_handshake_marks_suspect_and_fails_fast() {
     assert_eq!(s.timeouts, 1);
     assert_eq!(s.suspect_marks, 1);
     assert_eq!(s.suspect_rejects, 1);
+    release_tx.send(()).unwrap();
     server.join().unwrap();
 }
 

@@ -83,15 +83,21 @@ impl<'de> Deserialize<'de> for NodeId {
 pub struct Incarnation(pub u64);
 
 impl Incarnation {
-    /// A fresh incarnation for this process: start time in microseconds mixed with the pid, so
-    /// two starts in the same microsecond on one host still differ.
+    /// A fresh incarnation: start time in microseconds mixed with the pid and a per-process
+    /// counter, so two processes starting in the same microsecond, or two calls in one
+    /// process, never get the same value.
     pub fn fresh() -> Self {
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let micros = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         let pid = std::process::id() as u64;
-        Incarnation(micros ^ (pid << 48) ^ pid.rotate_left(17))
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Incarnation(
+            (micros ^ (pid << 48) ^ pid.rotate_left(17))
+                .wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        )
     }
 }
 
