@@ -34,3 +34,42 @@ pub use tcp::TcpTransport;
 
 /// Per-op outcome of a batch, in op order.
 pub type OpResults = Vec<Result<(), OpError>>;
+
+/// Runs the data server's request decoding and per-op validation on arbitrary bytes, against
+/// a fixed table of three regions (one of each access level). For the fuzz target: it must
+/// never panic, whatever the bytes.
+#[doc(hidden)]
+pub fn fuzz_request(data: &[u8]) -> usize {
+    use std::collections::HashMap;
+    if data.len() < proto::HDR_LEN {
+        return 0;
+    }
+    let h = proto::Header::decode(data[..proto::HDR_LEN].try_into().expect("16 bytes"));
+    let mut regions = HashMap::new();
+    for (i, access) in [
+        Access::LocalOnly,
+        Access::RemoteRead,
+        Access::RemoteReadWrite,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        regions.insert(
+            RegionKey(i as u64 + 1),
+            region::Region {
+                base: 0x1000_0000 * (i as u64 + 1),
+                len: 1 << 20,
+                access,
+            },
+        );
+    }
+    let ops = &data[proto::HDR_LEN..];
+    let n = (h.count as usize).min(ops.len() / proto::OP_LEN);
+    let write = h.code == proto::OP_WRITE;
+    (0..n)
+        .filter(|i| {
+            let op = proto::WireOp::decode(&ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
+            server::check_remote_op(&regions, &op, write, 64 << 20).is_ok()
+        })
+        .count()
+}
