@@ -125,11 +125,11 @@ pub fn checksum(payload: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(payload)
 }
 
-/// Verifies a header and payload fetched together (by a remote reader, or a local unleased
-/// copy): seq even, same generation, key and length, payload matching its checksum.
-pub fn verify(
+/// The checks that do not need the payload bytes: a sound header, an even seqlock word, and
+/// the expected generation, key and length.
+fn check_header(
     header: &[u8; HEADER_LEN],
-    payload: &[u8],
+    payload_len: usize,
     expect: &Expect,
 ) -> Result<SlotHeader, VerifyError> {
     let h = SlotHeader::decode(header)?;
@@ -142,9 +142,20 @@ pub fn verify(
     if h.key != expect.key {
         return Err(VerifyError::WrongKey);
     }
-    if h.payload_len != expect.len || payload.len() != expect.len as usize {
+    if h.payload_len != expect.len || payload_len != expect.len as usize {
         return Err(VerifyError::WrongLength);
     }
+    Ok(h)
+}
+
+/// Verifies a header and payload fetched together (by a remote reader, or a local unleased
+/// copy): seq even, same generation, key and length, payload matching its checksum.
+pub fn verify(
+    header: &[u8; HEADER_LEN],
+    payload: &[u8],
+    expect: &Expect,
+) -> Result<SlotHeader, VerifyError> {
+    let h = check_header(header, payload.len(), expect)?;
     if checksum(payload) != h.checksum {
         return Err(VerifyError::Checksum);
     }
@@ -157,20 +168,8 @@ pub fn verify_segments(
     segments: &[&[u8]],
     expect: &Expect,
 ) -> Result<SlotHeader, VerifyError> {
-    let h = SlotHeader::decode(header)?;
-    if h.seq & 1 == 1 {
-        return Err(VerifyError::Torn);
-    }
-    if h.generation != expect.generation {
-        return Err(VerifyError::Stale);
-    }
-    if h.key != expect.key {
-        return Err(VerifyError::WrongKey);
-    }
     let total: usize = segments.iter().map(|s| s.len()).sum();
-    if h.payload_len != expect.len || total != expect.len as usize {
-        return Err(VerifyError::WrongLength);
-    }
+    let h = check_header(header, total, expect)?;
     let mut st = twox_hash::XxHash3_64::new();
     for s in segments {
         std::hash::Hasher::write(&mut st, s);

@@ -45,6 +45,26 @@ fn raw(ptrs: &[usize], sizes: &[usize]) -> PyResult<Vec<RawSeg>> {
         .collect())
 }
 
+/// The segments of bytes-like buffers (one per page); destinations must be writable.
+fn buffer_segs(bufs: &[PyBuffer<u8>], writable: bool) -> PyResult<Vec<RawSeg>> {
+    let mut segs = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if writable && b.readonly() {
+            return Err(PyValueError::new_err(
+                "destination is read-only (bytes); pass a bytearray, memoryview or array",
+            ));
+        }
+        if !b.is_c_contiguous() {
+            return Err(PyValueError::new_err("buffers must be C-contiguous"));
+        }
+        segs.push(RawSeg {
+            ptr: b.buf_ptr() as *mut u8,
+            len: b.len_bytes(),
+        });
+    }
+    Ok(segs)
+}
+
 /// One PeerCache node in this process.
 #[pyclass(frozen)]
 struct Node {
@@ -165,16 +185,7 @@ impl Node {
                 values.len()
             )));
         }
-        let mut segs = Vec::with_capacity(values.len());
-        for v in &values {
-            if !v.is_c_contiguous() {
-                return Err(PyValueError::new_err("values must be C-contiguous buffers"));
-            }
-            segs.push(RawSeg {
-                ptr: v.buf_ptr() as *mut u8,
-                len: v.len_bytes(),
-            });
-        }
+        let segs = buffer_segs(&values, false)?;
         let counts = vec![1; segs.len()];
         let segs = SendSegs(segs);
         // SAFETY: the buffers are held (exported) by `values` for the whole call.
@@ -200,23 +211,7 @@ impl Node {
                 dests.len()
             )));
         }
-        let mut segs = Vec::with_capacity(dests.len());
-        for d in &dests {
-            if d.readonly() {
-                return Err(PyValueError::new_err(
-                    "destination is read-only (bytes); pass a bytearray, memoryview or array",
-                ));
-            }
-            if !d.is_c_contiguous() {
-                return Err(PyValueError::new_err(
-                    "destinations must be C-contiguous buffers",
-                ));
-            }
-            segs.push(RawSeg {
-                ptr: d.buf_ptr() as *mut u8,
-                len: d.len_bytes(),
-            });
-        }
+        let segs = buffer_segs(&dests, true)?;
         let counts = vec![1; segs.len()];
         let segs = SendSegs(segs);
         // SAFETY: writable buffers held (exported) by `dests` for the whole call.
