@@ -17,6 +17,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = env.check_extensions(&[]);
     let _ = env.decode::<peercache_wire::handshake::Hello>();
     let _ = env.decode::<peercache_wire::handshake::HelloReply>();
+    let _ = env.decode::<peercache_wire::handshake::AuthChallenge>();
+    let _ = env.decode::<peercache_wire::handshake::AuthProof>();
     let _ = env.decode::<peercache_wire::rpc::RpcError>();
     let _ = env.decode::<peercache_directory::DirRequest<'static>>();
     let _ = env.decode::<peercache_directory::DirReply>();

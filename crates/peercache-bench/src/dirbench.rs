@@ -120,6 +120,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             max_connections: 64,
             workers: 1,
             name: "bench-dir",
+            auth: peercache_wire::Auth::none(),
         },
         handler,
     )?;
@@ -131,6 +132,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             hello: Hello::new(Plane::Control, Some(me), Incarnation(2)),
             max_idle_per_peer: 4,
             max_frame: 16 << 20,
+            auth: peercache_wire::Auth::none(),
         }),
         ClientConfig {
             replicas: 1,

@@ -44,6 +44,7 @@ fn start(i: usize, cfg: ClientConfig) -> TestNode {
             max_connections: 256,
             workers: 1,
             name: "dir-test",
+            auth: peercache_wire::Auth::none(),
         },
         handler,
     )
@@ -52,6 +53,7 @@ fn start(i: usize, cfg: ClientConfig) -> TestNode {
         hello: Hello::new(Plane::Control, Some(id.clone()), Incarnation(i as u64)),
         max_idle_per_peer: 8,
         max_frame: 16 << 20,
+        auth: peercache_wire::Auth::none(),
     });
     let client = DirectoryClient::new(id.clone(), service.clone(), rpc, cfg);
     TestNode {
@@ -228,6 +230,7 @@ fn malformed_frames_close_only_that_connection() {
         hello: Hello::new(Plane::Control, None, Incarnation(9)),
         max_idle_per_peer: 2,
         max_frame: 1 << 20,
+        auth: peercache_wire::Auth::none(),
     });
     // A directory-kind envelope whose body is garbage.
     let mut bad = peercache_wire::envelope::encode(

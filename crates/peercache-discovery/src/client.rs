@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use peercache_wire::Auth;
 use peercache_wire::envelope;
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
@@ -26,6 +27,8 @@ pub struct DiscoveryConfig {
     pub max_masters: usize,
     /// Deadline of one round of requests.
     pub rpc_timeout: Duration,
+    /// Cluster authentication towards the masters.
+    pub auth: Auth,
 }
 
 impl Default for DiscoveryConfig {
@@ -35,6 +38,7 @@ impl Default for DiscoveryConfig {
             heartbeat: Duration::from_secs(1),
             max_masters: 3,
             rpc_timeout: Duration::from_millis(800),
+            auth: Auth::none(),
         }
     }
 }
@@ -79,6 +83,7 @@ impl DiscoveryClient {
             hello: Hello::new(Plane::Discovery, Some(me.node.clone()), me.incarnation),
             max_idle_per_peer: 2,
             max_frame: 8 << 20,
+            auth: cfg.auth.clone(),
         });
         let shared = Arc::new(Shared {
             core: Mutex::new(ClientCore::new(me, cfg.seeds.clone(), cfg.max_masters)),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use peercache_wire::Auth;
 use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::Plane;
 use peercache_wire::rpc::{self, Reply, RpcError, RpcServer, ServerConfig};
@@ -39,7 +40,12 @@ pub enum Hosting {
 
 impl DiscoveryServer {
     /// Binds `bind` and serves with members expiring `ttl` after their last heartbeat.
-    pub fn start(bind: SocketAddr, ttl: Duration, node: Option<NodeId>) -> Result<Self, WireError> {
+    pub fn start(
+        bind: SocketAddr,
+        ttl: Duration,
+        node: Option<NodeId>,
+        auth: Auth,
+    ) -> Result<Self, WireError> {
         let core = Arc::new(Mutex::new(ServerCore::new(ttl.as_millis() as Millis)));
         let epoch = Instant::now();
         let c = core.clone();
@@ -88,6 +94,7 @@ impl DiscoveryServer {
                 max_connections: 4096,
                 workers: 1,
                 name: "pc-meta",
+                auth,
             },
             handler,
         )?;
@@ -104,8 +111,9 @@ impl DiscoveryServer {
         bind: SocketAddr,
         ttl: Duration,
         node: Option<NodeId>,
+        auth: Auth,
     ) -> Result<Hosting, WireError> {
-        match Self::start(bind, ttl, node) {
+        match Self::start(bind, ttl, node, auth) {
             Ok(s) => Ok(Hosting::Hosting(s)),
             Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 Ok(Hosting::PortTaken)

@@ -32,10 +32,11 @@ struct Node {
 
 fn start_node(n: u8, port: u16, seeds: &[u8], incarnation: u64) -> Node {
     let meta = SocketAddr::new(ip(n), port);
-    let server = match DiscoveryServer::try_host(meta, TTL, None).unwrap() {
-        Hosting::Hosting(s) => Some(s),
-        Hosting::PortTaken => None,
-    };
+    let server =
+        match DiscoveryServer::try_host(meta, TTL, None, peercache_wire::Auth::none()).unwrap() {
+            Hosting::Hosting(s) => Some(s),
+            Hosting::PortTaken => None,
+        };
     let id = NodeId::new(format!("node-{n}")).unwrap();
     let info = NodeInfo {
         node: id.clone(),
@@ -57,6 +58,7 @@ fn start_node(n: u8, port: u16, seeds: &[u8], incarnation: u64) -> Node {
             heartbeat: HB,
             max_masters: 3,
             rpc_timeout: Duration::from_millis(300),
+            auth: peercache_wire::Auth::none(),
         },
     )
     .unwrap();
@@ -200,7 +202,7 @@ fn a_second_rank_on_the_same_host_is_a_client_only() {
     let meta = SocketAddr::new(ip(30), port);
     assert!(a.server.is_some());
     assert!(matches!(
-        DiscoveryServer::try_host(meta, TTL, None).unwrap(),
+        DiscoveryServer::try_host(meta, TTL, None, peercache_wire::Auth::none()).unwrap(),
         Hosting::PortTaken
     ));
 }

@@ -53,6 +53,23 @@ pub struct MetaArgs {
     /// Seconds a silent member is kept.
     #[arg(long, default_value_t = 3.0)]
     pub member_ttl: f64,
+    /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`; neither: open).
+    #[arg(long)]
+    pub cluster_secret_file: Option<std::path::PathBuf>,
+}
+
+/// The cluster secret of a tool process: `file` if given, else `PEERCACHE_CLUSTER_SECRET`.
+pub fn tool_auth(file: Option<&std::path::Path>) -> Result<peercache_wire::Auth> {
+    let mut cfg = crate::PeerCacheConfig::default();
+    match file {
+        Some(f) => cfg.cluster_secret_file = f.display().to_string(),
+        None => {
+            cfg.cluster_secret = crate::config::Secret::new(
+                std::env::var("PEERCACHE_CLUSTER_SECRET").unwrap_or_default(),
+            )
+        }
+    }
+    Ok(cfg.cluster_auth()?)
 }
 
 /// Installs the log subscriber: `RUST_LOG` if set, else `level`.
@@ -153,10 +170,15 @@ pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
 pub fn run_meta(args: MetaArgs) -> Result<()> {
     init_logging("info");
     block_signals();
+    let auth = tool_auth(args.cluster_secret_file.as_deref())?;
+    if !auth.is_enabled() {
+        tracing::warn!("no cluster secret: any process that reaches this port can join");
+    }
     let mut server = peercache_discovery::DiscoveryServer::start(
         args.bind,
         Duration::from_secs_f64(args.member_ttl),
         None,
+        auth,
     )
     .with_context(|| format!("binding the discovery server on {}", args.bind))?;
     tracing::info!(addr = %server.local_addr(), ttl = args.member_ttl, "peercache-meta serving");

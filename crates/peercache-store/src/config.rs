@@ -80,6 +80,37 @@ pub enum Protocol {
     Tcp,
 }
 
+/// The shared cluster secret. `Debug` prints `<redacted>`, and errors never echo it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret from text.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The secret text (empty: none set).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether no secret is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<none>"
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
 /// Every setting of a PeerCache node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerCacheConfig {
@@ -182,6 +213,12 @@ pub struct PeerCacheConfig {
     /// Log filter of the node binaries (`RUST_LOG` overrides it), e.g. `info` or
     /// `peercache_transport=debug,info`.
     pub log_level: String,
+    /// Shared secret every connection proves in the handshake (empty: open cluster).
+    pub cluster_secret: Secret,
+    /// File holding the cluster secret (used when `cluster_secret` is empty).
+    pub cluster_secret_file: String,
+    /// Another secret accepted from peers during a rolling rotation (empty: none).
+    pub cluster_secret_accept: Secret,
 }
 
 impl Default for PeerCacheConfig {
@@ -236,6 +273,9 @@ impl Default for PeerCacheConfig {
             pp_size: 1,
             dp_rank: 0,
             log_level: "info".into(),
+            cluster_secret: Secret::default(),
+            cluster_secret_file: String::new(),
+            cluster_secret_accept: Secret::default(),
         }
     }
 }
@@ -291,6 +331,9 @@ pub const KEYS: &[&str] = &[
     "pp_size",
     "dp_rank",
     "log_level",
+    "cluster_secret",
+    "cluster_secret_file",
+    "cluster_secret_accept",
 ];
 
 /// Keys SGLang itself puts into `extra_config`: accepted silently.
@@ -621,6 +664,11 @@ impl PeerCacheConfig {
                 }
                 self.log_level = l;
             }
+            "cluster_secret" => self.cluster_secret = secret("cluster_secret", v)?,
+            "cluster_secret_accept" => {
+                self.cluster_secret_accept = secret("cluster_secret_accept", v)?
+            }
+            "cluster_secret_file" => self.cluster_secret_file = as_str(v),
             _ => return Ok(false),
         }
         Ok(true)
@@ -734,6 +782,37 @@ impl PeerCacheConfig {
         Ok(())
     }
 
+    /// The handshake authentication this config asks for: `cluster_secret`, else the contents
+    /// of `cluster_secret_file` (surrounding whitespace trimmed), else none.
+    pub fn cluster_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
+        let from_file;
+        let secret = if !self.cluster_secret.is_empty() {
+            self.cluster_secret.expose()
+        } else if !self.cluster_secret_file.is_empty() {
+            let path = PathBuf::from(&self.cluster_secret_file);
+            from_file = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                reason: format!("reading cluster_secret_file: {e}"),
+            })?;
+            from_file.trim()
+        } else {
+            return Ok(peercache_wire::Auth::none());
+        };
+        let also: Vec<&[u8]> = [self.cluster_secret_accept.expose().as_bytes()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        peercache_wire::Auth::rotating(secret.as_bytes(), &also).map_err(|e| ConfigError::Invalid {
+            key: if self.cluster_secret.is_empty() {
+                "cluster_secret_file"
+            } else {
+                "cluster_secret"
+            },
+            value: "<redacted>".into(),
+            reason: e.to_string(),
+        })
+    }
+
     /// This rank's pool bytes (`global_segment_size / tp_size`).
     pub fn pool_bytes(&self) -> u64 {
         self.global_segment_size / self.tp_size as u64
@@ -748,6 +827,21 @@ impl PeerCacheConfig {
     pub fn local_rank(&self) -> u32 {
         self.pp_rank * self.tp_size + self.tp_rank
     }
+}
+
+fn secret(key: &'static str, v: &Value) -> Result<Secret, ConfigError> {
+    let s = text(v);
+    if !s.is_empty() && s.len() < peercache_wire::auth::MIN_SECRET_LEN {
+        return Err(ConfigError::Invalid {
+            key,
+            value: "<redacted>".into(),
+            reason: format!(
+                "must be at least {} bytes (e.g. `openssl rand -hex 32`)",
+                peercache_wire::auth::MIN_SECRET_LEN
+            ),
+        });
+    }
+    Ok(Secret(s))
 }
 
 fn positive(key: &'static str, v: &Value) -> Result<f64, ConfigError> {

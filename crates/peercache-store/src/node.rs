@@ -194,6 +194,14 @@ impl Inner {
     ) -> Result<Arc<Inner>, StoreError> {
         let incarnation = Incarnation::fresh();
         let metrics = Handles::register(me.as_str());
+        let auth = cfg.cluster_auth()?;
+        if !auth.is_enabled() {
+            tracing::warn!(
+                "no cluster_secret set: any process that reaches this node's ports can join, \
+                 read its pages and query its directory (set cluster_secret or \
+                 PEERCACHE_CLUSTER_SECRET; see docs/operations.md)"
+            );
+        }
         let cell: crate::observe::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
             let port = if cfg.metrics_port == 0 {
@@ -221,6 +229,7 @@ impl Inner {
                 op_timeout: cfg.op_timeout(),
                 suspect_for: Duration::from_secs_f64(cfg.suspect_for),
                 max_batch_ops: cfg.max_batch_ops,
+                auth: auth.clone(),
                 ..TransportConfig::default()
             },
             Some(me.clone()),
@@ -259,6 +268,7 @@ impl Inner {
                 max_connections: 4096,
                 workers: 1,
                 name: "pc-control",
+                auth: auth.clone(),
             },
             handler,
         )?;
@@ -270,6 +280,7 @@ impl Inner {
                 hello: Hello::new(Plane::Control, Some(me.clone()), incarnation),
                 max_idle_per_peer: cfg.max_channels_per_peer,
                 max_frame: 64 << 20,
+                auth: auth.clone(),
             })
             .with_suspect_for(Duration::from_secs_f64(cfg.suspect_for)),
             DirClientConfig {
@@ -283,7 +294,8 @@ impl Inner {
         // Discovery: host the meta server if the port is free, then join.
         let ttl = Duration::from_secs_f64(cfg.member_ttl);
         let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
-        let meta = match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()))? {
+        let meta = match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())?
+        {
             Hosting::Hosting(s) => Some(s),
             Hosting::PortTaken => None,
         };
@@ -320,6 +332,7 @@ impl Inner {
                 rpc_timeout: cfg
                     .op_timeout()
                     .min(Duration::from_secs_f64(cfg.heartbeat_interval)),
+                auth: auth.clone(),
             },
         )?;
         let disk = if cfg.disk_enabled {

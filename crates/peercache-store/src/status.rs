@@ -24,14 +24,22 @@ pub struct StatusArgs {
     /// Seconds to wait for each answer.
     #[arg(long, default_value_t = 2.0)]
     pub timeout: f64,
+    /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
+    #[arg(long)]
+    pub cluster_secret_file: Option<std::path::PathBuf>,
 }
 
 /// Asks the seeds for the members (the union of their answers).
-pub fn members(seeds: &[SocketAddr], timeout: Duration) -> Result<Vec<NodeInfo>> {
+pub fn members(
+    seeds: &[SocketAddr],
+    timeout: Duration,
+    auth: peercache_wire::Auth,
+) -> Result<Vec<NodeInfo>> {
     let client = RpcClient::new(rpc::ClientConfig {
         hello: Hello::new(Plane::Discovery, None, Incarnation::fresh()),
         max_idle_per_peer: 1,
         max_frame: 8 << 20,
+        auth,
     });
     let req = envelope::encode(&DiscRequest::Members, &[])?;
     let calls: Vec<(SocketAddr, &[u8])> = seeds.iter().map(|s| (*s, req.as_slice())).collect();
@@ -70,7 +78,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
         .context("parsing --discovery-addr")?;
     let timeout = Duration::from_secs_f64(args.timeout);
-    let members = members(&seeds, timeout)?;
+    let auth = crate::cli::tool_auth(args.cluster_secret_file.as_deref())?;
+    let members = members(&seeds, timeout, auth)?;
     let servers = members.iter().filter_map(|m| m.meta).collect();
     let masters = choose_masters(&seeds, &servers, 3);
     let rows: Vec<serde_json::Value> = members

@@ -109,7 +109,8 @@ fn metrics_dashboard_cluster_and_labelled_series() {
 
     // `peercache-node status` asks discovery for the same members.
     let seeds = vec![format!("127.0.0.40:{port}").parse().unwrap()];
-    let seen = peercache_store::status::members(&seeds, Duration::from_secs(2)).unwrap();
+    let seen = peercache_store::status::members(&seeds, Duration::from_secs(2), Default::default())
+        .unwrap();
     assert_eq!(seen.len(), 3);
     assert!(
         seen.iter()

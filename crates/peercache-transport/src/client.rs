@@ -181,7 +181,7 @@ impl Client {
         let left = until
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        handshake::client_sync(&mut stream, &self.hello, left).map_err(err)?;
+        handshake::client_sync(&mut stream, &self.hello, &self.cfg.auth, left).map_err(err)?;
         Counters::add(&self.counters.connects, 1);
         metrics::counter!(crate::metrics::CONNECTS_TOTAL).increment(1);
         Ok(Conn {

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use peercache_wire::Auth;
+
 /// Settings of one transport endpoint.
 #[derive(Clone, Debug)]
 pub struct TransportConfig {
@@ -20,6 +22,8 @@ pub struct TransportConfig {
     pub max_op_bytes: u32,
     /// Most inbound connections the server accepts at once.
     pub max_server_connections: usize,
+    /// Cluster authentication of data connections (both directions).
+    pub auth: Auth,
 }
 
 impl Default for TransportConfig {
@@ -32,6 +36,7 @@ impl Default for TransportConfig {
             max_batch_ops: 8192,
             max_op_bytes: 64 << 20,
             max_server_connections: 1024,
+            auth: Auth::none(),
         }
     }
 }

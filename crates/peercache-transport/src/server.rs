@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use peercache_wire::handshake::{self, Plane};
+use peercache_wire::handshake::{self, Acceptor, Plane};
 use peercache_wire::{Incarnation, WireError};
 
 use crate::iov::{self, Deadline};
@@ -122,13 +122,13 @@ struct ConnBufs {
 }
 
 fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError> {
-    handshake::server_sync(
-        &mut stream,
-        &[Plane::Data],
-        None,
-        sh.incarnation,
-        sh.cfg.op_timeout,
-    )?;
+    let acceptor = Acceptor {
+        planes: vec![Plane::Data],
+        node: None,
+        incarnation: sh.incarnation,
+        auth: sh.cfg.auth.clone(),
+    };
+    handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
     let mut bufs = ConnBufs {
         ops: Vec::new(),
         reply: Vec::new(),

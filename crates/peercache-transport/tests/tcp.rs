@@ -263,9 +263,12 @@ fn stall_after_handshake_marks_suspect_and_fails_fast() {
             let (mut s, _) = l.accept().unwrap();
             peercache_wire::handshake::server_sync(
                 &mut s,
-                &[peercache_wire::handshake::Plane::Data],
-                None,
-                peercache_wire::Incarnation(1),
+                &peercache_wire::handshake::Acceptor {
+                    planes: vec![peercache_wire::handshake::Plane::Data],
+                    node: None,
+                    incarnation: peercache_wire::Incarnation(1),
+                    auth: peercache_wire::Auth::none(),
+                },
                 Duration::from_secs(5),
             )
             .unwrap();

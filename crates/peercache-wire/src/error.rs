@@ -81,6 +81,17 @@ pub enum WireError {
         /// Time left.
         remaining: std::time::Duration,
     },
+    /// Authentication failed or is missing on one side (wrong or absent `cluster_secret`).
+    #[error("not authenticated: {0}")]
+    Unauthenticated(String),
+    /// A `cluster_secret` too short to be a secret.
+    #[error("cluster secret of {len} bytes is too short (at least {min})")]
+    WeakSecret {
+        /// Bytes given.
+        len: usize,
+        /// Bytes required.
+        min: usize,
+    },
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,

@@ -2,20 +2,36 @@
 //!
 //! The client sends [`Hello`] (the version range it speaks, which plane it wants, who it is);
 //! the server answers [`HelloReply::Accept`] with the chosen version, or
-//! [`HelloReply::Reject`] with a reason, before any request is served. The authentication issue
-//! extends this exchange with a challenge–response; that will travel in envelope extensions so
-//! this version's messages stay decodable.
+//! [`HelloReply::Reject`] with a reason, before any request is served. With a cluster secret
+//! ([`Auth`]) a mutual challenge–response runs between the two (see [`crate::auth`]): the client's
+//! nonce travels in a non-critical envelope extension of the Hello, so version-1 messages are
+//! unchanged and an open cluster works exactly as before.
+//!
+//! [`ClientHandshake`] and [`ServerHandshake`] are the sans-IO state machines; the `*_sync` and
+//! `*_async` functions drive them over blocking and tokio sockets under one deadline.
 
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
-use crate::envelope::{self, MIN_WIRE_VERSION, Message, WIRE_VERSION};
+use crate::auth::{self, Auth, Side, TAG_LEN};
+use crate::envelope::{self, Envelope, Extension, MIN_WIRE_VERSION, Message, WIRE_VERSION};
 use crate::{Incarnation, NodeId, WireError};
+
+/// Envelope extension of a [`Hello`] carrying the client's 32-byte authentication nonce.
+/// Not critical: a server without a secret ignores it (and the client then refuses that
+/// server, which cannot prove the secret).
+pub const EXT_AUTH_NONCE: u16 = 0x0010;
+
+/// Largest handshake frame.
+const MAX_HANDSHAKE_FRAME: usize = 4096;
+
+/// Reject reasons that start with this are authentication failures.
+const AUTH_REASON_PREFIX: &str = "authentication";
 
 /// Which plane a connection is for. The server refuses a plane it does not serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +94,32 @@ impl Message for HelloReply {
     const NAME: &'static str = "HelloReply";
 }
 
+/// Server → client: the server's nonce and its proof of the secret (authenticated clusters).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthChallenge {
+    /// The server's fresh nonce.
+    pub nonce: [u8; TAG_LEN],
+    /// MAC of the transcript by the server.
+    pub proof: [u8; TAG_LEN],
+}
+
+impl Message for AuthChallenge {
+    const KIND: u16 = 0x0004;
+    const NAME: &'static str = "AuthChallenge";
+}
+
+/// Client → server: the client's proof of the secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthProof {
+    /// MAC of the transcript by the client.
+    pub proof: [u8; TAG_LEN],
+}
+
+impl Message for AuthProof {
+    const KIND: u16 = 0x0005;
+    const NAME: &'static str = "AuthProof";
+}
+
 impl Hello {
     /// A hello for `plane` from `node`, speaking every version this build knows.
     pub fn new(plane: Plane, node: Option<NodeId>, incarnation: Incarnation) -> Self {
@@ -132,81 +174,336 @@ pub struct Accepted {
     pub incarnation: Incarnation,
 }
 
-fn into_accepted(reply: HelloReply) -> Result<Accepted, WireError> {
-    match reply {
-        HelloReply::Accept {
-            version,
-            node,
-            incarnation,
-            ..
-        } => Ok(Accepted {
-            version,
-            node,
-            incarnation,
-        }),
-        HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
+/// What a server announces and checks: the planes it serves, who it is, and its secret.
+#[derive(Clone, Debug)]
+pub struct Acceptor {
+    /// Planes served on this port.
+    pub planes: Vec<Plane>,
+    /// This node (None for a bare tool server).
+    pub node: Option<NodeId>,
+    /// This process's incarnation.
+    pub incarnation: Incarnation,
+    /// Cluster authentication.
+    pub auth: Auth,
+}
+
+/// The next thing a handshake driver must do.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Send this frame, then read the peer's next frame.
+    Send(Vec<u8>),
+    /// Send this frame (may be empty: nothing to send) and finish with the result.
+    Finish(Vec<u8>, Result<T, WireError>),
+}
+
+/// The client's side of the handshake, without I/O.
+#[derive(Debug)]
+pub struct ClientHandshake {
+    auth: Auth,
+    hello_frame: Vec<u8>,
+    nonce: [u8; TAG_LEN],
+    challenged: bool,
+}
+
+impl ClientHandshake {
+    /// Starts a handshake; returns the state and the first frame to send.
+    pub fn new(hello: &Hello, auth: &Auth) -> Result<(Self, Vec<u8>), WireError> {
+        let nonce = if auth.is_enabled() {
+            auth::nonce()?
+        } else {
+            [0; TAG_LEN]
+        };
+        let ext = [Extension {
+            tag: EXT_AUTH_NONCE,
+            data: nonce.to_vec(),
+        }];
+        let exts: &[Extension] = if auth.is_enabled() { &ext } else { &[] };
+        let hello_frame = envelope::encode(hello, exts)?;
+        let hs = ClientHandshake {
+            auth: auth.clone(),
+            hello_frame: hello_frame.clone(),
+            nonce,
+            challenged: false,
+        };
+        Ok((hs, hello_frame))
+    }
+
+    /// Feeds the server's next frame.
+    pub fn on_frame(&mut self, frame: &[u8]) -> Result<Step<Accepted>, WireError> {
+        let env = Envelope::parse(frame)?;
+        if env.kind == AuthChallenge::KIND {
+            if !self.auth.is_enabled() {
+                return Err(WireError::Unauthenticated(
+                    "the server requires a cluster_secret and none is configured here".into(),
+                ));
+            }
+            if self.challenged {
+                return Err(WireError::Handshake(
+                    "second authentication challenge".into(),
+                ));
+            }
+            let ch: AuthChallenge = env.decode()?;
+            if !self.auth.verify(
+                Side::Server,
+                &self.nonce,
+                &ch.nonce,
+                &self.hello_frame,
+                &ch.proof,
+            ) {
+                return Err(WireError::Unauthenticated(
+                    "the server could not prove the cluster secret".into(),
+                ));
+            }
+            self.challenged = true;
+            let proof = self
+                .auth
+                .proof(Side::Client, &self.nonce, &ch.nonce, &self.hello_frame)
+                .unwrap_or([0; TAG_LEN]);
+            return Ok(Step::Send(envelope::encode(&AuthProof { proof }, &[])?));
+        }
+        let reply: HelloReply = env.decode()?;
+        match reply {
+            HelloReply::Accept {
+                version,
+                node,
+                incarnation,
+                ..
+            } => {
+                if self.auth.is_enabled() && !self.challenged {
+                    return Err(WireError::Unauthenticated(
+                        "the server accepted without proving the cluster secret (it runs with no \
+                         cluster_secret)"
+                            .into(),
+                    ));
+                }
+                Ok(Step::Finish(
+                    Vec::new(),
+                    Ok(Accepted {
+                        version,
+                        node,
+                        incarnation,
+                    }),
+                ))
+            }
+            HelloReply::Reject { reason } if reason.starts_with(AUTH_REASON_PREFIX) => {
+                Err(WireError::Unauthenticated(reason))
+            }
+            HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
+        }
     }
 }
 
-/// Blocking client handshake on a connected socket, bounded by `timeout`.
+/// The server's side of the handshake, without I/O.
+#[derive(Debug)]
+pub struct ServerHandshake<'a> {
+    acceptor: &'a Acceptor,
+    pending: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    hello: Hello,
+    hello_frame: Vec<u8>,
+    client_nonce: [u8; TAG_LEN],
+    server_nonce: [u8; TAG_LEN],
+}
+
+impl<'a> ServerHandshake<'a> {
+    /// A server handshake answering as `acceptor`.
+    pub fn new(acceptor: &'a Acceptor) -> Self {
+        ServerHandshake {
+            acceptor,
+            pending: None,
+        }
+    }
+
+    fn finish(&self, hello: Hello) -> Result<Step<Hello>, WireError> {
+        let a = self.acceptor;
+        let reply = accept(&hello, &a.planes, a.node.clone(), a.incarnation);
+        let frame = envelope::encode(&reply, &[])?;
+        let result = match reply {
+            HelloReply::Accept { .. } => Ok(hello),
+            HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
+        };
+        Ok(Step::Finish(frame, result))
+    }
+
+    fn refuse(&self, why: &str) -> Result<Step<Hello>, WireError> {
+        self.acceptor.auth.count_rejection(why);
+        let reason = format!("{AUTH_REASON_PREFIX} failed: {why}");
+        let frame = envelope::encode(
+            &HelloReply::Reject {
+                reason: reason.clone(),
+            },
+            &[],
+        )?;
+        Ok(Step::Finish(frame, Err(WireError::Unauthenticated(reason))))
+    }
+
+    /// The connection ended (closed, timed out) before the exchange finished. A client that
+    /// was challenged and left without a proof — typically one with a different secret, which
+    /// refused our proof — counts as a refused stranger.
+    pub fn abandoned(&mut self) {
+        if self.pending.take().is_some() {
+            self.acceptor
+                .auth
+                .count_rejection("left after the challenge without a proof");
+        }
+    }
+
+    /// Feeds the client's next frame.
+    pub fn on_frame(&mut self, frame: &[u8]) -> Result<Step<Hello>, WireError> {
+        let auth = &self.acceptor.auth;
+        if let Some(p) = self.pending.take() {
+            let proof = match Envelope::parse(frame).and_then(|e| e.decode::<AuthProof>()) {
+                Ok(p) => p,
+                Err(_) => return self.refuse("expected an authentication proof"),
+            };
+            if !auth.verify(
+                Side::Client,
+                &p.client_nonce,
+                &p.server_nonce,
+                &p.hello_frame,
+                &proof.proof,
+            ) {
+                return self.refuse("wrong proof (different cluster_secret, or a replay)");
+            }
+            return self.finish(p.hello);
+        }
+        let env = Envelope::parse(frame)?;
+        let hello: Hello = env.decode()?;
+        if !auth.is_enabled() {
+            return self.finish(hello);
+        }
+        let client_nonce = match env.extension(EXT_AUTH_NONCE)? {
+            Some(n) if n.len() == TAG_LEN => {
+                let mut a = [0; TAG_LEN];
+                a.copy_from_slice(n);
+                a
+            }
+            Some(_) => return self.refuse("malformed nonce"),
+            None => return self.refuse("this cluster requires a cluster_secret"),
+        };
+        let server_nonce = auth::nonce()?;
+        let proof = auth
+            .proof(Side::Server, &client_nonce, &server_nonce, frame)
+            .unwrap_or([0; TAG_LEN]);
+        self.pending = Some(Pending {
+            hello,
+            hello_frame: frame.to_vec(),
+            client_nonce,
+            server_nonce,
+        });
+        Ok(Step::Send(envelope::encode(
+            &AuthChallenge {
+                nonce: server_nonce,
+                proof,
+            },
+            &[],
+        )?))
+    }
+}
+
+fn left(deadline: Instant, timeout: Duration) -> Result<Duration, WireError> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        Err(WireError::Timeout(timeout))
+    } else {
+        Ok(d)
+    }
+}
+
+fn read_sync(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), WireError> {
+    stream.set_read_timeout(Some(left(deadline, timeout)?))?;
+    crate::frame::read_frame(stream, MAX_HANDSHAKE_FRAME, buf).map_err(|e| match e {
+        WireError::Timeout(_) => WireError::Timeout(timeout),
+        e => e,
+    })
+}
+
+/// Blocking client handshake on a connected socket, bounded by `timeout` in total.
 pub fn client_sync(
     stream: &mut TcpStream,
     hello: &Hello,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Accepted, WireError> {
+    let deadline = Instant::now() + timeout;
     let prev = stream.read_timeout()?;
-    stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    crate::frame::write_frame(stream, &envelope::encode(hello, &[])?)?;
+    let (mut hs, first) = ClientHandshake::new(hello, auth)?;
+    crate::frame::write_frame(stream, &first)?;
     let mut buf = Vec::with_capacity(128);
-    let res = crate::frame::read_frame(stream, 4096, &mut buf).map_err(|e| match e {
-        WireError::Timeout(_) => WireError::Timeout(timeout),
-        e => e,
-    });
+    let res = loop {
+        if let Err(e) = read_sync(stream, &mut buf, deadline, timeout) {
+            break Err(e);
+        }
+        match hs.on_frame(&buf) {
+            Ok(Step::Send(f)) => crate::frame::write_frame(stream, &f)?,
+            Ok(Step::Finish(_, r)) => break r,
+            Err(e) => break Err(e),
+        }
+    };
     stream.set_read_timeout(prev)?;
-    res?;
-    into_accepted(envelope::decode::<HelloReply>(&buf)?)
+    res
 }
 
-/// Blocking server handshake: reads the hello, answers, and returns it if accepted.
+/// Blocking server handshake: runs the exchange and returns the client's hello if accepted.
 pub fn server_sync(
     stream: &mut TcpStream,
-    serves: &[Plane],
-    node: Option<NodeId>,
-    incarnation: Incarnation,
+    acceptor: &Acceptor,
     timeout: Duration,
 ) -> Result<Hello, WireError> {
+    let deadline = Instant::now() + timeout;
     let prev = stream.read_timeout()?;
-    stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    let mut hs = ServerHandshake::new(acceptor);
     let mut buf = Vec::with_capacity(128);
-    crate::frame::read_frame(stream, 4096, &mut buf).map_err(|e| match e {
-        WireError::Timeout(_) => WireError::Timeout(timeout),
-        e => e,
-    })?;
-    let hello = envelope::decode::<Hello>(&buf)?;
-    let reply = accept(&hello, serves, node, incarnation);
-    crate::frame::write_frame(stream, &envelope::encode(&reply, &[])?)?;
+    let res = loop {
+        if let Err(e) = read_sync(stream, &mut buf, deadline, timeout) {
+            hs.abandoned();
+            return Err(e);
+        }
+        match hs.on_frame(&buf)? {
+            Step::Send(f) => crate::frame::write_frame(stream, &f)?,
+            Step::Finish(f, r) => {
+                crate::frame::write_frame(stream, &f)?;
+                break r;
+            }
+        }
+    };
     stream.set_read_timeout(prev)?;
-    match reply {
-        HelloReply::Accept { .. } => Ok(hello),
-        HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
-    }
+    res
 }
 
 /// Async client handshake over a framed socket, bounded by `timeout`.
 pub async fn client_async<T: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<T, LengthDelimitedCodec>,
     hello: &Hello,
+    auth: &Auth,
     timeout: Duration,
 ) -> Result<Accepted, WireError> {
     let fut = async {
+        let (mut hs, first) = ClientHandshake::new(hello, auth)?;
         framed
-            .send(bytes::Bytes::from(envelope::encode(hello, &[])?))
+            .send(bytes::Bytes::from(first))
             .await
             .map_err(WireError::Io)?;
-        let frame = framed.next().await.ok_or(WireError::Closed)??;
-        into_accepted(envelope::decode::<HelloReply>(&frame)?)
+        loop {
+            let frame = framed.next().await.ok_or(WireError::Closed)??;
+            match hs.on_frame(&frame)? {
+                Step::Send(f) => framed
+                    .send(bytes::Bytes::from(f))
+                    .await
+                    .map_err(WireError::Io)?,
+                Step::Finish(_, r) => return r,
+            }
+        }
     };
     tokio::time::timeout(timeout, fut)
         .await
@@ -216,32 +513,136 @@ pub async fn client_async<T: AsyncRead + AsyncWrite + Unpin>(
 /// Async server handshake over a framed socket, bounded by `timeout`.
 pub async fn server_async<T: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<T, LengthDelimitedCodec>,
-    serves: &[Plane],
-    node: Option<NodeId>,
-    incarnation: Incarnation,
+    acceptor: &Acceptor,
     timeout: Duration,
 ) -> Result<Hello, WireError> {
+    let mut hs = ServerHandshake::new(acceptor);
     let fut = async {
-        let frame = framed.next().await.ok_or(WireError::Closed)??;
-        let hello = envelope::decode::<Hello>(&frame)?;
-        let reply = accept(&hello, serves, node, incarnation);
-        framed
-            .send(bytes::Bytes::from(envelope::encode(&reply, &[])?))
-            .await
-            .map_err(WireError::Io)?;
-        match reply {
-            HelloReply::Accept { .. } => Ok(hello),
-            HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
+        loop {
+            let frame = match framed.next().await {
+                Some(Ok(f)) => f,
+                Some(Err(e)) => return Err(WireError::Io(e)),
+                None => return Err(WireError::Closed),
+            };
+            match hs.on_frame(&frame)? {
+                Step::Send(f) => framed
+                    .send(bytes::Bytes::from(f))
+                    .await
+                    .map_err(WireError::Io)?,
+                Step::Finish(f, r) => {
+                    framed
+                        .send(bytes::Bytes::from(f))
+                        .await
+                        .map_err(WireError::Io)?;
+                    return r;
+                }
+            }
         }
     };
-    tokio::time::timeout(timeout, fut)
+    let res = tokio::time::timeout(timeout, fut)
         .await
-        .map_err(|_| WireError::Timeout(timeout))?
+        .map_err(|_| WireError::Timeout(timeout))
+        .and_then(|r| r);
+    if matches!(
+        res,
+        Err(WireError::Closed | WireError::Io(_) | WireError::Timeout(_))
+    ) {
+        hs.abandoned();
+    }
+    res
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn acceptor(planes: &[Plane], node: Option<&str>, inc: u64, auth: Auth) -> Acceptor {
+        Acceptor {
+            planes: planes.to_vec(),
+            node: node.map(|n| NodeId::new(n).unwrap()),
+            incarnation: Incarnation(inc),
+            auth,
+        }
+    }
+
+    /// Runs both state machines against each other in memory.
+    fn run(
+        client: &Auth,
+        server: &Auth,
+    ) -> (Result<Accepted, WireError>, Result<Hello, WireError>) {
+        let acc = acceptor(&[Plane::Control], None, 1, server.clone());
+        let mut srv = ServerHandshake::new(&acc);
+        let (mut cli, mut to_server) =
+            ClientHandshake::new(&hello(Plane::Control), client).unwrap();
+        loop {
+            let to_client = match srv.on_frame(&to_server) {
+                Ok(Step::Send(f)) => f,
+                Ok(Step::Finish(f, r)) => {
+                    let c = match cli.on_frame(&f) {
+                        Ok(Step::Finish(_, c)) => c,
+                        Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
+                        Err(e) => Err(e),
+                    };
+                    return (c, r);
+                }
+                Err(e) => return (Err(WireError::Closed), Err(e)),
+            };
+            match cli.on_frame(&to_client) {
+                Ok(Step::Send(f)) => to_server = f,
+                Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed)),
+                Err(e) => return (Err(e), Err(WireError::Closed)),
+            }
+        }
+    }
+
+    #[test]
+    fn matrix_of_secrets() {
+        let s1 = Auth::from_secret(b"first-cluster-secret").unwrap();
+        let s2 = Auth::from_secret(b"other-cluster-secret").unwrap();
+        let none = Auth::none();
+        let (c, s) = run(&s1, &s1);
+        assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+        let (c, s) = run(&none, &none);
+        assert!(c.is_ok() && s.is_ok());
+        // Wrong secret: the client refuses the server's proof before sending its own.
+        let (c, _) = run(&s2, &s1);
+        assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+        // No secret against a secured server: refused by the server, typed on both sides.
+        let (c, s) = run(&none, &s1);
+        assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+        assert!(matches!(s, Err(WireError::Unauthenticated(_))), "{s:?}");
+        assert_eq!(s1.rejected(), 1);
+        // A secured client never trusts an open server.
+        let (c, _) = run(&s1, &none);
+        assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+    }
+
+    #[test]
+    fn a_client_with_the_wrong_secret_is_refused_by_the_server() {
+        // Drive a client that ignores the server's proof and answers with its own wrong one.
+        let good = Auth::from_secret(b"first-cluster-secret").unwrap();
+        let bad = Auth::from_secret(b"other-cluster-secret").unwrap();
+        let acc = acceptor(&[Plane::Control], None, 1, good.clone());
+        let mut srv = ServerHandshake::new(&acc);
+        let (cli, hello_frame) = ClientHandshake::new(&hello(Plane::Control), &bad).unwrap();
+        let Step::Send(ch) = srv.on_frame(&hello_frame).unwrap() else {
+            panic!("expected a challenge")
+        };
+        let ch: AuthChallenge = envelope::decode(&ch).unwrap();
+        let proof = bad
+            .proof(Side::Client, &cli.nonce, &ch.nonce, &hello_frame)
+            .unwrap();
+        let frame = envelope::encode(&AuthProof { proof }, &[]).unwrap();
+        let Step::Finish(reply, r) = srv.on_frame(&frame).unwrap() else {
+            panic!("expected the end")
+        };
+        assert!(matches!(r, Err(WireError::Unauthenticated(_))));
+        assert!(matches!(
+            envelope::decode::<HelloReply>(&reply).unwrap(),
+            HelloReply::Reject { .. }
+        ));
+        assert_eq!(good.rejected(), 1);
+    }
 
     fn hello(plane: Plane) -> Hello {
         Hello::new(plane, Some(NodeId::new("a").unwrap()), Incarnation(1))
@@ -285,14 +686,18 @@ mod tests {
             let (mut s, _) = l.accept().unwrap();
             server_sync(
                 &mut s,
-                &[Plane::Data],
-                Some(NodeId::new("srv").unwrap()),
-                Incarnation(9),
+                &acceptor(&[Plane::Data], Some("srv"), 9, Auth::none()),
                 Duration::from_secs(5),
             )
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let acc = client_sync(&mut c, &hello(Plane::Data), Duration::from_secs(5)).unwrap();
+        let acc = client_sync(
+            &mut c,
+            &hello(Plane::Data),
+            &Auth::none(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
         assert_eq!(acc.node.unwrap().as_str(), "srv");
         assert_eq!(acc.incarnation, Incarnation(9));
         assert_eq!(srv.join().unwrap().unwrap().plane, Plane::Data);
@@ -303,7 +708,13 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let t0 = std::time::Instant::now();
-        let err = client_sync(&mut c, &hello(Plane::Data), Duration::from_millis(200)).unwrap_err();
+        let err = client_sync(
+            &mut c,
+            &hello(Plane::Data),
+            &Auth::none(),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
         assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
         assert!(t0.elapsed() < Duration::from_secs(2));
         drop(l);
@@ -318,18 +729,21 @@ mod tests {
             let mut f = Framed::new(s, crate::frame::codec(4096));
             server_async(
                 &mut f,
-                &[Plane::Discovery],
-                None,
-                Incarnation(3),
+                &acceptor(&[Plane::Discovery], None, 3, Auth::none()),
                 Duration::from_secs(5),
             )
             .await
         });
         let s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let mut f = Framed::new(s, crate::frame::codec(4096));
-        let acc = client_async(&mut f, &hello(Plane::Discovery), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let acc = client_async(
+            &mut f,
+            &hello(Plane::Discovery),
+            &Auth::none(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
         assert_eq!(acc.incarnation, Incarnation(3));
         assert!(srv.await.unwrap().is_ok());
     }

@@ -7,11 +7,13 @@
 //!   (`std::net`) and async (`tokio-util` codec) sockets;
 //! * [`envelope`] — the versioned envelope `{magic, version, kind, flags, body_len}` followed by
 //!   a `postcard` body and a trailing extension list that older readers skip;
-//! * [`handshake`] — the connection handshake (version negotiation; authentication extends it);
+//! * [`handshake`] — the connection handshake (version negotiation and, with [`auth`], mutual
+//!   challenge–response authentication on the shared cluster secret);
 //! * [`ids`] — the identifiers every plane shares: [`NodeId`], [`Incarnation`], [`PageKey`].
 //!
 //! Nothing here depends on another PeerCache crate.
 
+pub mod auth;
 pub mod envelope;
 pub mod error;
 pub mod frame;
@@ -19,6 +21,7 @@ pub mod handshake;
 pub mod ids;
 pub mod rpc;
 
+pub use auth::Auth;
 pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};
 pub use error::WireError;
 pub use ids::{Incarnation, NodeId, PageKey};

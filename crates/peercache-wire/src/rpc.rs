@@ -23,8 +23,8 @@ use tokio_util::codec::Framed;
 
 use crate::envelope::{self, Envelope, Message};
 use crate::frame;
-use crate::handshake::{self, Hello, Plane};
-use crate::{Incarnation, NodeId, WireError};
+use crate::handshake::{self, Acceptor, Hello, Plane};
+use crate::{Auth, Incarnation, NodeId, WireError};
 
 /// A generic error reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +88,8 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Thread name prefix.
     pub name: &'static str,
+    /// Cluster authentication required of every connection.
+    pub auth: Auth,
 }
 
 /// Counters of a server.
@@ -220,15 +222,13 @@ async fn serve_conn(
     stopped: &AtomicBool,
 ) {
     let mut framed = Framed::new(sock, frame::codec(cfg.max_frame));
-    if let Err(e) = handshake::server_async(
-        &mut framed,
-        &cfg.planes,
-        cfg.node.clone(),
-        cfg.incarnation,
-        cfg.handshake_timeout,
-    )
-    .await
-    {
+    let acceptor = Acceptor {
+        planes: cfg.planes.clone(),
+        node: cfg.node.clone(),
+        incarnation: cfg.incarnation,
+        auth: cfg.auth.clone(),
+    };
+    if let Err(e) = handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
         counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(error = %e, "rpc handshake failed");
         return;
@@ -288,6 +288,8 @@ pub struct ClientConfig {
     pub max_idle_per_peer: usize,
     /// Largest reply frame accepted.
     pub max_frame: usize,
+    /// Cluster authentication used on every new connection.
+    pub auth: Auth,
 }
 
 /// A blocking RPC client with pooled connections.
@@ -467,7 +469,12 @@ impl RpcClient {
             _ => WireError::Io(e),
         })?;
         s.set_nodelay(true)?;
-        handshake::client_sync(&mut s, &self.cfg.hello, remaining(deadline)?)?;
+        handshake::client_sync(
+            &mut s,
+            &self.cfg.hello,
+            &self.cfg.auth,
+            remaining(deadline)?,
+        )?;
         let mut c = Conn {
             stream: s,
             armed: None,

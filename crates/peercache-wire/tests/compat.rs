@@ -71,3 +71,16 @@ fn v1_hello_reply_fixtures_decode() {
         },
     );
 }
+
+#[test]
+fn v1_auth_fixtures_decode() {
+    use peercache_wire::handshake::{AuthChallenge, AuthProof};
+    check(
+        "auth_challenge.bin",
+        AuthChallenge {
+            nonce: [0xa5; 32],
+            proof: [0x3c; 32],
+        },
+    );
+    check("auth_proof.bin", AuthProof { proof: [0x7e; 32] });
+}

@@ -42,6 +42,7 @@ fn server(addr: &str) -> RpcServer {
             max_connections: 64,
             workers: 1,
             name: "test-rpc",
+            auth: peercache_wire::Auth::none(),
         },
         handler,
     )
@@ -53,6 +54,7 @@ fn client() -> RpcClient {
         hello: Hello::new(Plane::Control, None, Incarnation(2)),
         max_idle_per_peer: 4,
         max_frame: 1 << 16,
+        auth: peercache_wire::Auth::none(),
     })
 }
 
@@ -133,6 +135,7 @@ fn oversize_frame_closes_the_connection_without_allocating() {
     peercache_wire::handshake::client_sync(
         &mut raw,
         &Hello::new(Plane::Control, None, Incarnation(3)),
+        &peercache_wire::Auth::none(),
         Duration::from_secs(2),
     )
     .unwrap();
@@ -170,6 +173,7 @@ fn wrong_plane_is_refused_in_the_handshake() {
         hello: Hello::new(Plane::Discovery, None, Incarnation(2)),
         max_idle_per_peer: 1,
         max_frame: 1 << 16,
+        auth: peercache_wire::Auth::none(),
     });
     let err = c
         .call(s.local_addr(), b"x", Duration::from_secs(2))
