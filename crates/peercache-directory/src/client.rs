@@ -159,6 +159,17 @@ impl DirectoryClient {
         self.view.read().clone()
     }
 
+    /// The control endpoint of a member of the current view.
+    pub fn control_of(&self, node: &NodeId) -> Option<SocketAddr> {
+        self.view().addrs.get(node).copied()
+    }
+
+    /// The RPC client this directory client calls shards with (shared by other control-plane
+    /// calls to the same members, so they reuse its pooled, authenticated connections).
+    pub fn rpc(&self) -> &RpcClient {
+        &self.rpc
+    }
+
     /// The current ring.
     pub fn ring(&self) -> Ring {
         self.view().ring.clone()

@@ -227,6 +227,23 @@ impl Node {
         py.detach(|| self.store.batch_exists(&keys)).map_err(to_py)
     }
 
+    /// Waits up to `timeout_s` seconds until every key is present; returns the leading count.
+    fn wait_for_full_prefix(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        timeout_s: f64,
+    ) -> PyResult<usize> {
+        if !(timeout_s.is_finite() && timeout_s >= 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "timeout_s must be a non-negative number of seconds",
+            ));
+        }
+        let t = std::time::Duration::from_secs_f64(timeout_s);
+        py.detach(|| self.store.wait_for_full_prefix(&keys, t))
+            .map_err(to_py)
+    }
+
     /// Removes every page this node published. Returns how many.
     fn clear(&self, py: Python<'_>) -> usize {
         py.detach(|| self.store.clear())

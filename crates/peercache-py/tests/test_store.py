@@ -65,6 +65,32 @@ def test_a_hole_cuts_the_leading_count(port):
         b.close()
 
 
+def test_decode_waits_for_the_prefill_prefix(port):
+    prefill, decode = make(54, 54, port), make(55, 54, port)
+    try:
+        assert prefill._node.wait_members(2, 10) and decode._node.wait_members(2, 10)
+        pp, pd = HostPool(), HostPool()
+        prefill.register_mem_pool_host(pp)
+        decode.register_mem_pool_host(pd)
+        pp.fill(3)
+        keys = [f"pd-{i}" for i in range(4)]
+        idx = np.arange(0, 4 * pp.page_size)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(decode.wait_for_full_prefix(keys, 10.0)))
+        waiter.start()
+        assert prefill.batch_set_v1(keys, idx) == [True] * 4
+        waiter.join(15)
+        assert got == [4]
+        t0 = time.monotonic()
+        assert decode.wait_for_full_prefix(keys + ["pd-missing"], 0.1) == 4
+        assert 0.1 <= time.monotonic() - t0 < 1.0
+        with pytest.raises(ValueError):
+            decode._node.wait_for_full_prefix(keys, -1.0)
+    finally:
+        prefill.close()
+        decode.close()
+
+
 def test_mla_ranks_read_what_rank_zero_wrote_and_mha_ranks_stay_apart(port):
     r0 = make(54, 54, port, tp_rank=0, tp_size=2, is_mla=True)
     r1 = make(55, 54, port, tp_rank=1, tp_size=2, is_mla=True)

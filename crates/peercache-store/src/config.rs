@@ -192,6 +192,9 @@ pub struct PeerCacheConfig {
     pub suspect_for: f64,
     /// Seconds an exists → get hand-off stays valid.
     pub exists_prime_ttl: f64,
+    /// Milliseconds `batch_exists` waits for a complete prefix (0: answer at once). For decode
+    /// nodes in prefill/decode disaggregation.
+    pub exists_wait_ms: u64,
     /// Most entries in this node's directory shard.
     pub directory_max_entries: u64,
     /// Live owners at which a new copy is demoted to reclaimable.
@@ -263,6 +266,7 @@ impl Default for PeerCacheConfig {
             op_timeout: 2.0,
             suspect_for: 2.0,
             exists_prime_ttl: 1.0,
+            exists_wait_ms: 0,
             directory_max_entries: 4_000_000,
             reclaim_threshold: 3,
             max_batch_ops: 8192,
@@ -321,6 +325,7 @@ pub const KEYS: &[&str] = &[
     "op_timeout",
     "suspect_for",
     "exists_prime_ttl",
+    "exists_wait_ms",
     "directory_max_entries",
     "reclaim_threshold",
     "max_batch_ops",
@@ -617,6 +622,15 @@ impl PeerCacheConfig {
             "op_timeout" => self.op_timeout = positive("op_timeout", v)?,
             "suspect_for" => self.suspect_for = as_f64("suspect_for", v)?,
             "exists_prime_ttl" => self.exists_prime_ttl = as_f64("exists_prime_ttl", v)?,
+            "exists_wait_ms" => {
+                self.exists_wait_ms = ranged(
+                    "exists_wait_ms",
+                    v,
+                    as_u64("exists_wait_ms", v)?,
+                    0,
+                    600_000,
+                )?
+            }
             "directory_max_entries" => {
                 self.directory_max_entries = ranged(
                     "directory_max_entries",

@@ -13,6 +13,8 @@ use peercache_wire::NodeId;
 
 enum Msg {
     Evicted(Vec<Evicted>),
+    /// Directory entries to insert off the caller's thread (pages promoted for a peer).
+    Publish(Vec<(peercache_wire::PageKey, peercache_directory::Location)>),
     Flush(mpsc::Sender<()>),
 }
 
@@ -87,6 +89,12 @@ impl EvictionBatcher {
                                 send(&mut pending);
                             }
                         }
+                        Ok(Msg::Publish(entries)) => {
+                            send(&mut pending);
+                            if let Err(e) = dir.insert(&entries) {
+                                tracing::warn!(error = %e, pages = entries.len(), "promoted pages not re-published");
+                            }
+                        }
                         Ok(Msg::Flush(done)) => {
                             // Drain whatever is already queued, then answer.
                             while let Ok(m) = rx.try_recv() {
@@ -96,6 +104,9 @@ impl EvictionBatcher {
                                         node: me.clone(),
                                         generation: Some(e.generation),
                                     })),
+                                    Msg::Publish(entries) => {
+                                        let _ = dir.insert(&entries);
+                                    }
                                     Msg::Flush(d) => {
                                         let _ = d.send(());
                                     }
@@ -130,6 +141,16 @@ impl EvictionBatcher {
             .fetch_add(evicted.len() as u64, Ordering::Relaxed);
         if let Some(tx) = &self.tx {
             let _ = tx.send(Msg::Evicted(evicted));
+        }
+    }
+
+    /// Queues directory inserts to run on the batcher's thread.
+    pub(crate) fn publish(
+        &self,
+        entries: Vec<(peercache_wire::PageKey, peercache_directory::Location)>,
+    ) {
+        if let (Some(tx), false) = (&self.tx, entries.is_empty()) {
+            let _ = tx.send(Msg::Publish(entries));
         }
     }
 

@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod control;
 mod error;
 mod evict;
 pub mod keys;
@@ -25,6 +26,7 @@ pub mod metrics;
 mod node;
 pub mod observe;
 mod prime;
+mod promote;
 pub mod status;
 mod store;
 

@@ -15,6 +15,9 @@ pub const READ_LOCAL_HITS: &str = "peercache_read_local_hits_total";
 pub const READ_REMOTE_HITS: &str = "peercache_read_remote_hits_total";
 /// Pages served from this node's disk tier.
 pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
+/// Disk-tier pages promoted back into the pool: `side="owner"` counts promotions this node
+/// did (for itself or a peer), `side="reader"` pages this node asked a peer to promote.
+pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
 /// Pages re-published to the directory (recovered from the disk tier after a restart).
 pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
 /// Pages resident in the pool.
@@ -71,6 +74,8 @@ pub(crate) struct Handles {
     pub(crate) exists_latency: metrics::Histogram,
     pub(crate) members: metrics::Gauge,
     pub(crate) read_disk_hits: Counter,
+    pub(crate) promotes_owner: Counter,
+    pub(crate) promotes_asked: Counter,
     pub(crate) republishes: Counter,
     pub(crate) pool_keys: metrics::Gauge,
     pub(crate) hit_rate: metrics::Gauge,
@@ -117,6 +122,8 @@ impl Handles {
             exists_latency: metrics::histogram!(OP_LATENCY, "op" => "exists", "node" => n.clone()),
             members: metrics::gauge!(MEMBERS, "node" => n.clone()),
             read_disk_hits: c(READ_DISK_HITS),
+            promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
+            promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
             republishes: c(DIRECTORY_REPUBLISHES),
             pool_keys: metrics::gauge!(POOL_KEYS, "node" => n.clone()),
             hit_rate: metrics::gauge!(READ_HIT_RATE, "node" => n.clone()),

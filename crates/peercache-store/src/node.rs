@@ -11,14 +11,16 @@ use peercache_directory::{
     ClientConfig as DirClientConfig, DirectoryClient, DirectoryService, Member, ShardConfig,
 };
 use peercache_discovery::{DiscoveryClient, DiscoveryConfig, DiscoveryServer, Hosting, NodeInfo};
-use peercache_pool::{Pool, PoolConfig};
+use peercache_pool::{Pool, PoolConfig, PublishScratch, Published};
 use peercache_transport::{Access, RegionHandle, TcpTransport, TransportConfig};
+use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
-use peercache_wire::{Incarnation, NodeId};
+use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::StoreError;
 use crate::config::{Mode, PeerCacheConfig, Protocol};
+use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
 use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
@@ -58,6 +60,50 @@ pub(crate) struct Inner {
     pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) http: Mutex<Option<crate::observe::HttpServer>>,
     pub(crate) metrics_endpoint: Option<SocketAddr>,
+    /// Background promotion of disk-only pages that `batch_exists` found.
+    pub(crate) promoter: std::sync::OnceLock<crate::promote::Promoter>,
+    /// One promotion at a time: a background promotion must not evict the pages a read just
+    /// promoted for itself.
+    pub(crate) promote_lock: Mutex<()>,
+}
+
+/// Serves a store-level control request (kinds `0x03xx`).
+fn serve_store(cell: &crate::observe::NodeCell, env: peercache_wire::Envelope<'_>) -> Reply {
+    let refuse = |code, message: String, close| Reply::Error {
+        error: RpcError { code, message },
+        close,
+    };
+    let req: StoreRequest = match env.decode() {
+        Ok(r) => r,
+        Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
+    };
+    let Some(inner) = cell.get().and_then(|w| w.upgrade()) else {
+        return refuse(
+            RpcError::CODE_SHUTDOWN,
+            "node is starting or stopping".into(),
+            false,
+        );
+    };
+    if inner.stopping.load(Ordering::Acquire) {
+        return refuse(RpcError::CODE_SHUTDOWN, "node is stopping".into(), false);
+    }
+    match req {
+        StoreRequest::Promote(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
+            RpcError::CODE_REFUSED,
+            format!(
+                "{} keys in one promote (limit {MAX_PROMOTE_KEYS})",
+                keys.len()
+            ),
+            false,
+        ),
+        StoreRequest::Promote(keys) => {
+            let locs = inner.promote_here(&keys, false);
+            match envelope::encode(&StoreReply::Promoted(locs), &[]) {
+                Ok(f) => Reply::Frame(f),
+                Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
+            }
+        }
+    }
 }
 
 /// The address peers should use to reach this node.
@@ -247,8 +293,11 @@ impl Inner {
             entry_ttl_ms: 0,
             reclaim_threshold: cfg.reclaim_threshold,
         }));
-        let svc = dir_service.clone();
+        let (svc, node_cell) = (dir_service.clone(), cell.clone());
         let handler: rpc::Handler = Arc::new(move |env| {
+            if env.kind == StoreRequest::KIND {
+                return serve_store(&node_cell, env);
+            }
             svc.handle(env).unwrap_or_else(|| Reply::Error {
                 error: RpcError {
                     code: RpcError::CODE_UNKNOWN_KIND,
@@ -385,7 +434,12 @@ impl Inner {
             membership: Mutex::new(None),
             http: Mutex::new(http),
             metrics_endpoint,
+            promoter: std::sync::OnceLock::new(),
+            promote_lock: Mutex::new(()),
         });
+        let _ = inner
+            .promoter
+            .set(crate::promote::Promoter::start(Arc::downgrade(&inner))?);
         let _ = cell.set(Arc::downgrade(&inner));
         let weak = Arc::downgrade(&inner);
         let events = inner.discovery.subscribe();
@@ -443,6 +497,100 @@ impl Inner {
     }
 
     /// The directory location of a page resident in this node's pool.
+    /// Promotes `keys` from this node's disk tier into its pool (pages already resident are
+    /// answered as they are) and returns their resident locations. The directory learns of
+    /// them inline (`inline`) or through the background batcher (when serving a peer).
+    pub(crate) fn promote_here(
+        &self,
+        keys: &[PageKey],
+        inline: bool,
+    ) -> Vec<Option<peercache_directory::Location>> {
+        let mut res = vec![None; keys.len()];
+        let Some(disk) = &self.disk else {
+            return res;
+        };
+        if keys.iter().any(|k| disk.is_pending(*k)) {
+            // Written through but not on disk yet: wait for the writer (bounded queue).
+            disk.flush();
+        }
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        let serial = self.promote_lock.lock();
+        self.pool.promote_batch(
+            disk,
+            keys,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        drop(serial);
+        let mut entries = Vec::new();
+        let mut promoted = 0u64;
+        for (i, p) in out.iter().enumerate() {
+            if let Published::New(loc) | Published::Duplicate(loc) = p {
+                promoted += u64::from(matches!(p, Published::New(_)));
+                let l = self.resident_location(loc);
+                entries.push((keys[i], l.clone()));
+                res[i] = Some(l);
+            }
+        }
+        self.metrics.promotes_owner.increment(promoted);
+        let batcher = self.evictions.lock();
+        if let Some(b) = batcher.as_ref() {
+            b.push(evicted);
+        }
+        if inline {
+            drop(batcher);
+            if !entries.is_empty() {
+                let _ = self.dir.insert(&entries);
+            }
+        } else if let Some(b) = batcher.as_ref() {
+            b.publish(entries);
+        }
+        res
+    }
+
+    /// Asks other owners to promote disk-tier pages: one RPC per owner (split at
+    /// [`MAX_PROMOTE_KEYS`]), all in flight at once, bounded by `op_timeout`. Returns, per
+    /// group, one answer per key (None: not promoted, owner unreachable or unknown).
+    pub(crate) fn ask_promote(
+        &self,
+        groups: &[(NodeId, Vec<PageKey>)],
+    ) -> Vec<Vec<Option<peercache_directory::Location>>> {
+        let mut answers: Vec<Vec<Option<peercache_directory::Location>>> =
+            groups.iter().map(|(_, k)| vec![None; k.len()]).collect();
+        let mut reqs: Vec<(SocketAddr, Vec<u8>, usize, usize)> = Vec::new();
+        for (g, (node, keys)) in groups.iter().enumerate() {
+            let Some(ep) = self.dir.control_of(node) else {
+                continue;
+            };
+            for (c, chunk) in keys.chunks(MAX_PROMOTE_KEYS).enumerate() {
+                if let Ok(f) = envelope::encode(&StoreRequest::Promote(chunk.to_vec()), &[]) {
+                    reqs.push((ep, f, g, c * MAX_PROMOTE_KEYS));
+                }
+            }
+        }
+        let calls: Vec<(SocketAddr, &[u8])> =
+            reqs.iter().map(|(ep, f, ..)| (*ep, f.as_slice())).collect();
+        let replies = self.dir.rpc().call_many(&calls, self.cfg.op_timeout());
+        let mut asked = 0u64;
+        for ((_, _, g, at), r) in reqs.iter().zip(replies) {
+            match r.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
+                Ok(StoreReply::Promoted(locs)) => {
+                    let slot = &mut answers[*g];
+                    for (j, l) in locs.into_iter().enumerate() {
+                        if let Some(dst) = slot.get_mut(at + j) {
+                            asked += 1;
+                            *dst = l;
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "promote request failed"),
+            }
+        }
+        self.metrics.promotes_asked.increment(asked);
+        answers
+    }
+
     pub(crate) fn resident_location(
         &self,
         loc: &peercache_pool::PageLocation,
@@ -540,6 +688,9 @@ impl Inner {
         }
         // Leave the cluster first so peers stop routing to us, then flush eviction notices.
         self.discovery.shutdown();
+        if let Some(p) = self.promoter.get() {
+            p.stop();
+        }
         if let Some(mut e) = self.evictions.lock().take() {
             e.stop();
         }

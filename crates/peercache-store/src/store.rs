@@ -358,16 +358,52 @@ impl Store {
 
     /// How many leading pages are present in the cluster. Their locations are primed for the
     /// next [`Store::batch_get`] for `exists_prime_ttl`.
+    ///
+    /// With `exists_wait_ms` > 0 this waits up to that long for the whole prefix (see
+    /// [`Store::wait_for_full_prefix`]).
     pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize, StoreError> {
         self.check_open()?;
         let pkeys = self.page_keys(keys);
         let t0 = std::time::Instant::now();
-        let n = self.exists_impl(&pkeys);
+        let wait = Duration::from_millis(self.inner.cfg.exists_wait_ms);
+        let n = if wait.is_zero() {
+            self.exists_impl(&pkeys)
+        } else {
+            self.wait_impl(&pkeys, wait)
+        };
         self.inner
             .metrics
             .exists_latency
             .record(t0.elapsed().as_secs_f64());
         Ok(n)
+    }
+
+    /// Waits until every key is present in the cluster, at most `timeout`, and returns how many
+    /// leading keys are present at the end — for a decode node that knows a prefill node is
+    /// publishing a prefix. Polls the directory (one fan-out per poll) at 1 ms, backing off to
+    /// 10 ms; returns at once when the prefix is complete or the node stops.
+    pub fn wait_for_full_prefix<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<usize, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        Ok(self.wait_impl(&pkeys, timeout))
+    }
+
+    fn wait_impl(&self, keys: &[PageKey], timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let n = self.exists_impl(keys);
+            let now = Instant::now();
+            if n == keys.len() || now >= deadline || self.inner.stopping.load(Ordering::Acquire) {
+                return n;
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
     }
 
     fn exists_impl(&self, keys: &[PageKey]) -> usize {
@@ -380,6 +416,34 @@ impl Store {
             .iter()
             .take_while(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
             .count();
+        // Present only on some disk tier: start promoting now, so the get that follows finds
+        // the pages in memory.
+        if let Some(p) = inner.promoter.get() {
+            // At most half a pool's worth, so a long prefix cannot thrash the pool.
+            let mut budget = inner.pool.len() as u64 / 2;
+            let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
+            let mut queued = 0;
+            for (k, o) in keys.iter().zip(&found).take(n) {
+                let Some(o) = o else { continue };
+                if o.iter().any(|l| l.resident) {
+                    continue;
+                }
+                let need = u64::from(o[0].len) + peercache_pool::HEADER_LEN as u64;
+                if queued >= crate::promote::MAX_KEYS || need > budget {
+                    break;
+                }
+                budget -= need;
+                let owner = &o[0].node;
+                match job.iter_mut().find(|j| j.0 == *owner) {
+                    Some(j) => j.1.push(*k),
+                    None => job.push((owner.clone(), vec![*k])),
+                }
+                queued += 1;
+            }
+            if !job.is_empty() {
+                p.offer(job);
+            }
+        }
         let ttl = Duration::from_secs_f64(inner.cfg.exists_prime_ttl);
         if !ttl.is_zero() && n > 0 {
             let now = Instant::now();
@@ -508,53 +572,80 @@ impl Store {
         let mut hit = vec![false; n];
         let mut bytes = 0u64;
 
-        // Pages this node owns but evicted to its disk tier: promote them back first.
-        if let Some(disk) = &inner.disk {
-            let promote: Vec<usize> = (0..n)
-                .filter(|&i| {
-                    owners[i]
-                        .as_ref()
-                        .is_some_and(|o| o.iter().any(|l| l.node == inner.me))
-                })
-                .filter(|&i| !inner.pool.contains(keys[i]) && disk.holds_or_pending(keys[i]))
-                .collect();
-            if promote.iter().any(|&i| disk.is_pending(keys[i])) {
-                // Written through but not on disk yet: wait for the writer (bounded queue).
-                disk.flush();
-            }
-            if !promote.is_empty() {
-                self.promote_local(disk, &promote, keys, &mut owners);
-            }
-        }
-
-        // Local pages: copy under a lease.
+        // Local pages: lease what is in the pool, promote from the disk tier what is not (the
+        // leases keep the first ones from being evicted by that promotion), copy under leases.
         let local: Vec<usize> = (0..n)
             .filter(|&i| {
                 owners[i]
                     .as_ref()
-                    .is_some_and(|o| o.iter().any(|l| l.node == inner.me && l.resident))
+                    .is_some_and(|o| o.iter().any(|l| l.node == inner.me))
             })
             .collect();
         if !local.is_empty() {
             let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
             let leases = inner.pool.lease_batch(&lk);
+            let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
+            let mut missing = Vec::new();
+            if let Some(disk) = &inner.disk {
+                for (j, k) in lk.iter().enumerate() {
+                    if leases.location(j).is_none() && disk.holds_or_pending(*k) {
+                        promoted_at[j] = Some(missing.len());
+                        missing.push(*k);
+                    }
+                }
+            }
+            let promoted = if missing.is_empty() {
+                None
+            } else {
+                let got = inner.promote_here(&missing, true);
+                m.read_disk_hits
+                    .increment(got.iter().filter(|l| l.is_some()).count() as u64);
+                Some(inner.pool.lease_batch(&missing))
+            };
+            let mut local_hits = 0u64;
             for (j, &i) in local.iter().enumerate() {
+                let (ls, at) = match (promoted_at[j], &promoted) {
+                    (Some(p), Some(ls)) => (ls, p),
+                    _ => (&leases, j),
+                };
+                if ls.location(at).is_none() {
+                    continue;
+                }
                 let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
                     .iter()
                     // SAFETY: the caller guarantees each segment is valid and unaliased.
                     .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
                     .collect();
-                if inner
-                    .pool
-                    .read_leased(&leases, j, keys[i], &mut dst)
-                    .is_ok()
-                {
+                if inner.pool.read_leased(ls, at, keys[i], &mut dst).is_ok() {
                     hit[i] = true;
                     bytes += lens[i];
+                    local_hits += 1;
                 }
             }
-            m.read_local_hits
-                .increment(hit.iter().filter(|h| **h).count() as u64);
+            m.read_local_hits.increment(local_hits);
+        }
+
+        // Pages no owner holds in memory but another node holds on disk: ask it to promote.
+        let mut want: Vec<(NodeId, Vec<usize>)> = Vec::new();
+        for i in (0..n).filter(|&i| !hit[i]) {
+            let Some(o) = &owners[i] else { continue };
+            if o.iter()
+                .any(|l| l.resident && l.node != inner.me && l.len as u64 == lens[i])
+            {
+                continue;
+            }
+            if let Some(l) = o
+                .iter()
+                .find(|l| !l.resident && l.node != inner.me && l.len as u64 == lens[i])
+            {
+                match want.iter_mut().find(|w| w.0 == l.node) {
+                    Some(w) => w.1.push(i),
+                    None => want.push((l.node.clone(), vec![i])),
+                }
+            }
+        }
+        if !want.is_empty() {
+            self.promote_remote(&want, keys, &lens, &mut owners);
         }
 
         // Remote pages: one transport batch per owner, then verification; a failed owner
@@ -620,39 +711,26 @@ impl Store {
         hit
     }
 
-    /// Reads pages from the local disk tier into the pool, tells the directory they are
-    /// resident again, and points `owners` at the fresh local copies.
-    fn promote_local(
+    /// Pages whose only copies live on other owners' disk tiers: asks each owner (one RPC per
+    /// owner, all at once) to promote them, and points `owners` at the copies it reports.
+    fn promote_remote(
         &self,
-        disk: &peercache_pool::disk::DiskTier,
-        idx: &[usize],
+        want: &[(NodeId, Vec<usize>)],
         keys: &[PageKey],
+        lens: &[u64],
         owners: &mut [Option<Owners>],
     ) {
-        let inner = &*self.inner;
-        let pk: Vec<PageKey> = idx.iter().map(|&i| keys[i]).collect();
-        let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        inner.pool.promote_batch(
-            disk,
-            &pk,
-            &mut PublishScratch::default(),
-            &mut out,
-            &mut evicted,
-        );
-        if let Some(b) = inner.evictions.lock().as_ref() {
-            b.push(evicted);
-        }
-        let mut entries = Vec::new();
-        for (&i, p) in idx.iter().zip(&out) {
-            if let Published::New(loc) | Published::Duplicate(loc) = p {
-                let l = inner.resident_location(loc);
-                owners[i] = Some(smallvec::smallvec![l.clone()]);
-                entries.push((keys[i], l));
+        let groups: Vec<(NodeId, Vec<PageKey>)> = want
+            .iter()
+            .map(|(node, idx)| (node.clone(), idx.iter().map(|&i| keys[i]).collect()))
+            .collect();
+        let answers = self.inner.ask_promote(&groups);
+        for ((_, idx), locs) in want.iter().zip(answers) {
+            for (&i, l) in idx.iter().zip(locs) {
+                if let Some(l) = l.filter(|l| l.resident && l.len as u64 == lens[i]) {
+                    owners[i] = Some(smallvec::smallvec![l]);
+                }
             }
-        }
-        inner.metrics.read_disk_hits.increment(entries.len() as u64);
-        if !entries.is_empty() {
-            let _ = inner.dir.insert(&entries);
         }
     }
 

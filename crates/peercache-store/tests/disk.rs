@@ -20,19 +20,41 @@ fn page(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn node(port: u16, disk: &std::path::Path) -> Store {
-    let m = json!({
-        "discovery_addr": format!("127.0.0.30:{port}"),
-        "protocol": "tcp", "node_id": "disk-node-1",
-        "local_hostname": "127.0.0.30", "rdma_bind_host": "127.0.0.30", "control_bind_host": "127.0.0.30",
-        "meta_bind_host": "127.0.0.30",
+    node_on(
+        "127.0.0.30",
+        "127.0.0.30",
+        port,
+        "disk-node-1",
+        Some(disk),
+        1,
+    )
+}
+
+fn node_on(
+    host: &str,
+    seed: &str,
+    port: u16,
+    id: &str,
+    disk: Option<&std::path::Path>,
+    members: usize,
+) -> Store {
+    let mut m = json!({
+        "discovery_addr": format!("{seed}:{port}"),
+        "protocol": "tcp", "node_id": id,
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host,
+        "meta_bind_host": host,
         "global_segment_size": "4mb", "metrics_enabled": false,
         "heartbeat_interval": 0.2, "member_ttl": 0.6,
-        "disk_enabled": true, "disk_path": disk.to_str().unwrap(), "disk_size": "256mb",
     });
+    if let Some(d) = disk {
+        m["disk_enabled"] = json!(true);
+        m["disk_path"] = json!(d.to_str().unwrap());
+        m["disk_size"] = json!("256mb");
+    }
     let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
     let s = Store::start(cfg).unwrap();
     s.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    assert!(s.wait_members(1, Duration::from_secs(10)));
+    assert!(s.wait_members(members, Duration::from_secs(10)));
     s
 }
 
@@ -91,4 +113,61 @@ fn evicted_pages_are_promoted_from_disk_and_survive_a_restart() {
     );
     assert_eq!(read_all(&s, &keys, len), pages);
     s.shutdown();
+}
+
+#[test]
+fn a_reader_without_disk_gets_pages_another_node_holds_only_on_disk() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let owner = node_on(
+        "127.0.0.31",
+        "127.0.0.31",
+        port,
+        "disk-owner",
+        Some(dir.path()),
+        1,
+    );
+    let reader = node_on("127.0.0.32", "127.0.0.31", port, "no-disk-reader", None, 2);
+    assert!(owner.wait_members(2, Duration::from_secs(10)));
+    let len = 512 << 10;
+    let keys: Vec<String> = (0..20).map(|i| format!("far-disk-page-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..20).map(|i| page(1000 + i, len)).collect();
+    for (k, p) in keys.iter().zip(&pages) {
+        assert!(owner.batch_set(&[k], &[p]).unwrap()[0]);
+    }
+    assert!(owner.flush_evictions(Duration::from_secs(5)));
+    assert!(owner.stats().pool_evictions >= 14);
+    let disk_only = |s: &Store, ks: &[String]| {
+        s.locate(ks)
+            .unwrap()
+            .iter()
+            .filter(|o| o.as_ref().is_some_and(|o| o.iter().all(|l| !l.resident)))
+            .count()
+    };
+    assert!(
+        disk_only(&reader, &keys) >= 14,
+        "evicted pages are disk-only entries"
+    );
+
+    // exists counts them and starts promoting the first ones in the background.
+    // (Two pages: background promotion is limited to half the owner's 4 MiB pool.)
+    assert_eq!(reader.batch_exists(&keys[..2]).unwrap(), 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while disk_only(&reader, &keys[..2]) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "exists did not promote the pages it found on disk"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Every page reads back byte-exact on the node without a disk tier (promote RPC to the
+    // owner, then a one-sided read of the fresh copy).
+    assert_eq!(read_all(&reader, &keys, len), pages);
+    reader.shutdown();
+    owner.shutdown();
 }

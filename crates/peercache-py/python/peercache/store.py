@@ -164,6 +164,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             return 0
         return int(self._node.batch_exists(self._keys(keys)))
 
+    def wait_for_full_prefix(self, keys: List[str], timeout_s: float) -> int:
+        """Waits (bounded by ``timeout_s``) until every key is present; returns the leading
+        count. For decode ranks waiting on a prefill rank's pages."""
+        if not keys:
+            return 0
+        return int(self._node.wait_for_full_prefix(self._keys(keys), float(timeout_s)))
+
     # ----- generic (legacy) path -----
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
         if not keys:
