@@ -18,6 +18,8 @@ pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
 /// Disk-tier pages promoted back into the pool: `side="owner"` counts promotions this node
 /// did (for itself or a peer), `side="reader"` pages this node asked a peer to promote.
 pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
+/// Pages fetched from peers and kept as local reclaimable replicas (`replicate_on_read`).
+pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
 /// Pages re-published to the directory (recovered from the disk tier after a restart).
 pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
 /// Pages resident in the pool.
@@ -75,6 +77,7 @@ pub(crate) struct Handles {
     pub(crate) members: metrics::Gauge,
     pub(crate) read_disk_hits: Counter,
     pub(crate) promotes_owner: Counter,
+    pub(crate) replicas: Counter,
     pub(crate) promotes_asked: Counter,
     pub(crate) republishes: Counter,
     pub(crate) pool_keys: metrics::Gauge,
@@ -122,6 +125,7 @@ impl Handles {
             exists_latency: metrics::histogram!(OP_LATENCY, "op" => "exists", "node" => n.clone()),
             members: metrics::gauge!(MEMBERS, "node" => n.clone()),
             read_disk_hits: c(READ_DISK_HITS),
+            replicas: c(READ_REPLICAS),
             promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
             republishes: c(DIRECTORY_REPUBLISHES),

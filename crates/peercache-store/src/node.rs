@@ -65,6 +65,8 @@ pub(crate) struct Inner {
     /// One promotion at a time: a background promotion must not evict the pages a read just
     /// promoted for itself.
     pub(crate) promote_lock: Mutex<()>,
+    /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
+    pub(crate) inflight: Mutex<std::collections::HashMap<SocketAddr, usize>>,
 }
 
 /// Serves a store-level control request (kinds `0x03xx`).
@@ -436,6 +438,7 @@ impl Inner {
             metrics_endpoint,
             promoter: std::sync::OnceLock::new(),
             promote_lock: Mutex::new(()),
+            inflight: Mutex::new(Default::default()),
         });
         let _ = inner
             .promoter

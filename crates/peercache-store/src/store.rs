@@ -275,17 +275,62 @@ impl Store {
         Ok(r)
     }
 
+    /// Writes pages of which only the first `valid_lens[i]` bytes hold data — the partial
+    /// tail page of a sequence. The whole page is stored (so every page of a layout keeps one
+    /// size); [`Store::batch_get_valid`] and [`Store::batch_exists_valid`] report the valid
+    /// length. A valid length above the page's size is refused.
+    pub fn batch_set_partial<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &[&[u8]],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        let counts = vec![1; pages.len()];
+        check_counts(keys.len(), pages.len(), &counts)?;
+        if valid_lens.len() != pages.len() {
+            return Err(StoreError::BadRequest(format!(
+                "{} valid lengths for {} pages",
+                valid_lens.len(),
+                pages.len()
+            )));
+        }
+        if let Some((i, (p, v))) = pages
+            .iter()
+            .zip(valid_lens)
+            .enumerate()
+            .find(|(_, (p, v))| **v as usize > p.len())
+        {
+            return Err(StoreError::BadRequest(format!(
+                "page {i}: valid length {v} exceeds its {} bytes",
+                p.len()
+            )));
+        }
+        let pkeys = self.page_keys(keys);
+        Ok(self.set_impl_valid(&pkeys, pages, &counts, Some(valid_lens)))
+    }
+
     fn set_impl(&self, keys: &[PageKey], slices: &[&[u8]], counts: &[usize]) -> Vec<bool> {
+        self.set_impl_valid(keys, slices, counts, None)
+    }
+
+    fn set_impl_valid(
+        &self,
+        keys: &[PageKey],
+        slices: &[&[u8]],
+        counts: &[usize],
+        valid_lens: Option<&[u32]>,
+    ) -> Vec<bool> {
         let inner = &*self.inner;
         let m = &inner.metrics;
         m.write_requests.increment(1);
         let mut pages = Vec::with_capacity(keys.len());
         let mut at = 0;
-        for (k, &c) in keys.iter().zip(counts) {
+        for (j, (k, &c)) in keys.iter().zip(counts).enumerate() {
             pages.push(PageWrite {
                 key: *k,
                 segments: &slices[at..at + c],
-                valid_len: None,
+                valid_len: valid_lens.map(|v| v[j]),
             });
             at += c;
         }
@@ -376,6 +421,20 @@ impl Store {
             .exists_latency
             .record(t0.elapsed().as_secs_f64());
         Ok(n)
+    }
+
+    /// Like [`Store::batch_exists`], but returns the valid length of each leading present page
+    /// (the vector's length is the leading count).
+    pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        let Ok(found) = self.inner.dir.lookup(&pkeys) else {
+            return Ok(Vec::new());
+        };
+        Ok(found
+            .iter()
+            .map_while(|o| o.as_ref().and_then(|o| o.first()).map(|l| l.valid_len))
+            .collect())
     }
 
     /// Waits until every key is present in the cluster, at most `timeout`, and returns how many
@@ -500,7 +559,6 @@ impl Store {
         self.check_open()?;
         check_counts(keys.len(), segs.len(), counts)?;
         let pkeys = self.page_keys(keys);
-        // SAFETY: forwarded from the caller.
         let t0 = std::time::Instant::now();
         // SAFETY: forwarded from the caller.
         let r = unsafe { self.get_impl(&pkeys, segs, counts) };
@@ -508,12 +566,40 @@ impl Store {
             .metrics
             .read_latency
             .record(t0.elapsed().as_secs_f64());
-        Ok(r)
+        Ok(r.into_iter().map(|v| v.is_some()).collect())
+    }
+
+    /// Like [`Store::batch_get`], but reports each page's valid length (`None` = miss): a
+    /// partial tail page (see [`Store::batch_set_partial`]) is served whole, and its valid
+    /// length says how many leading bytes hold data.
+    pub fn batch_get_valid<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        self.check_open()?;
+        let counts = vec![1; pages.len()];
+        check_counts(keys.len(), pages.len(), &counts)?;
+        let raw: Vec<RawSeg> = pages
+            .iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect();
+        let pkeys = self.page_keys(keys);
+        // SAFETY: the pages are exclusively borrowed for the whole call.
+        Ok(unsafe { self.get_impl(&pkeys, &raw, &counts) })
     }
 
     /// # Safety
     /// As [`Store::batch_get_raw`].
-    unsafe fn get_impl(&self, keys: &[PageKey], segs: &[RawSeg], counts: &[usize]) -> Vec<bool> {
+    unsafe fn get_impl(
+        &self,
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Vec<Option<u32>> {
         let inner = &*self.inner;
         let m = &inner.metrics;
         let n = keys.len();
@@ -570,6 +656,7 @@ impl Store {
             }
         }
         let mut hit = vec![false; n];
+        let mut valid = vec![0u32; n];
         let mut bytes = 0u64;
 
         // Local pages: lease what is in the pool, promote from the disk tier what is not (the
@@ -608,9 +695,9 @@ impl Store {
                     (Some(p), Some(ls)) => (ls, p),
                     _ => (&leases, j),
                 };
-                if ls.location(at).is_none() {
+                let Some(at_loc) = ls.location(at) else {
                     continue;
-                }
+                };
                 let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
                     .iter()
                     // SAFETY: the caller guarantees each segment is valid and unaliased.
@@ -618,6 +705,7 @@ impl Store {
                     .collect();
                 if inner.pool.read_leased(ls, at, keys[i], &mut dst).is_ok() {
                     hit[i] = true;
+                    valid[i] = at_loc.valid_len;
                     bytes += lens[i];
                     local_hits += 1;
                 }
@@ -652,14 +740,18 @@ impl Store {
         // hands its pages to the next owner on the list.
         let mut remote_hits = 0u64;
         let mut attempt = 0usize;
+        let mut remote_hit_idx: Vec<usize> = Vec::new();
         loop {
             let mut groups: Vec<(std::net::SocketAddr, Vec<(usize, Location)>)> = Vec::new();
+            // Several live copies: try the owner with the fewest reads in flight from this node
+            // first (ties spread by key), then the others in turn.
+            let load = inner.inflight.lock().clone();
             for i in 0..n {
                 if hit[i] {
                     continue;
                 }
                 let Some(o) = &owners[i] else { continue };
-                let cands: SmallVec<[&Location; 2]> = o
+                let mut cands: SmallVec<[&Location; 2]> = o
                     .iter()
                     .filter(|l| {
                         l.node != inner.me
@@ -668,7 +760,15 @@ impl Store {
                             && !l.rails.is_empty()
                     })
                     .collect();
+                if cands.len() > 1 {
+                    cands.sort_by_key(|l| {
+                        let ep = l.rails[0].endpoint;
+                        let spread = keys[i].lo() ^ l.addr.rotate_left(17) ^ u64::from(ep.port());
+                        (load.get(&ep).copied().unwrap_or(0), spread)
+                    });
+                }
                 if let Some(l) = cands.get(attempt) {
+                    valid[i] = l.valid_len;
                     let ep = l.rails[0].endpoint;
                     match groups.iter_mut().find(|g| g.0 == ep) {
                         Some(g) => g.1.push((i, (*l).clone())),
@@ -680,13 +780,18 @@ impl Store {
                 break;
             }
             for (ep, pages) in groups {
+                *inner.inflight.lock().entry(ep).or_insert(0) += pages.len();
                 // SAFETY: forwarded from the caller.
                 let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
+                if let Some(c) = inner.inflight.lock().get_mut(&ep) {
+                    *c = c.saturating_sub(pages.len());
+                }
                 for (i, ok) in got {
                     if ok {
                         hit[i] = true;
                         bytes += lens[i];
                         remote_hits += 1;
+                        remote_hit_idx.push(i);
                     } else {
                         m.read_failures.increment(1);
                     }
@@ -695,6 +800,10 @@ impl Store {
             attempt += 1;
         }
         m.read_remote_hits.increment(remote_hits);
+        if inner.cfg.replicate_on_read && !remote_hit_idx.is_empty() {
+            // SAFETY: the caller's segments hold the verified pages and stay valid for the call.
+            unsafe { self.replicate(&remote_hit_idx, keys, segs, &starts, counts, &valid) };
+        }
         if !cache_ttl.is_zero() {
             // A cached location that did not serve (slot reused, owner gone) is dropped.
             let mut cache = inner.read_cache.lock();
@@ -708,7 +817,70 @@ impl Store {
         m.hits_seen.fetch_add(hits, Ordering::Relaxed);
         m.read_misses.increment(n as u64 - hits);
         m.bytes_read.increment(bytes);
-        hit
+        hit.iter()
+            .zip(valid)
+            .map(|(&h, v)| h.then_some(v))
+            .collect()
+    }
+
+    /// `replicate_on_read`: keeps copies of pages just fetched from peers in the local pool as
+    /// *reclaimable* (first to go under pressure) and registers this node as another owner
+    /// (off the read path, through the background batcher).
+    ///
+    /// # Safety
+    /// The segments of `idx` must be valid for reads for the duration of the call.
+    unsafe fn replicate(
+        &self,
+        idx: &[usize],
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        starts: &[usize],
+        counts: &[usize],
+        valid: &[u32],
+    ) {
+        let inner = &*self.inner;
+        let slices: Vec<&[u8]> = idx
+            .iter()
+            .flat_map(|&i| segs[starts[i]..starts[i] + counts[i]].iter())
+            // SAFETY: forwarded from the caller.
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        let mut pages = Vec::with_capacity(idx.len());
+        let mut at = 0;
+        for &i in idx {
+            let len: usize = segs[starts[i]..starts[i] + counts[i]]
+                .iter()
+                .map(|s| s.len)
+                .sum();
+            pages.push(PageWrite {
+                key: keys[i],
+                segments: &slices[at..at + counts[i]],
+                valid_len: (valid[i] as usize != len).then_some(valid[i]),
+            });
+            at += counts[i];
+        }
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        inner.pool.publish_batch(
+            &pages,
+            ReplClass::Reclaimable,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        let entries: Vec<(PageKey, Location)> = out
+            .iter()
+            .zip(&pages)
+            .filter_map(|(p, w)| match p {
+                Published::New(loc) => Some((w.key, inner.resident_location(loc))),
+                _ => None,
+            })
+            .collect();
+        inner.metrics.replicas.increment(entries.len() as u64);
+        let batcher = inner.evictions.lock();
+        if let Some(b) = batcher.as_ref() {
+            b.push(evicted);
+            b.publish(entries);
+        }
     }
 
     /// Pages whose only copies live on other owners' disk tiers: asks each owner (one RPC per

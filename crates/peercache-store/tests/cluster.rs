@@ -334,3 +334,94 @@ fn a_cached_location_of_a_reused_slot_is_a_miss_not_another_keys_bytes() {
     w.shutdown();
     r.shutdown();
 }
+
+#[test]
+fn replicate_on_read_keeps_a_copy_that_serves_after_the_writer_leaves() {
+    let nodes = cluster(&[5, 6, 7], json!({"replicate_on_read": true}));
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let keys: Vec<String> = (0..16).map(|i| format!("hot-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..16).map(|i| page(500 + i, 32 << 10)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    let mut out = vec![vec![0u8; 32 << 10]; 16];
+    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    assert!(b.batch_get(&keys, &mut outs).unwrap().iter().all(|&x| x));
+    assert_eq!(out, pages);
+    // B registers its reclaimable copies (asynchronously): wait until the directory lists it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let owners = a.locate(&keys).unwrap();
+        let replicated = owners
+            .iter()
+            .filter(|o| {
+                o.as_ref().is_some_and(|o| {
+                    o.iter().any(|l| {
+                        l.node == *b.node_id()
+                            && l.class == peercache_directory::CopyClass::Reclaimable
+                    })
+                })
+            })
+            .count();
+        if replicated == 16 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{replicated}/16 replicas registered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The writer leaves; C still reads every page, from B's replicas.
+    a.shutdown();
+    assert!(c.wait_members(2, Duration::from_secs(10)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut out = vec![vec![0u8; 32 << 10]; 16];
+        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+        let got = c.batch_get(&keys, &mut outs).unwrap();
+        if got.iter().all(|&x| x) {
+            assert_eq!(out, pages);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            got.iter().filter(|&&x| x).count()
+        );
+        c.sync_membership();
+    }
+}
+
+#[test]
+fn partial_tail_pages_report_their_valid_length() {
+    let nodes = cluster(&[8, 9], json!({}));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let keys: Vec<String> = (0..3).map(|i| format!("seq-9-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..3).map(|i| page(900 + i, 16 << 10)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    let valid = [16 << 10, 16 << 10, 5000];
+    assert!(
+        a.batch_set_partial(&keys, &refs, &valid)
+            .unwrap()
+            .iter()
+            .all(|&x| x)
+    );
+    assert_eq!(b.batch_exists_valid(&keys).unwrap(), valid.to_vec());
+    let mut out = vec![vec![0u8; 16 << 10]; 3];
+    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    let got = b.batch_get_valid(&keys, &mut outs).unwrap();
+    assert_eq!(got, valid.iter().map(|&v| Some(v)).collect::<Vec<_>>());
+    assert_eq!(out, pages);
+    // Local reads report it too.
+    let mut out = vec![0u8; 16 << 10];
+    assert_eq!(
+        a.batch_get_valid(&keys[2..], &mut [&mut out[..]]).unwrap(),
+        vec![Some(5000)]
+    );
+    // A valid length beyond the page is refused.
+    let e = a.batch_set_partial(&keys[..1], &refs[..1], &[(16 << 10) + 1]);
+    assert!(
+        matches!(e, Err(peercache_store::StoreError::BadRequest(_))),
+        "{e:?}"
+    );
+}
