@@ -14,3 +14,4 @@ pub mod poolbench;
 pub mod rawtcp;
 pub mod report;
 pub mod runner;
+pub mod serve;

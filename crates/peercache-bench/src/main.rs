@@ -1,6 +1,6 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, dirbench, diskbench, mainjob, micro, poolbench, report};
+use peercache_bench::{alloc, dirbench, diskbench, mainjob, micro, poolbench, report, serve};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -28,6 +28,8 @@ enum Cmd {
     Directory(dirbench::DirArgs),
     /// Disk tier: write-through and promote against plain sequential file I/O.
     Disk(diskbench::DiskArgs),
+    /// One node that publishes `--preload` known pages, then serves until stopped.
+    Serve(serve::ServeArgs),
     /// Internal: the serving child of `micro`.
     #[command(hide = true)]
     MicroServer {
@@ -47,6 +49,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
+        Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),

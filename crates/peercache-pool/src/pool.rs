@@ -571,6 +571,18 @@ impl Pool {
         n
     }
 
+    /// Appends every live page and its location to `out` (one pass under the state lock) — for
+    /// re-announcing this pool's pages to the directory after a ring change.
+    pub fn live_pages(&self, out: &mut Vec<(PageKey, PageLocation)>) {
+        let st = self.state.lock();
+        out.reserve(st.index.len());
+        for (&k, &r) in st.index.iter() {
+            if st.meta(r).state == SlotState::Live {
+                out.push((PageKey(k), self.location(&st, r)));
+            }
+        }
+    }
+
     /// Removes pages (only of the given generation, when given). Leased pages stay.
     pub fn remove_batch(&self, keys: &[(PageKey, Option<u64>)]) -> usize {
         let mut st = self.state.lock();

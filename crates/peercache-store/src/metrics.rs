@@ -20,6 +20,8 @@ pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
 pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
 /// Pages fetched from peers and kept as local reclaimable replicas (`replicate_on_read`).
 pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
+/// Page locations re-announced to the directory after ring changes.
+pub const DIRECTORY_REANNOUNCES: &str = "peercache_directory_reannounced_total";
 /// Pages re-published to the directory (recovered from the disk tier after a restart).
 pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
 /// Pages resident in the pool.
@@ -78,6 +80,7 @@ pub(crate) struct Handles {
     pub(crate) read_disk_hits: Counter,
     pub(crate) promotes_owner: Counter,
     pub(crate) replicas: Counter,
+    pub(crate) reannounced: Counter,
     pub(crate) promotes_asked: Counter,
     pub(crate) republishes: Counter,
     pub(crate) pool_keys: metrics::Gauge,
@@ -126,6 +129,7 @@ impl Handles {
             members: metrics::gauge!(MEMBERS, "node" => n.clone()),
             read_disk_hits: c(READ_DISK_HITS),
             replicas: c(READ_REPLICAS),
+            reannounced: c(DIRECTORY_REANNOUNCES),
             promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
             republishes: c(DIRECTORY_REPUBLISHES),

@@ -166,8 +166,10 @@ fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
         .ok_or_else(|| StoreError::BadRequest(format!("cannot resolve bind host {host:?}")))
 }
 
-fn advertise(bound: SocketAddr, host: IpAddr) -> SocketAddr {
-    if bound.ip().is_unspecified() {
+/// The address peers use for a listener bound at `bound`: `host` when `local_hostname` was set
+/// explicitly (NAT, proxies) or the listener is bound to the wildcard, else the bound address.
+fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> SocketAddr {
+    if explicit || bound.ip().is_unspecified() {
         SocketAddr::new(host, bound.port())
     } else {
         bound
@@ -241,6 +243,7 @@ impl Inner {
         transport_why: String,
     ) -> Result<Arc<Inner>, StoreError> {
         let incarnation = Incarnation::fresh();
+        let explicit_host = !cfg.local_hostname.is_empty();
         let metrics = Handles::register(me.as_str());
         let auth = cfg.cluster_auth()?;
         if !auth.is_enabled() {
@@ -266,7 +269,9 @@ impl Inner {
         } else {
             None
         };
-        let metrics_endpoint = http.as_ref().map(|h| advertise(h.addr, host));
+        let metrics_endpoint = http
+            .as_ref()
+            .map(|h| advertise(h.addr, host, explicit_host));
 
         // Memory first: allocate and pre-fault the pool once.
         let pool = Arc::new(Pool::new(PoolConfig::new(cfg.pool_bytes() as usize))?);
@@ -287,7 +292,7 @@ impl Inner {
         let pool_region =
             unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?;
         let pool_key = pool_region.key().0;
-        let data_endpoint = advertise(transport.local_endpoint(), host);
+        let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
         // Directory shard and the control listener that serves it.
         let dir_service = Arc::new(DirectoryService::new(ShardConfig {
@@ -323,7 +328,7 @@ impl Inner {
             },
             handler,
         )?;
-        let control_endpoint = advertise(control.local_addr(), host);
+        let control_endpoint = advertise(control.local_addr(), host, explicit_host);
         let dir = Arc::new(DirectoryClient::new(
             me.clone(),
             dir_service.clone(),
@@ -359,7 +364,9 @@ impl Inner {
             node: me.clone(),
             incarnation,
             host,
-            meta: meta.as_ref().map(|m| advertise(m.local_addr(), host)),
+            meta: meta
+                .as_ref()
+                .map(|m| advertise(m.local_addr(), host, explicit_host)),
             control: control_endpoint,
             data: vec![data_endpoint],
             role: "inference".into(),
@@ -486,9 +493,13 @@ impl Inner {
         }
         self.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == self.me);
+        let before = self.dir.ring();
         self.dir.apply_membership(&members);
         if has_me && self.republish_pending.swap(false, Ordering::AcqRel) {
             self.republish_recovered();
+        }
+        if has_me && self.dir.ring().members() != before.members() {
+            self.reannounce();
         }
         if has_me {
             let mut ready = self.ring_ready.0.lock();
@@ -499,7 +510,6 @@ impl Inner {
         }
     }
 
-    /// The directory location of a page resident in this node's pool.
     /// Promotes `keys` from this node's disk tier into its pool (pages already resident are
     /// answered as they are) and returns their resident locations. The directory learns of
     /// them inline (`inline`) or through the background batcher (when serving a peer).
@@ -594,6 +604,7 @@ impl Inner {
         answers
     }
 
+    /// The directory location of a page resident in this node's pool.
     pub(crate) fn resident_location(
         &self,
         loc: &peercache_pool::PageLocation,
@@ -622,6 +633,37 @@ impl Inner {
 
     /// Tells the directory about every page the disk tier recovered (as disk-only copies of
     /// this node), so a restarted node's pages are found again.
+    /// Re-inserts the location of every page in this node's pool under the current ring.
+    ///
+    /// Shard-to-shard hand-off moves entries when the ring changes, but nodes see a change at
+    /// slightly different times, and a publish made under an older view may have missed a
+    /// replica. The owner knows its pages for sure: announcing them again after each change
+    /// puts every entry on its current replica set, so a lookup that falls back to a replica
+    /// (the primary shard is down or unreachable) still finds it. One batched insert per
+    /// 4096 pages.
+    fn reannounce(&self) {
+        let mut pages = Vec::new();
+        self.pool.live_pages(&mut pages);
+        if pages.is_empty() {
+            return;
+        }
+        let entries: Vec<(PageKey, peercache_directory::Location)> = pages
+            .iter()
+            .map(|(k, loc)| (*k, self.resident_location(loc)))
+            .collect();
+        let mut done = 0;
+        for chunk in entries.chunks(4096) {
+            if let Ok(r) = self.dir.insert(chunk) {
+                done += r.iter().filter(|o| o.is_some()).count();
+            }
+        }
+        self.metrics.reannounced.increment(done as u64);
+        tracing::debug!(
+            pages = done,
+            "re-announced this pool's pages after a ring change"
+        );
+    }
+
     fn republish_recovered(&self) {
         let Some(disk) = &self.disk else { return };
         let keys = disk.keys();

@@ -1105,6 +1105,14 @@ impl Store {
         Ok((named, stale))
     }
 
+    /// Waits until every page written through to the disk tier is on disk (no-op without a
+    /// disk tier).
+    pub fn flush_disk(&self) {
+        if let Some(d) = &self.inner.disk {
+            d.flush();
+        }
+    }
+
     /// Waits until queued eviction notices reached the directory.
     pub fn flush_evictions(&self, timeout: Duration) -> bool {
         self.inner

@@ -279,6 +279,10 @@ pub fn decode_reply<M: Message>(frame: &[u8]) -> Result<M, WireError> {
     env.decode()
 }
 
+/// How long a reply is still awaited after a fan-out's deadline passed while an earlier peer
+/// was being waited for.
+const REPLY_GRACE: Duration = Duration::from_millis(2);
+
 /// Settings of an [`RpcClient`].
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -416,9 +420,12 @@ impl RpcClient {
         let mut out = Vec::with_capacity(calls.len());
         for (i, c) in conns.iter_mut().enumerate() {
             let (peer, req) = calls[i];
+            // Replies are read in order: a peer that used up the deadline must not make the
+            // ones after it (whose replies are already buffered) look timed out too.
+            let read_by = deadline.max(Instant::now() + REPLY_GRACE);
             let mut res = match c {
                 Err(e) => Err(std::mem::replace(e, WireError::Closed)),
-                Ok((s, _)) => self.read_reply(s, deadline, timeout),
+                Ok((s, _)) => self.read_reply(s, read_by, timeout),
             };
             let reused = matches!(c, Ok((_, true)));
             if reused && matches!(res, Err(WireError::Closed) | Err(WireError::Io(_))) {

@@ -197,3 +197,57 @@ fn a_peer_that_timed_out_is_failed_fast_while_suspect() {
     let s = server("127.0.0.1:0");
     assert!(c.call(s.local_addr(), &req, Duration::from_secs(1)).is_ok());
 }
+
+#[test]
+fn a_stalled_peer_in_a_fan_out_does_not_time_out_the_others() {
+    // Completes the handshake, then never answers.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stalled = l.local_addr().unwrap();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        peercache_wire::handshake::server_sync(
+            &mut s,
+            &peercache_wire::handshake::Acceptor {
+                planes: vec![Plane::Control],
+                node: None,
+                incarnation: Incarnation(1),
+                auth: peercache_wire::Auth::none(),
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let _ = release_rx.recv();
+    });
+    let good = server("127.0.0.1:0");
+    let c = client().with_suspect_for(Duration::from_secs(5));
+    let req = envelope::encode(&Echo(7, "x".into()), &[]).unwrap();
+    let t0 = Instant::now();
+    let r = c.call_many(
+        &[
+            (stalled, req.as_slice()),
+            (good.local_addr(), req.as_slice()),
+        ],
+        Duration::from_millis(300),
+    );
+    assert!(t0.elapsed() < Duration::from_millis(600));
+    assert!(matches!(r[0], Err(WireError::Timeout(_))), "{:?}", r[0]);
+    let second = r[1]
+        .as_ref()
+        .expect("the answering peer's reply was waiting");
+    assert_eq!(
+        rpc::decode_reply::<Echo>(second).unwrap(),
+        Echo(8, "x".into())
+    );
+    // Only the stalled peer is suspect.
+    assert!(
+        c.call(good.local_addr(), &req, Duration::from_secs(1))
+            .is_ok()
+    );
+    assert!(matches!(
+        c.call(stalled, &req, Duration::from_secs(1)),
+        Err(WireError::PeerSuspect { .. })
+    ));
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+}
