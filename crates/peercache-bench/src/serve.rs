@@ -22,6 +22,16 @@ pub struct ServeArgs {
     /// Bytes per page.
     #[arg(long, default_value_t = 65536)]
     pub page_bytes: usize,
+    /// After joining, read the pages another node published (`<node_id>/<i>`, i < `--preload`
+    /// of that node = `--read-count`), check every byte, print `READ <node> hits=H/N wrong=W`.
+    #[arg(long)]
+    pub read_from: Option<String>,
+    /// Pages of `--read-from` to read.
+    #[arg(long, default_value_t = 0)]
+    pub read_count: usize,
+    /// Also stop when standard input closes (for a parent process that may die first).
+    #[arg(long)]
+    pub stop_on_stdin_eof: bool,
 }
 
 /// The node part of [`ServeArgs`] (the flags of `peercache-node`).
@@ -64,8 +74,33 @@ pub fn fill_page(key: &str, out: &mut [u8]) {
     }
 }
 
-/// Runs the node: join, publish, print `READY <node_id> <published>`, serve until SIGTERM,
-/// SIGINT or end of standard input.
+/// Reads `count` pages published by `from` (waiting up to 30 s for that node to be a member
+/// and its pages to be found) and checks every byte. Returns (hits, wrong pages).
+fn read_pages(store: &Store, from: &str, count: usize, len: usize) -> Result<(usize, usize)> {
+    let keys: Vec<String> = (0..count).map(|i| key_for(from, i)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.batch_exists(&keys)? < count && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut hits, mut wrong) = (0, 0);
+    let mut bufs = vec![vec![0u8; len]; 64.min(count.max(1))];
+    for chunk in keys.chunks(64) {
+        let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let got = store.batch_get(chunk, &mut dst[..chunk.len()])?;
+        for ((k, g), b) in chunk.iter().zip(got).zip(&bufs) {
+            if g {
+                hits += 1;
+                if *b != page_for(k, len) {
+                    wrong += 1;
+                }
+            }
+        }
+    }
+    Ok((hits, wrong))
+}
+
+/// Runs the node: join, publish, print `READY <node_id> <published>`, optionally read another
+/// node's pages, then serve until SIGTERM or SIGINT (or end of standard input, if asked).
 pub fn run(args: &ServeArgs) -> Result<()> {
     peercache_store::cli::block_signals();
     let node = NodeArgs {
@@ -97,16 +132,23 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     store.flush_disk();
     println!("READY {id} {ok}");
     std::io::stdout().flush()?;
-    // Stop on a signal or when the parent closes our stdin (it died or is done with us).
-    std::thread::spawn(|| {
-        let mut line = String::new();
-        let mut stdin = std::io::stdin().lock();
-        while stdin.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            line.clear();
-        }
-        // SAFETY: raising a signal at our own process.
-        unsafe { libc::raise(libc::SIGTERM) };
-    });
+    if let Some(from) = &args.read_from {
+        let (hits, wrong) = read_pages(&store, from, args.read_count, args.page_bytes)?;
+        println!("READ {from} hits={hits}/{} wrong={wrong}", args.read_count);
+        std::io::stdout().flush()?;
+    }
+    // Stop on a signal, or when the parent closes our stdin (it died or is done with us).
+    if args.stop_on_stdin_eof {
+        std::thread::spawn(|| {
+            let mut line = String::new();
+            let mut stdin = std::io::stdin().lock();
+            while stdin.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                line.clear();
+            }
+            // SAFETY: raising a signal at our own process.
+            unsafe { libc::raise(libc::SIGTERM) };
+        });
+    }
     peercache_store::cli::wait_for_signal();
     store.shutdown();
     Ok(())

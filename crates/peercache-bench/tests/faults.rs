@@ -42,6 +42,7 @@ impl Proc {
     fn spawn(ip: &str, seeds: &str, id: &str, preload: usize, extra: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_peercache-bench"));
         cmd.arg("serve")
+            .arg("--stop-on-stdin-eof")
             .arg("--discovery-addr")
             .arg(seeds)
             .arg("--host")
