@@ -38,6 +38,9 @@ pub enum PoolError {
     /// The key is not in the pool.
     #[error("page {0} is not in the pool")]
     NotFound(PageKey),
+    /// The page is reserved and still being written (by a remote writer).
+    #[error("page {0} is being written")]
+    Busy(PageKey),
     /// The destination does not match the page length.
     #[error("destination holds {dst} bytes, page {key} has {len}")]
     LengthMismatch {

@@ -32,5 +32,5 @@ pub use error::PoolError;
 pub use header::{Expect, HEADER_LEN, SlotHeader, VerifyError};
 pub use pool::{
     Evicted, Leases, PageLocation, PageWrite, Pool, PoolConfig, PoolStats, PublishScratch,
-    Published, ReplClass,
+    Published, ReplClass, Reservation, Reserved,
 };

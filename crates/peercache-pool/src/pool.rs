@@ -104,6 +104,33 @@ pub enum Published {
     Failed(PoolError),
 }
 
+/// A slot reserved for a payload written by someone else (see [`Pool::reserve_batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The page key.
+    pub key: PageKey,
+    /// Offset of the slot (its header) in the region.
+    pub offset: u64,
+    /// Address of the payload (header + 64), where the writer puts the page.
+    pub payload_addr: u64,
+    /// Payload bytes.
+    pub len: u32,
+    /// The slot's generation.
+    pub generation: u64,
+    slot: SlotRef,
+}
+
+/// Result of reserving one page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reserved {
+    /// A fresh slot to write into.
+    Slot(Reservation),
+    /// Already resident.
+    Duplicate(PageLocation),
+    /// Refused (bad length, pool full).
+    Failed(PoolError),
+}
+
 /// One page to publish: its key and the segments its bytes are gathered from, in order.
 #[derive(Clone, Copy, Debug)]
 pub struct PageWrite<'a> {
@@ -236,20 +263,29 @@ impl Pool {
 
     fn check_write(&self, w: &PageWrite<'_>) -> Result<(u32, u32), PoolError> {
         let len: u64 = w.segments.iter().map(|s| s.len() as u64).sum();
+        self.check_lengths(w.key, len, w.valid_len)
+    }
+
+    fn check_lengths(
+        &self,
+        key: PageKey,
+        len: u64,
+        valid_len: Option<u32>,
+    ) -> Result<(u32, u32), PoolError> {
         if len == 0 {
-            return Err(PoolError::EmptyPage(w.key));
+            return Err(PoolError::EmptyPage(key));
         }
         if len > self.max_payload {
             return Err(PoolError::TooLarge {
-                key: w.key,
+                key,
                 len,
                 max: self.max_payload,
             });
         }
-        let valid = w.valid_len.unwrap_or(len as u32);
+        let valid = valid_len.unwrap_or(len as u32);
         if valid > len as u32 {
             return Err(PoolError::BadValidLength {
-                key: w.key,
+                key,
                 valid,
                 len: len as u32,
             });
@@ -297,14 +333,7 @@ impl Pool {
                 match st.reserve(w.key, len, valid, class, evicted) {
                     Ok(r) => {
                         let off = st.offset(r);
-                        // Odd seq: readers that race this write reject what they copy.
-                        let seq = self.seq(off);
-                        let s = seq.load(Ordering::Relaxed);
-                        seq.store(
-                            (s | 1).wrapping_add(if s & 1 == 1 { 2 } else { 0 }),
-                            Ordering::Relaxed,
-                        );
-                        fence(Ordering::Release);
+                        self.mark_writing(off);
                         scratch.reserved.push(Some(r));
                         scratch.offsets.push(off);
                         out.push(Published::New(PageLocation {
@@ -344,23 +373,7 @@ impl Pool {
             let Some(r) = scratch.reserved[i] else {
                 continue;
             };
-            let off = scratch.offsets[i];
-            let m = *st.meta(r);
-            let seq = self.seq(off);
-            let odd = seq.load(Ordering::Relaxed);
-            let hdr = SlotHeader {
-                seq: odd,
-                flags: class as u16,
-                generation: m.generation,
-                key: w.key,
-                payload_len: m.len,
-                valid_len: m.valid_len,
-                checksum: scratch.checksums[i],
-            };
-            self.write_header_fields(off, &hdr);
-            fence(Ordering::Release);
-            seq.store(odd.wrapping_add(1), Ordering::Release);
-            st.commit(r, scratch.checksums[i]);
+            self.commit_slot(&mut st, r, scratch.offsets[i], w.key, scratch.checksums[i]);
             if let Published::New(loc) = &mut out[i] {
                 loc.checksum = scratch.checksums[i];
             }
@@ -368,6 +381,134 @@ impl Pool {
         }
         self.metrics.published.increment(new);
         self.publish_gauges(&st);
+    }
+
+    /// Odd seq: readers that race the write about to happen reject what they copy.
+    fn mark_writing(&self, off: u64) {
+        let seq = self.seq(off);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(
+            (s | 1).wrapping_add(if s & 1 == 1 { 2 } else { 0 }),
+            Ordering::Relaxed,
+        );
+        fence(Ordering::Release);
+    }
+
+    /// Writes the header of a written slot, makes its seq even and the page live.
+    fn commit_slot(&self, st: &mut State, r: SlotRef, off: u64, key: PageKey, checksum: u64) {
+        let m = *st.meta(r);
+        let seq = self.seq(off);
+        let odd = seq.load(Ordering::Relaxed);
+        let hdr = SlotHeader {
+            seq: odd,
+            flags: m.repl as u16,
+            generation: m.generation,
+            key,
+            payload_len: m.len,
+            valid_len: m.valid_len,
+            checksum,
+        };
+        self.write_header_fields(off, &hdr);
+        fence(Ordering::Release);
+        seq.store(odd.wrapping_add(1), Ordering::Release);
+        st.commit(r, checksum);
+    }
+
+    /// Reserves slots whose payload will be written by someone else (a peer's one-sided
+    /// write into a storage server). Reserved slots are invisible to readers and evictors until
+    /// [`Pool::commit_reserved`] or [`Pool::abort_reserved`]. Pages already resident come back
+    /// as [`Reserved::Duplicate`].
+    pub fn reserve_batch(
+        &self,
+        pages: &[(PageKey, u32, Option<u32>)],
+        class: ReplClass,
+        out: &mut Vec<Reserved>,
+        evicted: &mut Vec<Evicted>,
+    ) {
+        out.clear();
+        let mut st = self.state.lock();
+        for &(key, len, valid) in pages {
+            let (len, valid) = match self.check_lengths(key, len as u64, valid) {
+                Ok(v) => v,
+                Err(e) => {
+                    out.push(Reserved::Failed(e));
+                    continue;
+                }
+            };
+            if let Some(&r) = st.index.get(&key.0) {
+                if st.meta(r).state != SlotState::Live {
+                    out.push(Reserved::Failed(PoolError::Busy(key)));
+                    continue;
+                }
+                st.refresh(r);
+                out.push(Reserved::Duplicate(self.location(&st, r)));
+                continue;
+            }
+            match st.reserve(key, len, valid, class, evicted) {
+                Ok(r) => {
+                    let offset = st.offset(r);
+                    self.mark_writing(offset);
+                    out.push(Reserved::Slot(Reservation {
+                        key,
+                        offset,
+                        payload_addr: self.map.ptr() as u64 + offset + HEADER_LEN as u64,
+                        len,
+                        generation: st.meta(r).generation,
+                        slot: r,
+                    }));
+                }
+                Err(e) => out.push(Reserved::Failed(e)),
+            }
+        }
+        self.publish_gauges(&st);
+    }
+
+    /// Makes reserved slots live after their payload was written: checksums the payload in
+    /// place, writes the header, publishes. A reservation that was aborted (or reused) since
+    /// gives `None`.
+    pub fn commit_reserved(&self, res: &[Reservation], out: &mut Vec<Option<PageLocation>>) {
+        out.clear();
+        let sums: Vec<u64> = res
+            .iter()
+            .map(|r| {
+                // SAFETY: the slot's payload lies inside the mapping; it is reserved, so no
+                // local writer or evictor touches it (a racing remote writer only makes the
+                // checksum disagree with what readers later see, which they then reject).
+                header::checksum(unsafe {
+                    std::slice::from_raw_parts(self.payload_ptr(r.offset), r.len as usize)
+                })
+            })
+            .collect();
+        let mut st = self.state.lock();
+        let mut new = 0;
+        for (r, sum) in res.iter().zip(sums) {
+            let m = *st.meta(r.slot);
+            if m.state != SlotState::Writing || m.generation != r.generation || m.key != r.key {
+                out.push(None);
+                continue;
+            }
+            self.commit_slot(&mut st, r.slot, r.offset, r.key, sum);
+            out.push(Some(self.location(&st, r.slot)));
+            new += 1;
+        }
+        self.metrics.published.increment(new);
+        self.publish_gauges(&st);
+    }
+
+    /// Releases reserved slots that will not be committed (the writer failed or timed out).
+    /// Returns how many were released.
+    pub fn abort_reserved(&self, res: &[Reservation]) -> usize {
+        let mut st = self.state.lock();
+        let mut n = 0;
+        for r in res {
+            let m = *st.meta(r.slot);
+            if m.state == SlotState::Writing && m.generation == r.generation && m.key == r.key {
+                st.abort(r.slot);
+                n += 1;
+            }
+        }
+        self.publish_gauges(&st);
+        n
     }
 
     fn publish_gauges(&self, st: &State) {

@@ -286,6 +286,15 @@ impl State {
         Ok(r)
     }
 
+    /// Returns a reserved (Writing) slot to its class's free list.
+    pub(crate) fn abort(&mut self, r: SlotRef) {
+        let c = self.class_of(r);
+        let key = self.meta(r).key;
+        self.index.remove(&key.0);
+        self.meta_mut(r).state = SlotState::Free;
+        self.classes[c as usize].free.push(r);
+    }
+
     /// Marks a written slot live and most recent in its class.
     pub(crate) fn commit(&mut self, r: SlotRef, checksum: u64) {
         let c = self.class_of(r);

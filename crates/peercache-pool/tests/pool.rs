@@ -331,3 +331,66 @@ fn a_stale_location_is_rejected_not_served_as_another_key() {
     assert_eq!(buf, bytes_for(key(2), 4096));
     assert_eq!(h.pool.stats().verify_rejects, 1);
 }
+
+#[test]
+fn reserved_slots_are_written_in_place_then_committed_or_aborted() {
+    let pool = Pool::new(PoolConfig::new(8 << 20)).unwrap();
+    let (a, b, c) = (key(9001), key(9002), key(9003));
+    let len = 64 << 10;
+    let mut out = Vec::new();
+    let mut evicted = Vec::new();
+    pool.reserve_batch(
+        &[(a, len, None), (b, len, Some(1000)), (c, 0, None)],
+        ReplClass::Retained,
+        &mut out,
+        &mut evicted,
+    );
+    let (ra, rb) = match (&out[0], &out[1]) {
+        (peercache_pool::Reserved::Slot(x), peercache_pool::Reserved::Slot(y)) => (*x, *y),
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        out[2],
+        peercache_pool::Reserved::Failed(PoolError::EmptyPage(_))
+    ));
+    // Reserved pages are invisible until committed.
+    assert!(!pool.contains(a));
+    // The writer (here: this test, standing in for a peer's one-sided write) fills the payload.
+    let data = bytes_for(a, len as usize);
+    // SAFETY: the reservation's payload range lies in the pool mapping and is reserved for us.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), ra.payload_addr as *mut u8, data.len());
+    }
+    let mut locs = Vec::new();
+    pool.commit_reserved(&[ra], &mut locs);
+    let loc = locs[0].expect("committed");
+    assert_eq!(loc.generation, ra.generation);
+    assert_eq!(loc.checksum, peercache_pool::header::checksum(&data));
+    let mut back = vec![0u8; len as usize];
+    pool.read_unleased(&loc, a, &mut back).unwrap();
+    assert_eq!(back, data);
+    // Re-reserving a resident page answers with its location.
+    pool.reserve_batch(
+        &[(a, len, None)],
+        ReplClass::Retained,
+        &mut out,
+        &mut evicted,
+    );
+    assert!(matches!(out[0], peercache_pool::Reserved::Duplicate(_)));
+    // Aborting frees the slot; committing after the abort is refused.
+    assert_eq!(pool.abort_reserved(&[rb]), 1);
+    assert!(!pool.contains(b));
+    pool.commit_reserved(&[rb], &mut locs);
+    assert_eq!(locs, vec![None]);
+    assert_eq!(pool.abort_reserved(&[rb]), 0, "aborting twice is a no-op");
+    pool.check_invariants();
+    // The freed slot is reusable.
+    pool.reserve_batch(
+        &[(b, len, None)],
+        ReplClass::Retained,
+        &mut out,
+        &mut evicted,
+    );
+    assert!(matches!(out[0], peercache_pool::Reserved::Slot(_)));
+    pool.check_invariants();
+}

@@ -192,6 +192,8 @@ pub struct PeerCacheConfig {
     pub suspect_for: f64,
     /// Seconds an exists → get hand-off stays valid.
     pub exists_prime_ttl: f64,
+    /// Seconds a storage server keeps a slot reserved for a remote writer before releasing it.
+    pub reservation_timeout: f64,
     /// Keep pages fetched from peers as local reclaimable replicas and register them.
     pub replicate_on_read: bool,
     /// Milliseconds `batch_exists` waits for a complete prefix (0: answer at once). For decode
@@ -270,6 +272,7 @@ impl Default for PeerCacheConfig {
             exists_prime_ttl: 1.0,
             exists_wait_ms: 0,
             replicate_on_read: false,
+            reservation_timeout: 5.0,
             directory_max_entries: 4_000_000,
             reclaim_threshold: 3,
             max_batch_ops: 8192,
@@ -330,6 +333,7 @@ pub const KEYS: &[&str] = &[
     "exists_prime_ttl",
     "exists_wait_ms",
     "replicate_on_read",
+    "reservation_timeout",
     "directory_max_entries",
     "reclaim_threshold",
     "max_batch_ops",
@@ -627,6 +631,7 @@ impl PeerCacheConfig {
             "suspect_for" => self.suspect_for = as_f64("suspect_for", v)?,
             "exists_prime_ttl" => self.exists_prime_ttl = as_f64("exists_prime_ttl", v)?,
             "replicate_on_read" => self.replicate_on_read = as_bool("replicate_on_read", v)?,
+            "reservation_timeout" => self.reservation_timeout = positive("reservation_timeout", v)?,
             "exists_wait_ms" => {
                 self.exists_wait_ms = ranged(
                     "exists_wait_ms",

@@ -16,6 +16,7 @@
 //! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
 //! [`cli`].
 
+mod central;
 pub mod cli;
 pub mod config;
 pub mod control;

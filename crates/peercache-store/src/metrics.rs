@@ -20,6 +20,13 @@ pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
 pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
 /// Pages fetched from peers and kept as local reclaimable replicas (`replicate_on_read`).
 pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
+/// Pages written into storage servers (centralized / hybrid), and of those sent by the ingest
+/// fallback after a failed one-sided write.
+pub const STORAGE_WRITES: &str = "peercache_storage_writes_total";
+/// Pages sent with their bytes after a failed one-sided write into a storage server.
+pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
+/// Storage-server reservations released because the writer never committed.
+pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
 /// Page locations re-announced to the directory after ring changes.
 pub const DIRECTORY_REANNOUNCES: &str = "peercache_directory_reannounced_total";
 /// Pages re-published to the directory (recovered from the disk tier after a restart).
@@ -81,6 +88,9 @@ pub(crate) struct Handles {
     pub(crate) promotes_owner: Counter,
     pub(crate) replicas: Counter,
     pub(crate) reannounced: Counter,
+    pub(crate) storage_writes: Counter,
+    pub(crate) storage_ingests: Counter,
+    pub(crate) reservations_expired: Counter,
     pub(crate) promotes_asked: Counter,
     pub(crate) republishes: Counter,
     pub(crate) pool_keys: metrics::Gauge,
@@ -130,6 +140,9 @@ impl Handles {
             read_disk_hits: c(READ_DISK_HITS),
             replicas: c(READ_REPLICAS),
             reannounced: c(DIRECTORY_REANNOUNCES),
+            storage_writes: c(STORAGE_WRITES),
+            storage_ingests: c(STORAGE_INGESTS),
+            reservations_expired: c(RESERVATIONS_EXPIRED),
             promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
             republishes: c(DIRECTORY_REPUBLISHES),

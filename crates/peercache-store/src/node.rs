@@ -19,8 +19,8 @@ use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerCon
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::StoreError;
-use crate::config::{Mode, PeerCacheConfig, Protocol};
-use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
+use crate::config::{Mode, PeerCacheConfig, Protocol, Role};
+use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
 use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
@@ -67,6 +67,12 @@ pub(crate) struct Inner {
     pub(crate) promote_lock: Mutex<()>,
     /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
     pub(crate) inflight: Mutex<std::collections::HashMap<SocketAddr, usize>>,
+    /// Storage servers: slots reserved for remote writers.
+    pub(crate) reservations: Option<Arc<Mutex<crate::central::Reservations>>>,
+    /// Where the storage servers are (centralized and hybrid writers).
+    pub(crate) storage: parking_lot::RwLock<Arc<crate::central::StorageView>>,
+    /// The "no storage server" warning was logged (reset when one appears).
+    pub(crate) no_storage_logged: AtomicBool,
 }
 
 /// Serves a store-level control request (kinds `0x03xx`).
@@ -89,7 +95,25 @@ fn serve_store(cell: &crate::observe::NodeCell, env: peercache_wire::Envelope<'_
     if inner.stopping.load(Ordering::Acquire) {
         return refuse(RpcError::CODE_SHUTDOWN, "node is stopping".into(), false);
     }
+    let frame = |r: StoreReply| match envelope::encode(&r, &[]) {
+        Ok(f) => Reply::Frame(f),
+        Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
+    };
     match req {
+        StoreRequest::Prepare { writer, pages } => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Prepared(inner.prepare(writer, &pages)))
+        }
+        StoreRequest::Commit(tokens) => frame(StoreReply::Committed(inner.commit(&tokens))),
+        StoreRequest::Abort(tokens) => frame(StoreReply::Aborted(inner.abort(&tokens))),
+        StoreRequest::Ingest(pages) => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Ingested(inner.ingest(&pages)))
+        }
         StoreRequest::Promote(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
             RpcError::CODE_REFUSED,
             format!(
@@ -179,11 +203,15 @@ fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> SocketAddr {
 impl Inner {
     pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Inner>, StoreError> {
         cfg.validate()?;
-        if cfg.mode != Mode::P2p {
-            return Err(StoreError::Unsupported(format!(
-                "mode {:?} (only p2p runs in this release)",
-                cfg.mode
-            )));
+        if cfg.mode == Mode::Slotmap {
+            return Err(StoreError::Unsupported(
+                "mode slotmap (p2p, centralized and hybrid run in this release)".into(),
+            ));
+        }
+        if cfg.mode == Mode::P2p && cfg.role == Role::Storage {
+            return Err(StoreError::Unsupported(
+                "role storage needs mode centralized or hybrid".into(),
+            ));
         }
         let transport_why: String = match cfg.protocol {
             Protocol::Tcp => "protocol=tcp".into(),
@@ -274,7 +302,15 @@ impl Inner {
             .map(|h| advertise(h.addr, host, explicit_host));
 
         // Memory first: allocate and pre-fault the pool once.
-        let pool = Arc::new(Pool::new(PoolConfig::new(cfg.pool_bytes() as usize))?);
+        let storage_role = cfg.role == Role::Storage;
+        // A centralized inference node publishes nothing itself: a minimal pool keeps the
+        // read-side machinery (leases, scratch) uniform.
+        let pool_bytes = if cfg.mode == Mode::Centralized && !storage_role {
+            4 << 20
+        } else {
+            cfg.pool_bytes() as usize
+        };
+        let pool = Arc::new(Pool::new(PoolConfig::new(pool_bytes))?);
         let transport = Arc::new(TcpTransport::start(
             TransportConfig {
                 bind: bind_addr(&cfg.rdma_bind_host, cfg.rdma_port)?,
@@ -287,10 +323,23 @@ impl Inner {
             },
             Some(me.clone()),
         )?);
-        // SAFETY: the pool's mapping outlives the registration: `Inner` drops `pool_region`
-        // (explicitly in shutdown, and by field order) before `pool`.
-        let pool_region =
-            unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?;
+        // Storage servers accept remote writes, only into reserved slots and only from the
+        // node that reserved them; every other pool is remote-read only.
+        let reservations =
+            storage_role.then(|| Arc::new(Mutex::new(crate::central::Reservations::default())));
+        let pool_region = match &reservations {
+            // SAFETY: the pool's mapping outlives the registration: `Inner` drops `pool_region`
+            // (explicitly in shutdown, and by field order) before `pool`.
+            Some(r) => unsafe {
+                transport.register_guarded(
+                    pool.base(),
+                    pool.len(),
+                    Arc::new(crate::central::ReservationGuard(r.clone())),
+                )
+            }?,
+            // SAFETY: as above.
+            None => unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?,
+        };
         let pool_key = pool_region.key().0;
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
@@ -369,7 +418,7 @@ impl Inner {
                 .map(|m| advertise(m.local_addr(), host, explicit_host)),
             control: control_endpoint,
             data: vec![data_endpoint],
-            role: "inference".into(),
+            role: if storage_role { "storage" } else { "inference" }.into(),
             attrs: {
                 let mut a = vec![
                     ("tp_rank".to_string(), cfg.tp_rank.to_string()),
@@ -446,6 +495,9 @@ impl Inner {
             promoter: std::sync::OnceLock::new(),
             promote_lock: Mutex::new(()),
             inflight: Mutex::new(Default::default()),
+            reservations,
+            storage: Default::default(),
+            no_storage_logged: AtomicBool::new(false),
         });
         let _ = inner
             .promoter
@@ -465,6 +517,7 @@ impl Inner {
                     }
                     let ps = inner.pool.stats();
                     inner.metrics.refresh(ps.retained + ps.reclaimable);
+                    inner.reap_reservations();
                     if got.is_err() && *inner.ring_ready.0.lock() {
                         continue;
                     }
@@ -479,9 +532,13 @@ impl Inner {
 
     /// Installs discovery's current members as the directory ring.
     pub(crate) fn sync_membership(&self) {
-        let members: Vec<Member> = self
-            .discovery
-            .members()
+        let infos = self.discovery.members();
+        if self.cfg.mode != Mode::P2p {
+            *self.storage.write() =
+                Arc::new(crate::central::StorageView::of(&infos, self.cfg.vnodes));
+        }
+        self.reap_reservations();
+        let members: Vec<Member> = infos
             .into_iter()
             .map(|m| Member {
                 node: m.node,
@@ -597,6 +654,7 @@ impl Inner {
                         }
                     }
                 }
+                Ok(other) => tracing::debug!(reply = ?other, "unexpected reply to a promote"),
                 Err(e) => tracing::debug!(error = %e, "promote request failed"),
             }
         }

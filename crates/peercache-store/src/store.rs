@@ -79,7 +79,18 @@ impl Scratch {
             .expect("64 bytes")
     }
 
-    fn staging_addr(&self, off: usize) -> u64 {
+    /// The registered staging bytes at `off..off + len` (write sources for centralized writes).
+    pub(crate) fn staging_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        let at = self.headers * HEADER_LEN + off;
+        &mut self.buf[at..at + len]
+    }
+
+    /// The region key of the scratch buffer.
+    pub(crate) fn key(&self) -> peercache_transport::RegionKey {
+        self.handle.key()
+    }
+
+    pub(crate) fn staging_addr(&self, off: usize) -> u64 {
         self.buf.as_ptr() as u64 + (self.headers * HEADER_LEN + off) as u64
     }
 }
@@ -114,7 +125,7 @@ pub struct StoreStats {
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Store {
@@ -314,7 +325,41 @@ impl Store {
         self.set_impl_valid(keys, slices, counts, None)
     }
 
+    /// Routes a write by mode and write policy: the local pool (p2p), storage servers
+    /// (centralized; hybrid `storage`), or both (hybrid `both`).
     fn set_impl_valid(
+        &self,
+        keys: &[PageKey],
+        slices: &[&[u8]],
+        counts: &[usize],
+        valid_lens: Option<&[u32]>,
+    ) -> Vec<bool> {
+        use crate::config::{Mode, Role, WritePolicy};
+        let cfg = &self.inner.cfg;
+        let (to_storage, also_local) = match (cfg.mode, cfg.role, cfg.write_policy) {
+            (_, Role::Storage, _) => (false, true),
+            (Mode::Centralized, _, _) => (true, false),
+            (Mode::Hybrid, _, WritePolicy::Storage) => (true, false),
+            (Mode::Hybrid, _, WritePolicy::Both) => (true, true),
+            _ => (false, true),
+        };
+        if !to_storage {
+            return self.set_local(keys, slices, counts, valid_lens);
+        }
+        match self.write_to_storage(keys, slices, counts, valid_lens) {
+            Some(stored) if also_local => {
+                let local = self.set_local(keys, slices, counts, valid_lens);
+                stored.iter().zip(local).map(|(s, l)| *s || l).collect()
+            }
+            Some(stored) => stored,
+            // No storage server registered: hybrid falls back to the local pool; centralized
+            // has no pool to fall back to.
+            None if cfg.mode == Mode::Hybrid => self.set_local(keys, slices, counts, valid_lens),
+            None => vec![false; keys.len()],
+        }
+    }
+
+    fn set_local(
         &self,
         keys: &[PageKey],
         slices: &[&[u8]],
@@ -906,7 +951,7 @@ impl Store {
         }
     }
 
-    fn host_region(
+    pub(crate) fn host_region(
         &self,
         bufs: &[RegionHandle],
         ptr: u64,
@@ -917,7 +962,11 @@ impl Store {
             .map(|h| h.key())
     }
 
-    fn checkout_scratch(&self, headers: usize, staging: usize) -> Result<Scratch, StoreError> {
+    pub(crate) fn checkout_scratch(
+        &self,
+        headers: usize,
+        staging: usize,
+    ) -> Result<Scratch, StoreError> {
         let mut pool = self.inner.scratch.lock();
         if let Some(pos) = pool.iter().position(|s| s.fits(headers, staging)) {
             return Ok(pool.swap_remove(pos));

@@ -28,7 +28,7 @@ mod tcp;
 pub use batch::{Batch, OpDesc, RemoteRange, Segment};
 pub use config::TransportConfig;
 pub use error::{OpError, TransportError};
-pub use region::{Access, RegionHandle, RegionKey};
+pub use region::{Access, RegionHandle, RegionKey, WriteGuard};
 pub use stats::{PeerStats, TransportStats};
 pub use tcp::TcpTransport;
 
@@ -60,6 +60,7 @@ pub fn fuzz_request(data: &[u8]) -> usize {
                 base: 0x1000_0000 * (i as u64 + 1),
                 len: 1 << 20,
                 access,
+                guard: None,
             },
         );
     }
@@ -69,7 +70,7 @@ pub fn fuzz_request(data: &[u8]) -> usize {
     (0..n)
         .filter(|i| {
             let op = proto::WireOp::decode(&ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-            server::check_remote_op(&regions, &op, write, 64 << 20).is_ok()
+            server::check_remote_op(&regions, &op, write, 64 << 20, None).is_ok()
         })
         .count()
 }

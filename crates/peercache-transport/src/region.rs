@@ -34,11 +34,19 @@ impl Access {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionKey(pub u64);
 
-#[derive(Clone, Copy, Debug)]
+/// Decides, per inbound write, whether a peer may write a range of a [`Access::RemoteReadWrite`]
+/// region registered with it — e.g. only slots the writing node reserved.
+pub trait WriteGuard: Send + Sync + std::fmt::Debug {
+    /// `peer` is the node id the writer proved in the handshake (None: anonymous tool).
+    fn allow_write(&self, peer: Option<&peercache_wire::NodeId>, addr: u64, len: u64) -> bool;
+}
+
+#[derive(Clone, Debug)]
 pub(crate) struct Region {
     pub(crate) base: u64,
     pub(crate) len: u64,
     pub(crate) access: Access,
+    pub(crate) guard: Option<Arc<dyn WriteGuard>>,
 }
 
 impl Region {
@@ -89,6 +97,7 @@ impl RegionTable {
         base: u64,
         len: u64,
         access: Access,
+        guard: Option<Arc<dyn WriteGuard>>,
     ) -> Result<RegionKey, TransportError> {
         if base == 0 {
             return Err(TransportError::Register("null pointer"));
@@ -108,7 +117,15 @@ impl RegionTable {
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let key = RegionKey(n.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ self.salt);
-        map.insert(key, Region { base, len, access });
+        map.insert(
+            key,
+            Region {
+                base,
+                len,
+                access,
+                guard,
+            },
+        );
         Ok(key)
     }
 

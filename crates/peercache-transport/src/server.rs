@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use peercache_wire::handshake::{self, Acceptor, Plane};
-use peercache_wire::{Incarnation, WireError};
+use peercache_wire::{Incarnation, NodeId, WireError};
 
 use crate::iov::{self, Deadline};
 use crate::proto::{self, Header, WireOp};
@@ -26,6 +26,7 @@ pub(crate) fn check_remote_op(
     op: &WireOp,
     write: bool,
     max_op_bytes: u32,
+    peer: Option<&NodeId>,
 ) -> Result<(), OpError> {
     if op.len == 0 || op.len > max_op_bytes {
         return Err(OpError::BadLength {
@@ -44,7 +45,14 @@ pub(crate) fn check_remote_op(
     if !allowed {
         return Err(OpError::AccessDenied(op.region));
     }
-    region.check_range(op.region, op.addr, op.len as u64)
+    region.check_range(op.region, op.addr, op.len as u64)?;
+    if write
+        && let Some(g) = &region.guard
+        && !g.allow_write(peer, op.addr, op.len as u64)
+    {
+        return Err(OpError::AccessDenied(op.region));
+    }
+    Ok(())
 }
 
 pub(crate) struct ServerShared {
@@ -114,6 +122,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
 
 /// Per-connection buffers, reused across requests.
 struct ConnBufs {
+    /// The node id the peer proved in the handshake (write guards check it).
+    peer: Option<NodeId>,
     ops: Vec<u8>,
     reply: Vec<u8>,
     iov: Vec<libc::iovec>,
@@ -128,8 +138,9 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
         incarnation: sh.incarnation,
         auth: sh.cfg.auth.clone(),
     };
-    handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
+    let hello = handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
     let mut bufs = ConnBufs {
+        peer: hello.node,
         ops: Vec::new(),
         reply: Vec::new(),
         iov: Vec::new(),
@@ -243,7 +254,7 @@ fn serve_read(
     let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
     for i in 0..n {
         let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-        match check_remote_op(&regions, &op, false, sh.cfg.max_op_bytes) {
+        match check_remote_op(&regions, &op, false, sh.cfg.max_op_bytes, None) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
                 bufs.iov.push(iov::iovec(op.addr, op.len as usize));
@@ -294,7 +305,7 @@ fn serve_write(
     let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
     for i in 0..n {
         let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-        match check_remote_op(&regions, &op, true, sh.cfg.max_op_bytes) {
+        match check_remote_op(&regions, &op, true, sh.cfg.max_op_bytes, bufs.peer.as_ref()) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
                 bufs.iov.push(iov::iovec(op.addr, op.len as usize));

@@ -83,7 +83,31 @@ impl TcpTransport {
         len: usize,
         access: Access,
     ) -> Result<RegionHandle, TransportError> {
-        let key = self.table.insert(ptr as u64, len as u64, access)?;
+        let key = self.table.insert(ptr as u64, len as u64, access, None)?;
+        Ok(RegionHandle {
+            table: self.table.clone(),
+            key,
+            base: ptr as u64,
+            len: len as u64,
+            access,
+        })
+    }
+
+    /// Registers `len` bytes at `ptr` as [`Access::RemoteReadWrite`], with every inbound write
+    /// checked by `guard` (e.g. only ranges the writing node reserved).
+    ///
+    /// # Safety
+    /// As [`TcpTransport::register`].
+    pub unsafe fn register_guarded(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        guard: Arc<dyn crate::WriteGuard>,
+    ) -> Result<RegionHandle, TransportError> {
+        let access = Access::RemoteReadWrite;
+        let key = self
+            .table
+            .insert(ptr as u64, len as u64, access, Some(guard))?;
         Ok(RegionHandle {
             table: self.table.clone(),
             key,

@@ -1,0 +1,602 @@
+//! Centralized and hybrid modes: inference nodes write into storage servers' pools.
+//!
+//! A write to storage is three steps per storage owner (the ring of storage nodes places each
+//! key; all owners are asked at once):
+//!
+//! 1. **prepare** — the owner reserves pool slots for the pages and returns their payload
+//!    addresses; only these ranges accept remote writes, only from the node that reserved them
+//!    ([`ReservationGuard`] on the owner's pool registration), only until the reservation
+//!    expires (`reservation_timeout`; expired ones are released, so nothing leaks);
+//! 2. **write** — one-sided WRITE of the payloads straight from the caller's registered buffer
+//!    (or a registered staging copy) into those slots;
+//! 3. **commit** — the owner checksums the payloads in place, writes the slot headers and makes
+//!    the pages live; the writer records the returned locations in the directory.
+//!
+//! A page whose write failed is aborted and sent again inside an **ingest** request that
+//! carries its bytes. Reads need nothing new: the directory names the storage node, and readers
+//! read its pool one-sided like any peer's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use peercache_directory::{Location, Ring};
+use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass, Reservation, Reserved};
+use peercache_transport::{Batch, RemoteRange, Segment, WriteGuard};
+use peercache_wire::{NodeId, PageKey, envelope, rpc};
+use smallvec::SmallVec;
+
+use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
+use crate::node::Inner;
+use crate::store::Store;
+
+/// One reservation held for a writer.
+#[derive(Debug)]
+struct Held {
+    res: Reservation,
+    writer: NodeId,
+    expires: Instant,
+}
+
+/// Reservations of a storage node, by token and by payload address.
+#[derive(Debug, Default)]
+pub(crate) struct Reservations {
+    by_token: HashMap<u64, Held>,
+    by_addr: BTreeMap<u64, u64>,
+    next: u64,
+}
+
+impl Reservations {
+    fn take(&mut self, token: u64) -> Option<Held> {
+        let h = self.by_token.remove(&token)?;
+        self.by_addr.remove(&h.res.payload_addr);
+        Some(h)
+    }
+}
+
+/// The write guard of a storage node's pool: a remote write must fall inside one live
+/// reservation of the node that writes.
+#[derive(Debug)]
+pub(crate) struct ReservationGuard(pub(crate) Arc<Mutex<Reservations>>);
+
+impl WriteGuard for ReservationGuard {
+    fn allow_write(&self, peer: Option<&NodeId>, addr: u64, len: u64) -> bool {
+        let Some(peer) = peer else { return false };
+        let t = self.0.lock();
+        let Some((_, token)) = t.by_addr.range(..=addr).next_back() else {
+            return false;
+        };
+        let Some(h) = t.by_token.get(token) else {
+            return false;
+        };
+        addr.checked_add(len)
+            .is_some_and(|end| end <= h.res.payload_addr + h.res.len as u64)
+            && h.writer == *peer
+            && Instant::now() < h.expires
+    }
+}
+
+/// Where the storage servers are, as this node's membership sees them.
+#[derive(Debug, Default)]
+pub(crate) struct StorageView {
+    /// Ring of storage nodes only (placement).
+    pub(crate) ring: Option<Ring>,
+    /// Their control endpoints.
+    pub(crate) control: HashMap<NodeId, std::net::SocketAddr>,
+}
+
+impl StorageView {
+    /// A view of `members` whose role is `storage`.
+    pub(crate) fn of(members: &[peercache_discovery::NodeInfo], vnodes: u32) -> StorageView {
+        let storage: Vec<&peercache_discovery::NodeInfo> =
+            members.iter().filter(|m| m.role == "storage").collect();
+        StorageView {
+            ring: (!storage.is_empty())
+                .then(|| Ring::new(storage.iter().map(|m| m.node.clone()), vnodes)),
+            control: storage
+                .iter()
+                .map(|m| (m.node.clone(), m.control))
+                .collect(),
+        }
+    }
+}
+
+// ----- storage side -----
+
+impl Inner {
+    /// Releases reservations whose writer did not commit in time.
+    pub(crate) fn reap_reservations(&self) -> usize {
+        let Some(table) = &self.reservations else {
+            return 0;
+        };
+        let now = Instant::now();
+        let expired: Vec<Reservation> = {
+            let mut t = table.lock();
+            let tokens: Vec<u64> = t
+                .by_token
+                .iter()
+                .filter(|(_, h)| h.expires <= now)
+                .map(|(k, _)| *k)
+                .collect();
+            tokens
+                .into_iter()
+                .filter_map(|k| t.take(k).map(|h| h.res))
+                .collect()
+        };
+        if expired.is_empty() {
+            return 0;
+        }
+        let n = self.pool.abort_reserved(&expired);
+        self.metrics.reservations_expired.increment(n as u64);
+        tracing::debug!(
+            released = n,
+            "released reservations that were never committed"
+        );
+        n
+    }
+
+    /// Serves a prepare: reserves slots for `writer`.
+    pub(crate) fn prepare(
+        &self,
+        writer: NodeId,
+        pages: &[(PageKey, u32, u32)],
+    ) -> Vec<PrepareOutcome> {
+        let Some(table) = &self.reservations else {
+            return pages
+                .iter()
+                .map(|_| PrepareOutcome::Refused("this node is not a storage server".into()))
+                .collect();
+        };
+        self.reap_reservations();
+        let want: Vec<(PageKey, u32, Option<u32>)> =
+            pages.iter().map(|&(k, l, v)| (k, l, Some(v))).collect();
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        self.pool
+            .reserve_batch(&want, ReplClass::Retained, &mut out, &mut evicted);
+        if let Some(b) = self.evictions.lock().as_ref() {
+            b.push(evicted);
+        }
+        let expires = Instant::now() + Duration::from_secs_f64(self.cfg.reservation_timeout);
+        let mut t = table.lock();
+        out.into_iter()
+            .map(|r| match r {
+                Reserved::Slot(res) => {
+                    t.next += 1;
+                    let token = t.next;
+                    t.by_addr.insert(res.payload_addr, token);
+                    t.by_token.insert(
+                        token,
+                        Held {
+                            res,
+                            writer: writer.clone(),
+                            expires,
+                        },
+                    );
+                    PrepareOutcome::Slot {
+                        token,
+                        addr: res.payload_addr,
+                        region: self.pool_key,
+                    }
+                }
+                Reserved::Duplicate(loc) => PrepareOutcome::Present(self.resident_location(&loc)),
+                Reserved::Failed(e) => PrepareOutcome::Refused(e.to_string()),
+            })
+            .collect()
+    }
+
+    /// Serves a commit: makes the written slots live; returns their locations.
+    pub(crate) fn commit(&self, tokens: &[u64]) -> Vec<Option<Location>> {
+        let Some(table) = &self.reservations else {
+            return vec![None; tokens.len()];
+        };
+        let held: Vec<Option<Reservation>> = {
+            let mut t = table.lock();
+            tokens.iter().map(|k| t.take(*k).map(|h| h.res)).collect()
+        };
+        let res: Vec<Reservation> = held.iter().flatten().copied().collect();
+        let mut locs = Vec::new();
+        self.pool.commit_reserved(&res, &mut locs);
+        let mut committed = locs.into_iter();
+        let out: Vec<Option<Location>> = held
+            .iter()
+            .map(|h| {
+                h.and_then(|_| committed.next().flatten())
+                    .map(|l| self.resident_location(&l))
+            })
+            .collect();
+        self.write_through(&res, &out);
+        out
+    }
+
+    /// Copies committed pages to the disk tier, under leases.
+    fn write_through(&self, res: &[Reservation], locs: &[Option<Location>]) {
+        let Some(disk) = &self.disk else { return };
+        let keys: Vec<PageKey> = res.iter().map(|r| r.key).collect();
+        let leases = self.pool.lease_batch(&keys);
+        let mut buf = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let Some(loc) = leases.location(i) else {
+                continue;
+            };
+            if !locs
+                .iter()
+                .flatten()
+                .any(|l| l.generation == loc.generation)
+            {
+                continue;
+            }
+            buf.resize(loc.len as usize, 0);
+            if self
+                .pool
+                .read_leased(&leases, i, *k, &mut [&mut buf[..]])
+                .is_ok()
+            {
+                disk.put(*k, &[&buf[..]], loc.valid_len, loc.generation);
+            }
+        }
+    }
+
+    /// Serves an abort: releases reservations the writer gave up on.
+    pub(crate) fn abort(&self, tokens: &[u64]) -> u32 {
+        let Some(table) = &self.reservations else {
+            return 0;
+        };
+        let res: Vec<Reservation> = {
+            let mut t = table.lock();
+            tokens
+                .iter()
+                .filter_map(|k| t.take(*k).map(|h| h.res))
+                .collect()
+        };
+        self.pool.abort_reserved(&res) as u32
+    }
+
+    /// Serves an ingest: publishes pages whose bytes came inside the request.
+    pub(crate) fn ingest(&self, pages: &[(PageKey, u32, Vec<u8>)]) -> Vec<Option<Location>> {
+        if self.reservations.is_none() {
+            return vec![None; pages.len()];
+        }
+        let segs: Vec<[&[u8]; 1]> = pages.iter().map(|p| [p.2.as_slice()]).collect();
+        let writes: Vec<PageWrite<'_>> = pages
+            .iter()
+            .zip(&segs)
+            .map(|((k, valid, bytes), s)| PageWrite {
+                key: *k,
+                segments: s,
+                valid_len: (*valid as usize != bytes.len()).then_some(*valid),
+            })
+            .collect();
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        self.pool.publish_batch(
+            &writes,
+            ReplClass::Retained,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        if let Some(b) = self.evictions.lock().as_ref() {
+            b.push(evicted);
+        }
+        out.iter()
+            .zip(&writes)
+            .map(|(p, w)| match p {
+                Published::New(loc) => {
+                    if let Some(d) = &self.disk {
+                        d.put(w.key, w.segments, loc.valid_len, loc.generation);
+                    }
+                    Some(self.resident_location(loc))
+                }
+                Published::Duplicate(loc) => Some(self.resident_location(loc)),
+                Published::Failed(_) => None,
+            })
+            .collect()
+    }
+}
+
+// ----- writer side -----
+
+/// One storage owner's share of a write.
+struct OwnerWrite {
+    control: std::net::SocketAddr,
+    pages: Vec<usize>,
+}
+
+impl Store {
+    /// Writes pages into storage servers. `None` when no storage server is registered.
+    pub(crate) fn write_to_storage(
+        &self,
+        keys: &[PageKey],
+        slices: &[&[u8]],
+        counts: &[usize],
+        valid_lens: Option<&[u32]>,
+    ) -> Option<Vec<bool>> {
+        let inner = &*self.inner;
+        let view = inner.storage.read().clone();
+        let Some(ring) = &view.ring else {
+            if !inner.no_storage_logged.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    mode = ?inner.cfg.mode,
+                    "no storage server is registered: writes to storage fail (centralized) or \
+                     go to the local pool (hybrid) until one joins"
+                );
+            }
+            return None;
+        };
+        inner.no_storage_logged.store(false, Ordering::Relaxed);
+        let mut starts = Vec::with_capacity(keys.len());
+        let mut lens = Vec::with_capacity(keys.len());
+        let mut at = 0;
+        for &c in counts {
+            starts.push(at);
+            lens.push(slices[at..at + c].iter().map(|s| s.len()).sum::<usize>());
+            at += c;
+        }
+        let valid = |i: usize| valid_lens.map_or(lens[i] as u32, |v| v[i]);
+        // Group by storage owner.
+        let mut owners: Vec<(NodeId, OwnerWrite)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let Some(node) = ring.primary(*k) else {
+                continue;
+            };
+            let Some(&control) = view.control.get(node) else {
+                continue;
+            };
+            match owners.iter_mut().find(|(n, _)| n == node) {
+                Some((_, w)) => w.pages.push(i),
+                None => owners.push((
+                    node.clone(),
+                    OwnerWrite {
+                        control,
+                        pages: vec![i],
+                    },
+                )),
+            }
+        }
+        let mut done = vec![false; keys.len()];
+        let mut entries: Vec<(PageKey, Location)> = Vec::new();
+        // 1. Prepare on every owner at once.
+        let reqs: Vec<Vec<u8>> = owners
+            .iter()
+            .map(|(_, w)| {
+                let pages = w
+                    .pages
+                    .iter()
+                    .map(|&i| (keys[i], lens[i] as u32, valid(i)))
+                    .collect();
+                envelope::encode(
+                    &StoreRequest::Prepare {
+                        writer: inner.me.clone(),
+                        pages,
+                    },
+                    &[],
+                )
+                .unwrap_or_default()
+            })
+            .collect();
+        let calls: Vec<(std::net::SocketAddr, &[u8])> = owners
+            .iter()
+            .zip(&reqs)
+            .map(|((_, w), r)| (w.control, r.as_slice()))
+            .collect();
+        let replies = inner.dir.rpc().call_many(&calls, inner.cfg.op_timeout());
+        for ((node, w), reply) in owners.iter().zip(replies) {
+            let outcomes = match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
+                Ok(StoreReply::Prepared(o)) if o.len() == w.pages.len() => o,
+                other => {
+                    tracing::debug!(owner = %node, reply = ?other.err(), "prepare failed");
+                    continue;
+                }
+            };
+            self.write_owner(
+                w,
+                &outcomes,
+                keys,
+                slices,
+                &starts,
+                counts,
+                &lens,
+                &mut done,
+                &mut entries,
+            );
+        }
+        // 3. The directory learns every stored page (one batched insert for all owners).
+        if !entries.is_empty() {
+            let ok = inner.dir.insert(&entries).is_ok();
+            if !ok {
+                for (k, _) in &entries {
+                    if let Some(i) = keys.iter().position(|x| x == k) {
+                        done[i] = false;
+                    }
+                }
+            }
+        }
+        let stored = done.iter().filter(|d| **d).count() as u64;
+        inner.metrics.storage_writes.increment(stored);
+        Some(done)
+    }
+
+    /// Writes one owner's reserved slots, commits them, and ingests what could not be written.
+    #[allow(clippy::too_many_arguments)]
+    fn write_owner(
+        &self,
+        w: &OwnerWrite,
+        outcomes: &[PrepareOutcome],
+        keys: &[PageKey],
+        slices: &[&[u8]],
+        starts: &[usize],
+        counts: &[usize],
+        lens: &[usize],
+        done: &mut [bool],
+        entries: &mut Vec<(PageKey, Location)>,
+    ) {
+        let inner = &*self.inner;
+        let timeout = inner.cfg.op_timeout();
+        let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
+        for (&i, o) in w.pages.iter().zip(outcomes) {
+            match o {
+                PrepareOutcome::Slot {
+                    token,
+                    addr,
+                    region,
+                } => slots.push((i, *token, *addr, *region)),
+                PrepareOutcome::Present(_) => done[i] = true,
+                PrepareOutcome::Refused(why) => {
+                    tracing::debug!(key = %keys[i], why, "storage refused a page")
+                }
+            }
+        }
+        if slots.is_empty() {
+            return;
+        }
+        // 2. One-sided WRITE of every reserved page: straight from registered host memory, or
+        // from a registered staging copy.
+        let bufs = inner.host_buffers.read();
+        let staging: usize = slots
+            .iter()
+            .filter(|(i, ..)| !self.page_registered(&bufs, slices, starts[*i], counts[*i]))
+            .map(|(i, ..)| lens[*i])
+            .sum();
+        let Ok(mut scratch) = self.checkout_scratch(0, staging) else {
+            return;
+        };
+        let mut batch = Batch::new();
+        let mut soff = 0usize;
+        for &(i, _, addr, region) in &slots {
+            let page = &slices[starts[i]..starts[i] + counts[i]];
+            let mut local: SmallVec<[Segment; 4]> = SmallVec::new();
+            if self.page_registered(&bufs, slices, starts[i], counts[i]) {
+                for s in page {
+                    let key = self
+                        .host_region(&bufs, s.as_ptr() as u64, s.len() as u64)
+                        .expect("checked above");
+                    local.push(Segment {
+                        region: key,
+                        addr: s.as_ptr() as u64,
+                        len: s.len() as u32,
+                    });
+                }
+            } else {
+                let dst = scratch.staging_mut(soff, lens[i]);
+                let mut at = 0;
+                for s in page {
+                    dst[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+                local.push(Segment {
+                    region: scratch.key(),
+                    addr: scratch.staging_addr(soff),
+                    len: lens[i] as u32,
+                });
+                soff += lens[i];
+            }
+            batch.push(
+                RemoteRange {
+                    region: peercache_transport::RegionKey(region),
+                    addr,
+                    len: lens[i] as u32,
+                },
+                &local,
+            );
+        }
+        let data_ep = inner
+            .discovery
+            .members()
+            .into_iter()
+            .find(|m| m.control == w.control)
+            .and_then(|m| m.data.first().copied());
+        let written: Vec<bool> = match data_ep.map(|ep| inner.transport.write_batch(ep, &batch)) {
+            Some(Ok(r)) => r.iter().map(|x| x.is_ok()).collect(),
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "write to storage failed; falling back to ingest");
+                vec![false; slots.len()]
+            }
+            None => vec![false; slots.len()],
+        };
+        drop(bufs);
+        inner.scratch.lock().push(scratch);
+        let commit: Vec<u64> = slots
+            .iter()
+            .zip(&written)
+            .filter(|(_, ok)| **ok)
+            .map(|(s, _)| s.1)
+            .collect();
+        let abort: Vec<u64> = slots
+            .iter()
+            .zip(&written)
+            .filter(|(_, ok)| !**ok)
+            .map(|(s, _)| s.1)
+            .collect();
+        // Commit what landed; abort the rest and send those pages with their bytes.
+        let mut calls: Vec<Vec<u8>> = Vec::new();
+        if !commit.is_empty() {
+            calls.push(
+                envelope::encode(&StoreRequest::Commit(commit.clone()), &[]).unwrap_or_default(),
+            );
+        }
+        let fallback: Vec<usize> = slots
+            .iter()
+            .zip(&written)
+            .filter(|(_, ok)| !**ok)
+            .map(|(s, _)| s.0)
+            .collect();
+        if !abort.is_empty() {
+            calls.push(envelope::encode(&StoreRequest::Abort(abort), &[]).unwrap_or_default());
+            let pages = fallback
+                .iter()
+                .map(|&i| {
+                    let mut bytes = Vec::with_capacity(lens[i]);
+                    for s in &slices[starts[i]..starts[i] + counts[i]] {
+                        bytes.extend_from_slice(s);
+                    }
+                    (keys[i], lens[i] as u32, bytes)
+                })
+                .collect();
+            calls.push(envelope::encode(&StoreRequest::Ingest(pages), &[]).unwrap_or_default());
+            inner
+                .metrics
+                .storage_ingests
+                .increment(fallback.len() as u64);
+        }
+        let rc: Vec<(std::net::SocketAddr, &[u8])> =
+            calls.iter().map(|f| (w.control, f.as_slice())).collect();
+        let replies = inner.dir.rpc().call_many(&rc, timeout);
+        for reply in replies {
+            match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
+                Ok(StoreReply::Committed(locs)) => {
+                    let committed = slots.iter().zip(&written).filter(|(_, ok)| **ok);
+                    for ((s, _), l) in committed.zip(locs) {
+                        if let Some(l) = l {
+                            done[s.0] = true;
+                            entries.push((keys[s.0], l));
+                        }
+                    }
+                }
+                Ok(StoreReply::Ingested(locs)) => {
+                    for (&i, l) in fallback.iter().zip(locs) {
+                        if let Some(l) = l {
+                            done[i] = true;
+                            entries.push((keys[i], l));
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "commit or ingest failed"),
+            }
+        }
+    }
+
+    fn page_registered(
+        &self,
+        bufs: &[peercache_transport::RegionHandle],
+        slices: &[&[u8]],
+        start: usize,
+        count: usize,
+    ) -> bool {
+        slices[start..start + count].iter().all(|s| {
+            self.host_region(bufs, s.as_ptr() as u64, s.len() as u64)
+                .is_some()
+        })
+    }
+}

@@ -1,0 +1,336 @@
+//! Centralized and hybrid modes on loopback: storage servers hold the pages inference nodes
+//! write (prepare → one-sided write → commit, ingest as the fallback), reservations that are
+//! never committed are released, only the reserving node may write a reserved slot, and the
+//! fallbacks when no storage server exists.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use peercache_store::control::{PrepareOutcome, StoreReply, StoreRequest};
+use peercache_store::{PeerCacheConfig, Store};
+use peercache_transport::{
+    Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
+};
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, RpcClient};
+use peercache_wire::{Incarnation, NodeId, PageKey, envelope};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
+    let host = format!("127.0.0.{n}");
+    let mut m = json!({
+        "discovery_addr": format!("127.0.0.{seed}:{port}"),
+        "protocol": "tcp", "node_id": format!("n{n}"),
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+        "global_segment_size": "32mb",
+        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
+        "metrics_enabled": false,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        m[k] = v.clone();
+    }
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn page(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn settle(nodes: &[&Store]) {
+    for s in nodes {
+        assert!(s.wait_members(nodes.len(), Duration::from_secs(10)));
+        s.sync_membership();
+    }
+}
+
+fn read_all(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {
+    let mut out = vec![vec![0u8; len]; keys.len()];
+    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    let got = s.batch_get(keys, &mut d).unwrap();
+    (got, out)
+}
+
+#[test]
+fn centralized_writes_land_on_storage_servers_and_read_back_byte_exact() {
+    let port = free_port();
+    let central = json!({"mode": "centralized"});
+    let storage = json!({"mode": "centralized", "role": "storage"});
+    let s1 = node(110, 110, port, storage.clone());
+    let s2 = node(111, 110, port, storage);
+    let a = node(112, 110, port, central.clone());
+    let b = node(113, 110, port, central);
+    settle(&[&s1, &s2, &a, &b]);
+
+    let len = 32 << 10;
+    let keys: Vec<String> = (0..40).map(|i| format!("central-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..40).map(|i| page(i, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    // Inference nodes hold nothing; the storage servers hold every page once.
+    assert_eq!(a.stats().pool_pages, 0);
+    assert_eq!(s1.stats().pool_pages + s2.stats().pool_pages, 40);
+    assert!(s1.stats().pool_pages > 0 && s2.stats().pool_pages > 0);
+    for o in a.locate(&keys).unwrap() {
+        let o = o.expect("every page is in the directory");
+        assert!(
+            o.iter()
+                .all(|l| l.node.as_str() == "n110" || l.node.as_str() == "n111")
+        );
+    }
+    let (got, out) = read_all(&b, &keys, len);
+    assert!(got.iter().all(|&x| x));
+    assert_eq!(out, pages);
+    assert_eq!(b.batch_exists(&keys).unwrap(), 40);
+    // Writing again is answered "present" without moving the bytes.
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    assert_eq!(s1.stats().pool_pages + s2.stats().pool_pages, 40);
+
+    // From a registered host buffer the one-sided write goes straight from it (no staging).
+    let mut host = vec![0u8; 8 * len];
+    for (i, chunk) in host.chunks_mut(len).enumerate() {
+        chunk.copy_from_slice(&page(1000 + i as u64, len));
+    }
+    // SAFETY: `host` outlives the node (shut down below before it is dropped).
+    unsafe { a.register_host_buffer(host.as_mut_ptr(), host.len()) }.unwrap();
+    let hkeys: Vec<String> = (0..8).map(|i| format!("central-host-{i}")).collect();
+    let hrefs: Vec<&[u8]> = host.chunks(len).collect();
+    assert!(a.batch_set(&hkeys, &hrefs).unwrap().iter().all(|&x| x));
+    let (got, out) = read_all(&b, &hkeys, len);
+    assert!(got.iter().all(|&x| x));
+    assert_eq!(
+        out,
+        host.chunks(len).map(|c| c.to_vec()).collect::<Vec<_>>()
+    );
+    for s in [a, b, s1, s2] {
+        s.shutdown();
+    }
+}
+
+#[test]
+fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
+    let port = free_port();
+    let storage = json!({"mode": "centralized", "role": "storage", "reservation_timeout": 0.3});
+    let s = node(120, 120, port, storage);
+    let a = node(121, 120, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
+    let rpc = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(7)),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 20,
+        auth: Default::default(),
+    });
+    let len = 16 << 10;
+    let key = "leaked-0";
+    let pk = PageKey::from_key(key);
+    let prepare = |writer: &str| {
+        let req = StoreRequest::Prepare {
+            writer: NodeId::new(writer).unwrap(),
+            pages: vec![(pk, len as u32, len as u32)],
+        };
+        let f = rpc
+            .call(
+                s.control_endpoint(),
+                &envelope::encode(&req, &[]).unwrap(),
+                Duration::from_secs(2),
+            )
+            .unwrap();
+        match rpc::decode_reply::<StoreReply>(&f).unwrap() {
+            StoreReply::Prepared(mut v) => v.remove(0),
+            other => panic!("{other:?}"),
+        }
+    };
+    // A writer reserves a slot and never commits.
+    let PrepareOutcome::Slot { addr, region, .. } = prepare("ghost") else {
+        panic!("expected a slot");
+    };
+    // While reserved, nobody else gets the key ("being written"), and a write of it fails.
+    assert!(matches!(prepare("other"), PrepareOutcome::Refused(_)));
+    let p = page(77, len);
+    assert_eq!(a.batch_set(&[key], &[p.as_slice()]).unwrap(), vec![false]);
+
+    // Least privilege on the data plane: only the reserving node may write the slot.
+    let write_as = |who: &str, addr: u64| {
+        let t = TcpTransport::start(TransportConfig::default(), Some(NodeId::new(who).unwrap()))
+            .unwrap();
+        let mut src = page(5, len);
+        // SAFETY: `src` outlives the handle (dropped at the end of this closure).
+        let h = unsafe { t.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
+        let mut b = Batch::new();
+        b.push(
+            RemoteRange {
+                region: RegionKey(region),
+                addr,
+                len: len as u32,
+            },
+            &[Segment {
+                region: h.key(),
+                addr: h.addr(0),
+                len: len as u32,
+            }],
+        );
+        let r = t.write_batch(s.data_endpoint(), &b).unwrap();
+        drop(h);
+        r[0].clone()
+    };
+    assert!(matches!(
+        write_as("mallory", addr),
+        Err(OpError::AccessDenied(_))
+    ));
+    // ... nor past the end of the slot, even the reserver.
+    assert!(matches!(
+        write_as("ghost", addr + 1),
+        Err(OpError::AccessDenied(_))
+    ));
+    assert!(write_as("ghost", addr).is_ok());
+    // After the reservation expires it is released: the same key can now be stored for real.
+    let t0 = Instant::now();
+    loop {
+        if a.batch_set(&[key], &[p.as_slice()]).unwrap()[0] {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "reservation never released"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(150),
+        "released too early"
+    );
+    let mut out = vec![0u8; len];
+    assert!(a.batch_get(&[key], &mut [&mut out[..]]).unwrap()[0]);
+    assert_eq!(out, p);
+    // The expired writer can no longer write anywhere.
+    assert!(matches!(
+        write_as("ghost", addr),
+        Err(OpError::AccessDenied(_))
+    ));
+    a.shutdown();
+    s.shutdown();
+}
+
+#[test]
+fn without_storage_servers_centralized_fails_fast_and_hybrid_falls_back() {
+    let port = free_port();
+    let c = node(130, 130, port, json!({"mode": "centralized"}));
+    let h = node(
+        131,
+        130,
+        port,
+        json!({"mode": "hybrid", "write_policy": "storage"}),
+    );
+    settle(&[&c, &h]);
+    let p = page(1, 4096);
+    let t0 = Instant::now();
+    assert_eq!(
+        c.batch_set(&["x", "y"], &[p.as_slice(), p.as_slice()])
+            .unwrap(),
+        vec![false, false]
+    );
+    assert!(t0.elapsed() < Duration::from_millis(500), "no hang");
+    // Hybrid with write_policy=storage and no storage server: the local pool.
+    assert_eq!(h.batch_set(&["x"], &[p.as_slice()]).unwrap(), vec![true]);
+    assert_eq!(h.stats().pool_pages, 1);
+    let mut out = vec![0u8; 4096];
+    assert!(c.batch_get(&["x"], &mut [&mut out[..]]).unwrap()[0]);
+    assert_eq!(out, p);
+    c.shutdown();
+    h.shutdown();
+}
+
+#[test]
+fn hybrid_write_policies() {
+    let port = free_port();
+    let s = node(140, 140, port, json!({"mode": "hybrid", "role": "storage"}));
+    let local = node(141, 140, port, json!({"mode": "hybrid"}));
+    let storage = node(
+        142,
+        140,
+        port,
+        json!({"mode": "hybrid", "write_policy": "storage"}),
+    );
+    let both = node(
+        143,
+        140,
+        port,
+        json!({"mode": "hybrid", "write_policy": "both"}),
+    );
+    settle(&[&s, &local, &storage, &both]);
+    let p = page(9, 8192);
+    for (n, w) in [(&local, "l"), (&storage, "s"), (&both, "b")] {
+        assert!(n.batch_set(&[w], &[p.as_slice()]).unwrap()[0]);
+    }
+    // local: p2p, in its own pool only; storage: on the server only; both: in both places.
+    let owners = |k: &str| -> Vec<String> {
+        let mut v: Vec<String> = local.locate(&[k]).unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|l| l.node.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(owners("l"), vec!["n141"]);
+    assert_eq!(owners("s"), vec!["n140"]);
+    assert_eq!(owners("b"), vec!["n140", "n143"]);
+    assert_eq!(storage.stats().pool_pages, 0);
+    assert_eq!(both.stats().pool_pages, 1);
+    assert_eq!(s.stats().pool_pages, 2);
+    for k in ["l", "s", "b"] {
+        let mut out = vec![0u8; 8192];
+        assert!(
+            storage.batch_get(&[k], &mut [&mut out[..]]).unwrap()[0],
+            "{k}"
+        );
+        assert_eq!(out, p);
+    }
+    for n in [local, storage, both, s] {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn a_failed_one_sided_write_falls_back_to_ingest() {
+    let port = free_port();
+    // Reservations that expire at once: every one-sided write is refused by the server's
+    // guard, so every page must travel by the ingest fallback.
+    let s = node(
+        150,
+        150,
+        port,
+        json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1e-9}),
+    );
+    let a = node(151, 150, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
+    let keys: Vec<String> = (0..6).map(|i| format!("ingested-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..6).map(|i| page(300 + i, 12 << 10)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    assert_eq!(s.stats().pool_pages, 6);
+    let (got, out) = read_all(&a, &keys, 12 << 10);
+    assert!(got.iter().all(|&x| x));
+    assert_eq!(out, pages);
+    a.shutdown();
+    s.shutdown();
+}
