@@ -10,6 +10,7 @@ pub mod diskbench;
 pub mod hist;
 pub mod mainjob;
 pub mod micro;
+pub mod modesbench;
 pub mod poolbench;
 pub mod rawtcp;
 pub mod report;

@@ -1,6 +1,8 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{alloc, dirbench, diskbench, mainjob, micro, poolbench, report, serve};
+use peercache_bench::{
+    alloc, dirbench, diskbench, mainjob, micro, modesbench, poolbench, report, serve,
+};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -28,6 +30,8 @@ enum Cmd {
     Directory(dirbench::DirArgs),
     /// Disk tier: write-through and promote against plain sequential file I/O.
     Disk(diskbench::DiskArgs),
+    /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
+    Modes(modesbench::ModesArgs),
     /// One node that publishes `--preload` known pages, then serves until stopped.
     Serve(serve::ServeArgs),
     /// Internal: the serving child of `micro`.
@@ -50,6 +54,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Serve(args)) => serve::run(&args),
+        Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),

@@ -43,6 +43,9 @@ pub struct ClientConfig {
     /// After a membership change, misses are retried on replicas for this long (entries may
     /// still be in flight to their new owners).
     pub handoff_grace: Duration,
+    /// How long a shard keeps entries it no longer owns after handing them off, so readers
+    /// whose view of the ring lags still find them (0: drop at once).
+    pub drop_grace: Duration,
 }
 
 impl Default for ClientConfig {
@@ -53,6 +56,7 @@ impl Default for ClientConfig {
             timeout: Duration::from_secs(2),
             max_keys_per_request: 16 * 1024,
             handoff_grace: Duration::from_secs(5),
+            drop_grace: Duration::from_secs(5),
         }
     }
 }
@@ -101,6 +105,8 @@ pub struct DirectoryClient {
     errors: AtomicU64,
     fallbacks: AtomicU64,
     m: Handles,
+    /// Handed-off entries waiting out `drop_grace`: (due, keys).
+    pending_drops: parking_lot::Mutex<Vec<(Instant, Vec<PageKey>)>>,
 }
 
 /// Metric handles resolved once, so the per-call path builds no keys.
@@ -145,6 +151,7 @@ impl DirectoryClient {
             local_calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            pending_drops: parking_lot::Mutex::new(Vec::new()),
             m: Handles {
                 rpcs: metrics::counter!(crate::metrics::RPCS_TOTAL),
                 errors: metrics::counter!(crate::metrics::RPC_ERRORS_TOTAL),
@@ -305,6 +312,40 @@ impl DirectoryClient {
         Ok(out)
     }
 
+    /// Records entries on given owners only: `routes` lists, per node, indices into `entries`
+    /// (split at the request size limit). Returns how many entries some node accepted. For an
+    /// owner re-announcing its pages to the replicas a ring change added.
+    pub fn insert_routed(
+        &self,
+        entries: &[(PageKey, Location)],
+        routes: &[(NodeId, Vec<usize>)],
+    ) -> usize {
+        let view = self.view();
+        let chunks: Vec<Chunk> = routes
+            .iter()
+            .flat_map(|(node, idx)| {
+                idx.chunks(self.cfg.max_keys_per_request.max(1))
+                    .map(move |c| (node.clone(), c.to_vec()))
+            })
+            .collect();
+        let replies = self.fan_out(&view, &chunks, |items| {
+            DirRequest::Insert(
+                items
+                    .iter()
+                    .map(|&i| entries[i].clone())
+                    .collect::<Vec<_>>()
+                    .into(),
+            )
+        });
+        replies
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(DirReply::Inserted(v)) => Some(v.len()),
+                _ => None,
+            })
+            .sum()
+    }
+
     /// Owners of each key, best first; misses and failures come back as `None`.
     pub fn lookup(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, DirError> {
         let view = self.view();
@@ -424,8 +465,41 @@ impl DirectoryClient {
         self.to_replicas(items, true)
     }
 
+    /// Drops handed-off entries whose `drop_grace` has passed and that this node still does
+    /// not own under the current ring. Returns how many were dropped. Called on every
+    /// membership update; call it periodically too.
+    pub fn drop_due(&self) -> usize {
+        let now = Instant::now();
+        let due: Vec<Vec<PageKey>> = {
+            let mut p = self.pending_drops.lock();
+            if p.iter().all(|(at, _)| *at > now) {
+                return 0;
+            }
+            let (due, keep): (Vec<_>, Vec<_>) = p.drain(..).partition(|(at, _)| *at <= now);
+            *p = keep;
+            due.into_iter().map(|(_, k)| k).collect()
+        };
+        let ring = self.view().ring.clone();
+        let mut idx = Vec::with_capacity(self.cfg.replicas);
+        let keys: Vec<PageKey> = due
+            .into_iter()
+            .flatten()
+            .filter(|k| {
+                ring.owner_indices(*k, self.cfg.replicas, &mut idx);
+                !idx.iter().any(|&i| *ring.member(i) == self.me)
+            })
+            .collect();
+        let n = keys.len();
+        if n > 0 {
+            self.local.with_shard(|sh, _| sh.drop_keys(&keys));
+            self.m.handoff_dropped.increment(n as u64);
+        }
+        n
+    }
+
     /// Installs a new member set: re-routes, collects locations of departed owners, and hands
-    /// off the entries whose owners changed (only those).
+    /// off the entries whose owners changed (only those); the old copies are dropped after
+    /// `drop_grace`.
     pub fn apply_membership(&self, members: &[Member]) -> HandoffReport {
         let old = self.view();
         let new_ring = Ring::new(members.iter().map(|m| m.node.clone()), self.cfg.vnodes);
@@ -444,7 +518,10 @@ impl DirectoryClient {
             },
         });
         *self.view.write() = view.clone();
-        let mut report = HandoffReport::default();
+        let mut report = HandoffReport {
+            dropped: self.drop_due(),
+            ..HandoffReport::default()
+        };
         if !ring_changed {
             return report;
         }
@@ -491,9 +568,15 @@ impl DirectoryClient {
                 }
             }
         }
-        if ok_all {
-            self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));
-            report.dropped = plan.drops.len();
+        if ok_all && !plan.drops.is_empty() {
+            if self.cfg.drop_grace.is_zero() {
+                self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));
+                report.dropped += plan.drops.len();
+            } else {
+                self.pending_drops
+                    .lock()
+                    .push((Instant::now() + self.cfg.drop_grace, plan.drops));
+            }
         }
         self.m.handoff_sent.increment(report.sent as u64);
         self.m.handoff_dropped.increment(report.dropped as u64);

@@ -186,10 +186,14 @@ fn reads_fall_back_to_a_replica_when_the_primary_is_down() {
 
 #[test]
 fn a_node_that_joins_after_the_publish_finds_every_key() {
-    let mut nodes = cluster(3, ClientConfig::default());
+    let cfg = ClientConfig {
+        drop_grace: Duration::ZERO,
+        ..ClientConfig::default()
+    };
+    let mut nodes = cluster(3, cfg.clone());
     let entries: Vec<_> = (0..3000).map(|i| (key(i), loc(&nodes[0].id, 1))).collect();
     nodes[0].client.insert(&entries).unwrap();
-    nodes.push(start(3, ClientConfig::default()));
+    nodes.push(start(3, cfg));
     let m = members(&nodes.iter().collect::<Vec<_>>());
     let mut sent = 0;
     let mut dropped = 0;
@@ -258,4 +262,50 @@ fn malformed_frames_close_only_that_connection() {
         .insert(&[(key(5), loc(&nodes[0].id, 1))])
         .unwrap();
     assert!(nodes[0].client.exists(&[key(5)]).unwrap()[0]);
+}
+
+#[test]
+fn handed_off_entries_stay_on_the_old_owner_for_the_drop_grace() {
+    let cfg = ClientConfig {
+        drop_grace: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
+    let mut nodes = cluster(3, cfg.clone());
+    let entries: Vec<_> = (0..2000).map(|i| (key(i), loc(&nodes[0].id, 1))).collect();
+    nodes[0].client.insert(&entries).unwrap();
+    let before: usize = nodes
+        .iter()
+        .map(|n| n.service.with_shard(|s, _| s.len()))
+        .sum();
+    nodes.push(start(3, cfg));
+    let m = members(&nodes.iter().collect::<Vec<_>>());
+    let mut sent = 0;
+    for n in &nodes {
+        sent += n.client.apply_membership(&m).sent;
+    }
+    assert!(sent > 0);
+    // Right after the hand-off the former owners still hold their copies (a reader whose view
+    // lags still finds them) ...
+    let during: usize = nodes
+        .iter()
+        .map(|n| n.service.with_shard(|s, _| s.len()))
+        .sum();
+    assert_eq!(during, before + sent);
+    // ... and drop them once the grace has passed.
+    let t0 = Instant::now();
+    let mut dropped = 0;
+    while dropped < sent {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "dropped {dropped} of {sent}"
+        );
+        dropped += nodes.iter().map(|n| n.client.drop_due()).sum::<usize>();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(250));
+    let after: usize = nodes
+        .iter()
+        .map(|n| n.service.with_shard(|s, _| s.len()))
+        .sum();
+    assert_eq!(after, 4000, "two copies of every entry, none stale");
 }

@@ -27,7 +27,7 @@ pub const STORAGE_WRITES: &str = "peercache_storage_writes_total";
 pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
 /// Storage-server reservations released because the writer never committed.
 pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
-/// Page locations re-announced to the directory after ring changes.
+/// Page locations announced to directory replicas that a ring change added.
 pub const DIRECTORY_REANNOUNCES: &str = "peercache_directory_reannounced_total";
 /// Pages re-published to the directory (recovered from the disk tier after a restart).
 pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";

@@ -518,6 +518,7 @@ impl Inner {
                     let ps = inner.pool.stats();
                     inner.metrics.refresh(ps.retained + ps.reclaimable);
                     inner.reap_reservations();
+                    inner.dir.drop_due();
                     if got.is_err() && *inner.ring_ready.0.lock() {
                         continue;
                     }
@@ -555,8 +556,9 @@ impl Inner {
         if has_me && self.republish_pending.swap(false, Ordering::AcqRel) {
             self.republish_recovered();
         }
-        if has_me && self.dir.ring().members() != before.members() {
-            self.reannounce();
+        let after = self.dir.ring();
+        if has_me && !before.is_empty() && after.members() != before.members() {
+            self.reannounce(&before, &after);
         }
         if has_me {
             let mut ready = self.ring_ready.0.lock();
@@ -691,34 +693,51 @@ impl Inner {
 
     /// Tells the directory about every page the disk tier recovered (as disk-only copies of
     /// this node), so a restarted node's pages are found again.
-    /// Re-inserts the location of every page in this node's pool under the current ring.
+    /// Announces this pool's pages to the directory replicas a ring change added for them.
     ///
     /// Shard-to-shard hand-off moves entries when the ring changes, but nodes see a change at
-    /// slightly different times, and a publish made under an older view may have missed a
-    /// replica. The owner knows its pages for sure: announcing them again after each change
-    /// puts every entry on its current replica set, so a lookup that falls back to a replica
-    /// (the primary shard is down or unreachable) still finds it. One batched insert per
-    /// 4096 pages.
-    fn reannounce(&self) {
+    /// slightly different times, and a page published under an older view may miss a replica
+    /// the other shards assume it has. The owner knows its pages and the view it published
+    /// them under: for each page whose replica set gained members between `before` and
+    /// `after`, it sends the entry to those new members only — so the traffic is the changed
+    /// share of this node's pages (about 1/N per join), never the whole pool, and a lookup that
+    /// falls back to a replica (primary down or unreachable) still finds the entry.
+    fn reannounce(&self, before: &peercache_directory::Ring, after: &peercache_directory::Ring) {
         let mut pages = Vec::new();
         self.pool.live_pages(&mut pages);
-        if pages.is_empty() {
-            return;
-        }
-        let entries: Vec<(PageKey, peercache_directory::Location)> = pages
-            .iter()
-            .map(|(k, loc)| (*k, self.resident_location(loc)))
-            .collect();
-        let mut done = 0;
-        for chunk in entries.chunks(4096) {
-            if let Ok(r) = self.dir.insert(chunk) {
-                done += r.iter().filter(|o| o.is_some()).count();
+        let replicas = self.cfg.directory_replicas;
+        let (mut old_idx, mut new_idx) = (Vec::new(), Vec::new());
+        let mut entries = Vec::new();
+        let mut routes: Vec<(NodeId, Vec<usize>)> = Vec::new();
+        for (k, loc) in &pages {
+            before.owner_indices(*k, replicas, &mut old_idx);
+            after.owner_indices(*k, replicas, &mut new_idx);
+            let mut added = new_idx
+                .iter()
+                .map(|&i| after.member(i))
+                .filter(|n| !old_idx.iter().any(|&o| before.member(o) == *n))
+                .peekable();
+            if added.peek().is_none() {
+                continue;
+            }
+            let e = entries.len();
+            entries.push((*k, self.resident_location(loc)));
+            for n in added {
+                match routes.iter_mut().find(|(m, _)| m == n) {
+                    Some((_, v)) => v.push(e),
+                    None => routes.push((n.clone(), vec![e])),
+                }
             }
         }
+        if entries.is_empty() {
+            return;
+        }
+        let done = self.dir.insert_routed(&entries, &routes);
         self.metrics.reannounced.increment(done as u64);
         tracing::debug!(
-            pages = done,
-            "re-announced this pool's pages after a ring change"
+            pages = entries.len(),
+            sent = done,
+            "announced pages to the replicas a ring change added"
         );
     }
 

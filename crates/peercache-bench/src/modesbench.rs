@@ -1,0 +1,227 @@
+//! `peercache-bench modes`: the same write and read load in each deployment mode, side by side
+//! in one run — `p2p` (the writer's own pool), `centralized` (into a storage server: prepare,
+//! one-sided write, commit) and `hybrid` with `write_policy = both` (storage plus a local copy).
+//!
+//! Per mode an embedded cluster on its own loopback addresses: a writer W, a reader R and, for
+//! the storage modes, a storage server S. Rows `set/<mode>` (W writes fresh pages) and
+//! `get/<mode>` (R reads pages W wrote: from W's pool in p2p, from S otherwise).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use peercache_store::{PeerCacheConfig, Store};
+use serde_json::json;
+
+use crate::rawtcp;
+use crate::report::{self, Host, Report};
+use crate::runner::{CallOutcome, Timing, run_row};
+
+/// Options of `modes`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModesArgs {
+    /// Modes to run, in order.
+    #[arg(long, value_delimiter = ',', default_value = "p2p,centralized,hybrid")]
+    pub mode: Vec<String>,
+    /// Page size in bytes.
+    #[arg(long, default_value_t = 131072)]
+    pub page_bytes: u64,
+    /// Pages per batch.
+    #[arg(long, default_value_t = 32)]
+    pub batch: u64,
+    /// Caller threads per row.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub concurrency: Vec<u64>,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u64,
+    /// Seconds per row.
+    #[arg(long, default_value_t = 0.5)]
+    pub secs: f64,
+    /// Pool of the writer / storage server in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub pool_mib: u64,
+    /// Write the report here as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Result<Store> {
+    let mut cfg = json!({
+        "discovery_addr": seed, "protocol": "tcp", "node_id": format!("bench-{ip}"),
+        "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
+        "global_segment_size": format!("{pool_mib}mb"),
+        "heartbeat_interval": 0.5, "member_ttl": 1.5, "metrics_enabled": false,
+    });
+    for (k, v) in extra.as_object().context("extra config")? {
+        cfg[k] = v.clone();
+    }
+    let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
+    let s = Store::start(cfg)?;
+    s.wait_ready(Some(Duration::from_secs(20)))?;
+    Ok(s)
+}
+
+/// One mode's cluster: (writer, reader, nodes to stop).
+fn cluster(mode: &str, n: usize, pool_mib: u64) -> Result<(Store, Store, Vec<Store>)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let ip = |i: usize| format!("127.0.{}.{}", 20 + n, i);
+    let seed = format!("{}:{port}", ip(1));
+    let (inference, storage) = match mode {
+        "p2p" => (json!({}), None),
+        "centralized" => (
+            json!({"mode": "centralized"}),
+            Some(json!({"mode": "centralized", "role": "storage"})),
+        ),
+        "hybrid" => (
+            json!({"mode": "hybrid", "write_policy": "both"}),
+            Some(json!({"mode": "hybrid", "role": "storage"})),
+        ),
+        other => bail!("unknown mode {other:?} (p2p, centralized, hybrid)"),
+    };
+    let mut all = Vec::new();
+    if let Some(s) = storage {
+        all.push(start(&ip(1), &seed, pool_mib, s)?);
+    }
+    let w = start(&ip(2), &seed, pool_mib, inference.clone())?;
+    let r = start(&ip(3), &seed, 64, inference)?;
+    all.push(w.clone());
+    all.push(r.clone());
+    let n_nodes = all.len();
+    for s in &all {
+        if !s.wait_members(n_nodes, Duration::from_secs(20)) {
+            bail!("{mode}: the nodes did not see each other");
+        }
+        s.sync_membership();
+    }
+    Ok((w, r, all))
+}
+
+/// Runs every mode.
+pub fn run(args: &ModesArgs) -> Result<Report> {
+    let page = args.page_bytes as usize;
+    let batch = args.batch as usize;
+    let timing = Timing {
+        warmup: Duration::from_millis(100),
+        measure: Duration::from_secs_f64(args.secs),
+    };
+    let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
+    let src = Arc::new(rawtcp::prefaulted(page * batch * max_c, 29));
+    let mut rows = Vec::new();
+    let mut summary = serde_json::Map::new();
+    // The pool must hold what the set rows write (no eviction in the read set).
+    let read_pages = 1024u64.min((args.pool_mib << 20) / (args.page_bytes + 64) / 4);
+    for (n, mode) in args.mode.iter().enumerate() {
+        let (w, r, all) = cluster(mode, n, args.pool_mib)?;
+        // The read set, written by W in this mode.
+        let read_keys: Arc<Vec<String>> = Arc::new(
+            (0..read_pages)
+                .map(|i| format!("{mode}/read/{i}"))
+                .collect(),
+        );
+        for chunk in read_keys.chunks(batch) {
+            let pages: Vec<&[u8]> = (0..chunk.len())
+                .map(|j| &src[j * page..(j + 1) * page])
+                .collect();
+            if !w.batch_set(chunk, &pages)?.iter().all(|&x| x) {
+                bail!("{mode}: the writer could not store the read set");
+            }
+        }
+        let next = Arc::new(AtomicU64::new(0));
+        for round in 0..args.rounds {
+            for &c in &args.concurrency {
+                rows.push(run_row(
+                    &format!("set/{mode}"),
+                    args.page_bytes,
+                    args.batch,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        let (w, src, next, mode) =
+                            (w.clone(), src.clone(), next.clone(), mode.clone());
+                        move || {
+                            let base = next.fetch_add(batch as u64, Ordering::Relaxed);
+                            let keys: Vec<String> = (base..base + batch as u64)
+                                .map(|i| format!("{mode}/write/{i}"))
+                                .collect();
+                            let off = t * batch * page;
+                            let pages: Vec<&[u8]> = (0..batch)
+                                .map(|j| &src[off + j * page..off + (j + 1) * page])
+                                .collect();
+                            match w.batch_set(&keys, &pages) {
+                                Ok(v) => {
+                                    let ok = v.iter().filter(|&&x| x).count() as u64;
+                                    CallOutcome::done(ok, 0, ok != batch as u64)
+                                }
+                                Err(_) => CallOutcome::done(0, 0, true),
+                            }
+                        }
+                    },
+                ));
+                rows.push(run_row(
+                    &format!("get/{mode}"),
+                    args.page_bytes,
+                    args.batch,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        let (r, keys) = (r.clone(), read_keys.clone());
+                        let mut bufs = rawtcp::prefaulted(batch * page, 3);
+                        let mut k = t as u64 * 611;
+                        move || {
+                            let ks: Vec<&str> = (0..batch)
+                                .map(|_| {
+                                    k = (k + 1) % read_pages;
+                                    keys[k as usize].as_str()
+                                })
+                                .collect();
+                            let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
+                            let found = r
+                                .batch_get(&ks, &mut dst)
+                                .map(|v| v.iter().filter(|&&x| x).count() as u64)
+                                .unwrap_or(0);
+                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+                        }
+                    },
+                ));
+                eprintln!("modes: {mode} round {round} concurrency {c} done");
+            }
+        }
+        let med = |name: &str| {
+            report::median(
+                rows.iter()
+                    .filter(|row| row.name == name)
+                    .map(|row| row.pages_per_s)
+                    .collect(),
+            )
+        };
+        summary.insert(
+            format!("{mode}_set_pages_per_s_median"),
+            json!(med(&format!("set/{mode}")).round()),
+        );
+        summary.insert(
+            format!("{mode}_get_pages_per_s_median"),
+            json!(med(&format!("get/{mode}")).round()),
+        );
+        for s in all {
+            s.shutdown();
+        }
+    }
+    Ok(Report {
+        bench: "modes".into(),
+        host: Host::detect(),
+        config: json!({
+            "modes": args.mode, "protocol": "tcp", "page_bytes": args.page_bytes,
+            "batch": args.batch, "concurrency": args.concurrency, "rounds": args.rounds,
+            "secs": args.secs, "pool_mib": args.pool_mib,
+            "hybrid_write_policy": "both",
+        }),
+        summary: serde_json::Value::Object(summary),
+        results: rows,
+    })
+}
