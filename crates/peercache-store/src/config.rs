@@ -192,6 +192,12 @@ pub struct PeerCacheConfig {
     pub suspect_for: f64,
     /// Seconds an exists → get hand-off stays valid.
     pub exists_prime_ttl: f64,
+    /// Largest control-plane frame (directory, discovery and store requests and replies).
+    pub max_frame_bytes: u64,
+    /// Most inbound connections each server (data, control) accepts at once.
+    pub max_inbound_connections: usize,
+    /// Eviction-notice batches queued for the background batcher before writers wait.
+    pub eviction_queue_depth: usize,
     /// Seconds a storage server keeps a slot reserved for a remote writer before releasing it.
     pub reservation_timeout: f64,
     /// Keep pages fetched from peers as local reclaimable replicas and register them.
@@ -273,6 +279,9 @@ impl Default for PeerCacheConfig {
             exists_wait_ms: 0,
             replicate_on_read: false,
             reservation_timeout: 5.0,
+            max_frame_bytes: 64 << 20,
+            max_inbound_connections: 4096,
+            eviction_queue_depth: 256,
             directory_max_entries: 4_000_000,
             reclaim_threshold: 3,
             max_batch_ops: 8192,
@@ -334,6 +343,9 @@ pub const KEYS: &[&str] = &[
     "exists_wait_ms",
     "replicate_on_read",
     "reservation_timeout",
+    "max_frame_bytes",
+    "max_inbound_connections",
+    "eviction_queue_depth",
     "directory_max_entries",
     "reclaim_threshold",
     "max_batch_ops",

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::time::Duration;
 
 use peercache_directory::{DirectoryClient, OwnerRef};
@@ -28,7 +28,7 @@ pub(crate) struct EvictCounters {
 
 /// The batcher's handle; dropping it flushes and stops the thread.
 pub(crate) struct EvictionBatcher {
-    tx: Option<Sender<Msg>>,
+    tx: Option<SyncSender<Msg>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub(crate) counters: Arc<EvictCounters>,
 }
@@ -43,8 +43,10 @@ impl EvictionBatcher {
         dir: Arc<DirectoryClient>,
         notices: metrics::Counter,
         disk: Option<Arc<peercache_pool::disk::DiskTier>>,
+        queue_depth: usize,
     ) -> Self {
-        let (tx, rx) = mpsc::channel::<Msg>();
+        // Bounded: a writer that outruns the notices waits for the batcher (no notice is lost).
+        let (tx, rx) = mpsc::sync_channel::<Msg>(queue_depth.max(1));
         let counters = Arc::new(EvictCounters::default());
         let c = counters.clone();
         let thread = std::thread::Builder::new()

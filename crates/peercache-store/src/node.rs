@@ -318,6 +318,7 @@ impl Inner {
                 op_timeout: cfg.op_timeout(),
                 suspect_for: Duration::from_secs_f64(cfg.suspect_for),
                 max_batch_ops: cfg.max_batch_ops,
+                max_server_connections: cfg.max_inbound_connections,
                 auth: auth.clone(),
                 ..TransportConfig::default()
             },
@@ -368,9 +369,9 @@ impl Inner {
                 planes: vec![Plane::Control],
                 node: Some(me.clone()),
                 incarnation,
-                max_frame: 64 << 20,
+                max_frame: cfg.max_frame_bytes as usize,
                 handshake_timeout: cfg.op_timeout(),
-                max_connections: 4096,
+                max_connections: cfg.max_inbound_connections,
                 workers: 1,
                 name: "pc-control",
                 auth: auth.clone(),
@@ -384,7 +385,7 @@ impl Inner {
             RpcClient::new(rpc::ClientConfig {
                 hello: Hello::new(Plane::Control, Some(me.clone()), incarnation),
                 max_idle_per_peer: cfg.max_channels_per_peer,
-                max_frame: 64 << 20,
+                max_frame: cfg.max_frame_bytes as usize,
                 auth: auth.clone(),
             })
             .with_suspect_for(Duration::from_secs_f64(cfg.suspect_for)),
@@ -452,6 +453,7 @@ impl Inner {
             dir.clone(),
             metrics.eviction_notices.clone(),
             disk.clone(),
+            cfg.eviction_queue_depth,
         );
         tracing::info!(
             node = %me, transport = %transport_why, data = %data_endpoint, control = %control_endpoint,

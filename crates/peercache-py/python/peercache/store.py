@@ -47,6 +47,18 @@ def _hicache_base():
 _Base = _hicache_base()
 
 
+def _storage_metrics_class() -> Any:
+    """SGLang's ``StorageMetrics``: ``sglang.srt.observability.metrics_collector`` since 0.5.6,
+    ``sglang.srt.metrics.collector`` before. SGLang's collector checks ``isinstance`` against it,
+    so a look-alike would not do. None when sglang is absent."""
+    for module in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+        try:
+            return getattr(__import__(module, fromlist=["StorageMetrics"]), "StorageMetrics")
+        except Exception:
+            continue
+    return None
+
+
 def _as_bool(v: Any) -> bool:
     if isinstance(v, str):
         return v.strip().lower() in ("1", "true", "yes", "on")
@@ -245,9 +257,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     def get_stats(self) -> Any:
         """A real ``StorageMetrics`` with this interval's values (cleared on read), or None
         when sglang is not importable."""
-        try:
-            from sglang.srt.mem_cache.hicache_storage import StorageMetrics  # noqa: PLC0415
-        except Exception:
+        StorageMetrics = _storage_metrics_class()
+        if StorageMetrics is None:
             return None
         with self._stats_lock:
             s, self._stats = self._stats, {k: [] for k in self._stats}
