@@ -22,6 +22,7 @@
 pub mod class;
 pub mod disk;
 mod error;
+mod fused;
 pub mod header;
 pub mod mem;
 pub mod metrics;

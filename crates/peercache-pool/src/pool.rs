@@ -364,7 +364,7 @@ impl Pool {
             let dst = self.payload_ptr(scratch.offsets[i]);
             // SAFETY: the slot is reserved for this call (state Writing: no other writer, no
             // eviction) and the page fits its class payload.
-            let sum = unsafe { copy_and_checksum(w.segments, dst) };
+            let sum = unsafe { crate::fused::copy_and_checksum(w.segments, dst) };
             scratch.checksums.push(sum);
         }
         let mut st = self.state.lock();
@@ -874,23 +874,6 @@ impl Pool {
     pub fn check_invariants(&self) {
         self.state.lock().check_invariants();
     }
-}
-
-/// Copies `segments` to `dst` back to back and returns the XXH3-64 of the result (hashed
-/// from the freshly written, cache-hot destination). A fused chunked copy+hash measured slower
-/// here (the streaming hasher's overhead outweighs the L1 hits).
-///
-/// # Safety
-/// `dst` must be valid for writes of the segments' total length and not aliased.
-unsafe fn copy_and_checksum(segments: &[&[u8]], dst: *mut u8) -> u64 {
-    let mut off = 0usize;
-    for seg in segments {
-        // SAFETY: `off + seg.len()` stays within the total, which the caller guarantees fits.
-        unsafe { std::ptr::copy_nonoverlapping(seg.as_ptr(), dst.add(off), seg.len()) };
-        off += seg.len();
-    }
-    // SAFETY: just written, exclusively ours.
-    header::checksum(unsafe { std::slice::from_raw_parts(dst, off) })
 }
 
 /// Leases on resident pages; dropping releases them all under one lock.
