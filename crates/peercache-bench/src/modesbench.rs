@@ -1,6 +1,7 @@
 //! `peercache-bench modes`: the same write and read load in each deployment mode, side by side
 //! in one run — `p2p` (the writer's own pool), `centralized` (into a storage server: prepare,
-//! one-sided write, commit) and `hybrid` with `write_policy = both` (storage plus a local copy).
+//! one-sided write, commit), `hybrid` with `write_policy = both` (storage plus a local copy) and
+//! `slotmap` (no directory; owner-side writes, header-block + payload reads).
 //!
 //! Per mode an embedded cluster on its own loopback addresses: a writer W, a reader R and, for
 //! the storage modes, a storage server S. Rows `set/<mode>` (W writes fresh pages) and
@@ -22,7 +23,11 @@ use crate::runner::{CallOutcome, Timing, run_row};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModesArgs {
     /// Modes to run, in order.
-    #[arg(long, value_delimiter = ',', default_value = "p2p,centralized,hybrid")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "p2p,centralized,hybrid,slotmap"
+    )]
     pub mode: Vec<String>,
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
@@ -64,7 +69,12 @@ fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Resul
 }
 
 /// One mode's cluster: (writer, reader, nodes to stop).
-fn cluster(mode: &str, n: usize, pool_mib: u64) -> Result<(Store, Store, Vec<Store>)> {
+fn cluster(
+    mode: &str,
+    n: usize,
+    pool_mib: u64,
+    page_bytes: u64,
+) -> Result<(Store, Store, Vec<Store>)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -81,14 +91,20 @@ fn cluster(mode: &str, n: usize, pool_mib: u64) -> Result<(Store, Store, Vec<Sto
             json!({"mode": "hybrid", "write_policy": "both"}),
             Some(json!({"mode": "hybrid", "role": "storage"})),
         ),
-        other => bail!("unknown mode {other:?} (p2p, centralized, hybrid)"),
+        "slotmap" => (
+            json!({"mode": "slotmap", "slot_max_page_bytes": page_bytes}),
+            None,
+        ),
+        other => bail!("unknown mode {other:?} (p2p, centralized, hybrid, slotmap)"),
     };
     let w = start(&ip(2), &seed, pool_mib, inference.clone())?;
     let mut all = vec![w.clone()];
     if let Some(s) = storage {
         all.push(start(&ip(1), &seed, pool_mib, s)?);
     }
-    let r = start(&ip(3), &seed, 64, inference)?;
+    // In slotmap mode the reader owns part of the keyspace too: same region size.
+    let reader_pool = if mode == "slotmap" { pool_mib } else { 64 };
+    let r = start(&ip(3), &seed, reader_pool, inference)?;
     all.push(r.clone());
     let n_nodes = all.len();
     for s in &all {
@@ -115,7 +131,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
     // The pool must hold what the set rows write (no eviction in the read set).
     let read_pages = 1024u64.min((args.pool_mib << 20) / (args.page_bytes + 64) / 4);
     for (n, mode) in args.mode.iter().enumerate() {
-        let (w, r, all) = cluster(mode, n, args.pool_mib)?;
+        let (w, r, all) = cluster(mode, n, args.pool_mib, args.page_bytes)?;
         // The read set, written by W in this mode. The set rows fill the pools and evict it, so
         // it is stored again (untimed) before every get row.
         let read_keys: Arc<Vec<String>> = Arc::new(
@@ -194,6 +210,32 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                         }
                     },
                 ));
+                rows.push(run_row(
+                    &format!("exists/{mode}"),
+                    args.page_bytes,
+                    args.batch,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        let (r, keys) = (r.clone(), read_keys.clone());
+                        let mut k = t as u64 * 613;
+                        move || {
+                            let ks: Vec<&str> = (0..batch)
+                                .map(|_| {
+                                    k = (k + 1) % read_pages;
+                                    keys[k as usize].as_str()
+                                })
+                                .collect();
+                            let found = r.batch_exists(&ks).unwrap_or(0) as u64;
+                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+                        }
+                    },
+                ));
+                if let Some(row) = rows.last_mut() {
+                    // exists moves no payload.
+                    row.gb_per_s = 0.0;
+                }
                 eprintln!("modes: {mode} round {round} concurrency {c} done");
             }
         }
@@ -212,6 +254,10 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
         summary.insert(
             format!("{mode}_get_pages_per_s_median"),
             json!(med(&format!("get/{mode}")).round()),
+        );
+        summary.insert(
+            format!("{mode}_exists_pages_per_s_median"),
+            json!(med(&format!("exists/{mode}")).round()),
         );
         for s in all {
             s.shutdown();

@@ -177,6 +177,19 @@ impl DirectoryClient {
         &self.rpc
     }
 
+    /// The primary owner of each key on the current ring (None: no members), computed under
+    /// one view without copying the ring.
+    pub fn primaries(&self, keys: &[PageKey]) -> Vec<Option<NodeId>> {
+        let view = self.view();
+        let mut idx = Vec::with_capacity(1);
+        keys.iter()
+            .map(|k| {
+                view.ring.owner_indices(*k, 1, &mut idx);
+                idx.first().map(|&i| view.ring.member(i).clone())
+            })
+            .collect()
+    }
+
     /// The current ring.
     pub fn ring(&self) -> Ring {
         self.view().ring.clone()

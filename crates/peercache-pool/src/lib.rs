@@ -27,6 +27,7 @@ pub mod header;
 pub mod mem;
 pub mod metrics;
 mod pool;
+pub mod slotmap;
 mod state;
 
 pub use error::PoolError;

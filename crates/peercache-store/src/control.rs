@@ -34,6 +34,8 @@ pub enum StoreRequest {
     Abort(Vec<u64>),
     /// Publish pages whose bytes travel in the request: (key, valid length, bytes).
     Ingest(Vec<(PageKey, u32, Vec<u8>)>),
+    /// Slotmap mode: write these pages into the owner's slotmap region.
+    SlotWrite(Vec<(PageKey, Vec<u8>)>),
 }
 
 impl Message for StoreRequest {
@@ -54,6 +56,8 @@ pub enum StoreReply {
     Aborted(u32),
     /// One location per ingested page (None: refused).
     Ingested(Vec<Option<Location>>),
+    /// One outcome per slot-written page.
+    SlotWritten(Vec<bool>),
 }
 
 /// What a storage server did with one page of a prepare.

@@ -28,6 +28,7 @@ mod node;
 pub mod observe;
 mod prime;
 mod promote;
+mod slotmode;
 pub mod status;
 mod store;
 

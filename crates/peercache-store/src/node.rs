@@ -73,6 +73,12 @@ pub(crate) struct Inner {
     pub(crate) storage: parking_lot::RwLock<Arc<crate::central::StorageView>>,
     /// The "no storage server" warning was logged (reset when one appears).
     pub(crate) no_storage_logged: AtomicBool,
+    /// Slotmap mode: this node's registration of its slot region (dropped before the region).
+    pub(crate) slot_region: Mutex<Option<RegionHandle>>,
+    /// Slotmap mode: this node's slot region.
+    pub(crate) slotmap: Option<Arc<peercache_pool::slotmap::SlotMap>>,
+    /// Slotmap mode: the members' regions, refreshed on membership changes.
+    pub(crate) slot_layouts: parking_lot::RwLock<crate::slotmode::Layouts>,
 }
 
 /// Serves a store-level control request (kinds `0x03xx`).
@@ -107,6 +113,12 @@ fn serve_store(cell: &crate::observe::NodeCell, env: peercache_wire::Envelope<'_
             frame(StoreReply::Prepared(inner.prepare(writer, &pages)))
         }
         StoreRequest::Commit(tokens) => frame(StoreReply::Committed(inner.commit(&tokens))),
+        StoreRequest::SlotWrite(pages) => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::SlotWritten(inner.slot_write(&pages)))
+        }
         StoreRequest::Abort(tokens) => frame(StoreReply::Aborted(inner.abort(&tokens))),
         StoreRequest::Ingest(pages) => {
             if pages.len() > MAX_WRITE_PAGES {
@@ -203,11 +215,6 @@ fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> SocketAddr {
 impl Inner {
     pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Inner>, StoreError> {
         cfg.validate()?;
-        if cfg.mode == Mode::Slotmap {
-            return Err(StoreError::Unsupported(
-                "mode slotmap (p2p, centralized and hybrid run in this release)".into(),
-            ));
-        }
         if cfg.mode == Mode::P2p && cfg.role == Role::Storage {
             return Err(StoreError::Unsupported(
                 "role storage needs mode centralized or hybrid".into(),
@@ -305,11 +312,13 @@ impl Inner {
         let storage_role = cfg.role == Role::Storage;
         // A centralized inference node publishes nothing itself: a minimal pool keeps the
         // read-side machinery (leases, scratch) uniform.
-        let pool_bytes = if cfg.mode == Mode::Centralized && !storage_role {
-            4 << 20
-        } else {
-            cfg.pool_bytes() as usize
-        };
+        // Slotmap nodes keep their pages in the slot region instead.
+        let pool_bytes =
+            if (cfg.mode == Mode::Centralized && !storage_role) || cfg.mode == Mode::Slotmap {
+                4 << 20
+            } else {
+                cfg.pool_bytes() as usize
+            };
         let pool = Arc::new(Pool::new(PoolConfig::new(pool_bytes))?);
         let transport = Arc::new(TcpTransport::start(
             TransportConfig {
@@ -342,6 +351,22 @@ impl Inner {
             None => unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?,
         };
         let pool_key = pool_region.key().0;
+        let (slotmap, slot_region, slot_layout) = if cfg.mode == Mode::Slotmap {
+            let map = Arc::new(peercache_pool::slotmap::SlotMap::new(
+                cfg.slot_max_page_bytes as u32,
+                cfg.slot_ways,
+                cfg.slot_num_buckets,
+                cfg.pool_bytes(),
+            )?);
+            // SAFETY: the slot region outlives its registration: `Inner` drops `slot_region`
+            // (explicitly in shutdown, and by field order) before `slotmap`.
+            let h = unsafe { transport.register(map.base(), map.len(), Access::RemoteRead) }?;
+            let layout =
+                crate::slotmode::encode_layout(h.key().0, map.base() as u64, &map.geometry());
+            (Some(map), Some(h), Some(layout))
+        } else {
+            (None, None, None)
+        };
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
         // Directory shard and the control listener that serves it.
@@ -428,6 +453,9 @@ impl Inner {
                 if let Some(m) = metrics_endpoint {
                     a.push(("metrics".to_string(), m.to_string()));
                 }
+                if let Some(l) = &slot_layout {
+                    a.push((crate::slotmode::LAYOUT_ATTR.to_string(), l.clone()));
+                }
                 a
             },
         };
@@ -500,6 +528,9 @@ impl Inner {
             reservations,
             storage: Default::default(),
             no_storage_logged: AtomicBool::new(false),
+            slot_region: Mutex::new(slot_region),
+            slotmap,
+            slot_layouts: Default::default(),
         });
         let _ = inner
             .promoter
@@ -536,7 +567,9 @@ impl Inner {
     /// Installs discovery's current members as the directory ring.
     pub(crate) fn sync_membership(&self) {
         let infos = self.discovery.members();
-        if self.cfg.mode != Mode::P2p {
+        if self.cfg.mode == Mode::Slotmap {
+            *self.slot_layouts.write() = Arc::new(crate::slotmode::layouts(&infos));
+        } else if self.cfg.mode != Mode::P2p {
             *self.storage.write() =
                 Arc::new(crate::central::StorageView::of(&infos, self.cfg.vnodes));
         }
@@ -839,6 +872,7 @@ impl Inner {
         self.host_buffers.write().clear();
         self.scratch.lock().clear();
         self.pool_region.lock().take();
+        self.slot_region.lock().take();
         tracing::info!(node = %self.me, "peercache node stopped");
     }
 }

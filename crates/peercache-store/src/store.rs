@@ -336,6 +336,9 @@ impl Store {
     ) -> Vec<bool> {
         use crate::config::{Mode, Role, WritePolicy};
         let cfg = &self.inner.cfg;
+        if cfg.mode == Mode::Slotmap {
+            return self.slot_set(keys, slices, counts);
+        }
         let (to_storage, also_local) = match (cfg.mode, cfg.role, cfg.write_policy) {
             (_, Role::Storage, _) => (false, true),
             (Mode::Centralized, _, _) => (true, false),
@@ -512,6 +515,12 @@ impl Store {
 
     fn exists_impl(&self, keys: &[PageKey]) -> usize {
         let inner = &*self.inner;
+        if inner.cfg.mode == crate::config::Mode::Slotmap {
+            inner.metrics.exists_requests.increment(1);
+            let n = self.slot_exists(keys);
+            inner.metrics.exists_pages_found.increment(n as u64);
+            return n;
+        }
         inner.metrics.exists_requests.increment(1);
         let Ok(found) = inner.dir.lookup(keys) else {
             return 0;
@@ -649,6 +658,14 @@ impl Store {
         let m = &inner.metrics;
         let n = keys.len();
         m.read_requests.increment(n as u64);
+        if inner.cfg.mode == crate::config::Mode::Slotmap {
+            // SAFETY: forwarded from the caller.
+            let hit = unsafe { self.slot_get(keys, segs, counts) };
+            let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
+            m.read_hits.increment(hits);
+            m.read_misses.increment(n as u64 - hits);
+            return hit;
+        }
         let mut starts = Vec::with_capacity(n);
         let mut lens = Vec::with_capacity(n);
         let mut at = 0usize;

@@ -1,0 +1,210 @@
+//! Slotmap mode on loopback: directory-free placement, cross-node round trips, overflow beyond
+//! the ways, length mismatches, and writers racing readers on one bucket with no wrong page
+//! ever accepted.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use peercache_store::{PeerCacheConfig, Store};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
+    let host = format!("127.0.0.{n}");
+    let mut m = json!({
+        "discovery_addr": format!("127.0.0.{seed}:{port}"),
+        "protocol": "tcp", "mode": "slotmap", "node_id": format!("slot-{n}"),
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+        "global_segment_size": "16mb", "slot_max_page_bytes": "64kb", "slot_ways": 4,
+        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
+        "metrics_enabled": false,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        m[k] = v.clone();
+    }
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
+    let port = free_port();
+    let nodes: Vec<Store> = hosts
+        .iter()
+        .map(|&n| node(n, hosts[0], port, extra.clone()))
+        .collect();
+    for s in &nodes {
+        assert!(s.wait_members(hosts.len(), Duration::from_secs(10)));
+        s.sync_membership();
+    }
+    nodes
+}
+
+/// A page that says which key and version it is, the rest derived from both.
+fn page(key: u64, version: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    out[..8].copy_from_slice(&key.to_le_bytes());
+    out[8..16].copy_from_slice(&version.to_le_bytes());
+    let mut x = (key << 32 ^ version).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in out[16..].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    out
+}
+
+/// True if `bytes` is exactly some version of `key`'s page.
+fn is_a_version_of(bytes: &[u8], key: u64) -> bool {
+    let k = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let v = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    k == key && bytes == page(key, v, bytes.len()).as_slice()
+}
+
+fn get(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {
+    let mut out = vec![vec![0u8; len]; keys.len()];
+    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    let got = s.batch_get(keys, &mut d).unwrap();
+    (got, out)
+}
+
+#[test]
+fn cross_node_round_trips_overflow_and_length_mismatch() {
+    let nodes = cluster(&[160, 161, 162], json!({}));
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let len = 24 << 10;
+    let keys: Vec<String> = (0..60).map(|i| format!("sm-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..60).map(|i| page(i, 1, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    // No directory: the pages live in their owners' slot regions, found by hashing.
+    assert_eq!(a.stats().shard_entries + b.stats().shard_entries, 0);
+    assert_eq!(c.batch_exists(&keys).unwrap(), 60);
+    let (got, out) = get(b, &keys, len);
+    assert!(got.iter().all(|&x| x));
+    assert_eq!(out, pages);
+    // Never-written keys are clean misses; exists stops at the first one.
+    let mut with_hole = keys[..5].to_vec();
+    with_hole.insert(2, "never-written".into());
+    assert_eq!(c.batch_exists(&with_hole).unwrap(), 2);
+    let (got, _) = get(c, &with_hole, len);
+    assert_eq!(got, vec![true, true, false, true, true, true]);
+    // A different length is a miss, never a truncated page.
+    let (got, _) = get(c, &keys[..3], len - 1);
+    assert_eq!(got, vec![false; 3]);
+    // Overwriting returns the new bytes.
+    let v2 = page(7, 2, len);
+    assert!(b.batch_set(&keys[7..8], &[v2.as_slice()]).unwrap()[0]);
+    let (got, out) = get(c, &keys[7..8], len);
+    assert!(got[0]);
+    assert_eq!(out[0], v2);
+}
+
+#[test]
+fn overflow_beyond_the_ways_evicts_the_oldest() {
+    // One bucket per node: every key of an owner shares it.
+    let nodes = cluster(&[163, 164], json!({"slot_num_buckets": 1}));
+    let len = 8 << 10;
+    let keys: Vec<String> = (0..40).map(|i| format!("of-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..40).map(|i| page(100 + i, 1, len)).collect();
+    for (k, p) in keys.iter().zip(&pages) {
+        assert!(nodes[0].batch_set(&[k], &[p.as_slice()]).unwrap()[0]);
+    }
+    let (got, out) = get(&nodes[1], &keys, len);
+    // Two owners × one bucket × four ways: at most eight pages survive, and each is right.
+    let hits = got.iter().filter(|&&x| x).count();
+    assert!(hits > 0 && hits <= 8, "{hits} hits");
+    for (i, (g, o)) in got.iter().zip(&out).enumerate() {
+        if *g {
+            assert_eq!(o, &pages[i], "page {i}");
+        }
+    }
+    // The last key written to each owner is among the survivors.
+    assert!(got[39]);
+}
+
+#[test]
+fn writers_racing_readers_on_one_bucket_never_yield_a_wrong_page() {
+    let nodes = Arc::new(cluster(
+        &[165, 166, 167],
+        json!({"slot_num_buckets": 1, "slot_ways": 4}),
+    ));
+    let len = 48 << 10;
+    // Six keys into one bucket per owner: constant overwrites and way reuse.
+    let keys: Arc<Vec<String>> = Arc::new((0..6).map(|i| format!("race-{i}")).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (accepted, wrong, reads) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut threads = Vec::new();
+    for w in 0..2usize {
+        let (nodes, keys, stop) = (nodes.clone(), keys.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut v = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                for (i, k) in keys.iter().enumerate() {
+                    let p = page(i as u64, v, len);
+                    let _ = nodes[w].batch_set(&[k], &[p.as_slice()]);
+                }
+                v += 1;
+            }
+        }));
+    }
+    for r in 0..2usize {
+        let (nodes, keys, stop) = (nodes.clone(), keys.clone(), stop.clone());
+        let (accepted, wrong, reads) = (accepted.clone(), wrong.clone(), reads.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (got, out) = get(&nodes[1 + r], &keys, len);
+                reads.fetch_add(got.len() as u64, Ordering::Relaxed);
+                for (i, (g, o)) in got.iter().zip(&out).enumerate() {
+                    if *g {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                        if !is_a_version_of(o, i as u64) {
+                            wrong.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    let t0 = Instant::now();
+    let rejected = || -> u64 { nodes.iter().map(|n| n.stats().verify_rejects).sum() };
+    while (rejected() == 0 || accepted.load(Ordering::Relaxed) < 200)
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (acc, bad, rej) = (
+        accepted.load(Ordering::Relaxed),
+        wrong.load(Ordering::Relaxed),
+        rejected(),
+    );
+    eprintln!(
+        "slotmap race: {} reads, {acc} accepted, {rej} torn reads rejected, {bad} wrong",
+        reads.load(Ordering::Relaxed)
+    );
+    assert_eq!(bad, 0, "a wrong page was accepted");
+    assert!(acc > 0, "readers never got a page");
+    assert!(
+        rej > 0,
+        "no torn read was ever caught: the race did not happen"
+    );
+}
