@@ -5,10 +5,19 @@
 //! RDMA libraries. (The `ibverbs` crate wraps no one-sided READ/WRITE and makes binaries fail
 //! to start without `libibverbs1`; `async-rdma` is GPL-3.0 with yanked dependencies.)
 //!
-//! The RDMA data path itself (RC queue pairs, rails, batched one-sided reads) is not in this
-//! release: callers use [`probe`] to log why they run on TCP.
+//! * [`engine`] — the RDMA data path's logic: rails, channel leasing, WR chaining and SGE
+//!   chunking, completion deadlines with drain-before-release, counters. It drives any
+//!   [`engine::Verbs`] backend through one post/poll interface.
+//! * [`soft`] — a software backend of that interface (memory-to-memory, with injectable stalls
+//!   and work-completion errors), so `cargo test` exercises the engine without a NIC.
+//!
+//! The sideway (rdma-core) backend of that interface — RC queue pairs bootstrapped over the
+//! TCP handshake — is not in this release; callers use [`probe`] to log why they run on TCP.
 
 use std::fmt;
+
+pub mod engine;
+pub mod soft;
 
 /// Why RDMA cannot be used on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,247 @@
+//! A software RDMA backend: queue pairs that execute one-sided READ and WRITE between memory
+//! regions of this process, with the completion semantics of RC queue pairs — in-order
+//! execution, completions only for signaled requests and for errors, an error moving the queue
+//! pair to the error state, and every outstanding request flushed (with a completion) when it
+//! is in that state. Faults are injectable: stall a queue pair (nothing executes until
+//! released), or fail the n-th request with a status. The engine's tests run on it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::engine::{Completion, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest};
+
+/// A registered remote region: its rkey maps to (base, len, writable).
+#[derive(Clone, Copy, Debug)]
+struct Mr {
+    base: u64,
+    len: u64,
+    writable: bool,
+}
+
+/// The shared "fabric": remote regions by rkey, and fault switches.
+#[derive(Debug, Default)]
+pub struct Fabric {
+    mrs: Mutex<HashMap<u32, Mr>>,
+    next_rkey: AtomicU64,
+    /// While set, posted requests do not execute (a stalled peer or link).
+    pub stall: AtomicBool,
+    /// Fail the request with this global sequence number (0: none) with status 12
+    /// (`IBV_WC_RETRY_EXC_ERR`).
+    pub fail_at: AtomicU64,
+    executed: AtomicU64,
+    /// Requests still queued on some queue pair (to check drain-before-release).
+    pub outstanding: AtomicU64,
+    /// Bytes moved.
+    pub bytes: AtomicU64,
+}
+
+impl Fabric {
+    /// A fabric with no regions.
+    pub fn new() -> Arc<Fabric> {
+        Arc::new(Fabric::default())
+    }
+
+    /// Registers `len` bytes at `base` as a remote region; returns its rkey.
+    ///
+    /// # Safety
+    /// The memory must stay valid while any queue pair may execute requests against it.
+    pub unsafe fn register(&self, base: *mut u8, len: usize, writable: bool) -> u32 {
+        let rkey = self.next_rkey.fetch_add(1, Ordering::Relaxed) as u32 + 1;
+        self.mrs.lock().insert(
+            rkey,
+            Mr {
+                base: base as u64,
+                len: len as u64,
+                writable,
+            },
+        );
+        rkey
+    }
+}
+
+/// The software verbs: `rails` rails over one fabric, queue pairs of the given geometry.
+#[derive(Debug, Clone)]
+pub struct SoftVerbs {
+    /// The fabric.
+    pub fabric: Arc<Fabric>,
+    /// Rails.
+    pub rails: usize,
+    /// Most SGEs per request.
+    pub max_sge: usize,
+    /// Send-queue depth.
+    pub sq_depth: usize,
+    /// Queue pairs connected so far, per rail.
+    pub connects: Arc<Mutex<Vec<u64>>>,
+}
+
+impl SoftVerbs {
+    /// Software verbs over `fabric`.
+    pub fn new(fabric: Arc<Fabric>, rails: usize, max_sge: usize, sq_depth: usize) -> Self {
+        SoftVerbs {
+            fabric,
+            rails,
+            max_sge,
+            sq_depth,
+            connects: Arc::new(Mutex::new(vec![0; rails])),
+        }
+    }
+}
+
+impl Verbs for SoftVerbs {
+    type Qp = SoftQp;
+
+    fn rails(&self) -> usize {
+        self.rails
+    }
+
+    fn connect(&self, _peer: &str, rail: usize) -> Result<SoftQp, PostError> {
+        if rail >= self.rails {
+            return Err(PostError(format!("no rail {rail}")));
+        }
+        self.connects.lock()[rail] += 1;
+        Ok(SoftQp {
+            fabric: self.fabric.clone(),
+            rail,
+            max_sge: self.max_sge,
+            sq_depth: self.sq_depth,
+            sq: VecDeque::new(),
+            cq: VecDeque::new(),
+            error: false,
+        })
+    }
+}
+
+/// A software queue pair with its private completion queue.
+#[derive(Debug)]
+pub struct SoftQp {
+    fabric: Arc<Fabric>,
+    /// The rail it was connected on.
+    pub rail: usize,
+    max_sge: usize,
+    sq_depth: usize,
+    sq: VecDeque<WorkRequest>,
+    cq: VecDeque<Completion>,
+    error: bool,
+}
+
+impl SoftQp {
+    /// Executes queued requests in order (unless the fabric is stalled).
+    fn progress(&mut self) {
+        while !self.error && !self.fabric.stall.load(Ordering::Acquire) {
+            let Some(wr) = self.sq.pop_front() else { break };
+            self.fabric.outstanding.fetch_sub(1, Ordering::AcqRel);
+            let seq = self.fabric.executed.fetch_add(1, Ordering::AcqRel) + 1;
+            let status = if self.fabric.fail_at.load(Ordering::Acquire) == seq {
+                WcStatus::Error(12)
+            } else {
+                self.execute(&wr)
+            };
+            if status != WcStatus::Success {
+                self.error = true;
+            }
+            if wr.signaled || status != WcStatus::Success {
+                self.cq.push_back(Completion {
+                    wr_id: wr.wr_id,
+                    status,
+                });
+            }
+        }
+        if self.error {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        while let Some(wr) = self.sq.pop_front() {
+            self.fabric.outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Flushed,
+            });
+        }
+    }
+
+    fn execute(&self, wr: &WorkRequest) -> WcStatus {
+        let total: u64 = wr.sges.iter().map(|s| s.len as u64).sum();
+        let Some(mr) = self.fabric.mrs.lock().get(&wr.rkey).copied() else {
+            return WcStatus::Error(10); // remote access error
+        };
+        let inside = wr.remote_addr >= mr.base
+            && wr
+                .remote_addr
+                .checked_add(total)
+                .is_some_and(|e| e <= mr.base + mr.len);
+        if !inside || (wr.op == RdmaOp::Write && !mr.writable) {
+            return WcStatus::Error(10);
+        }
+        let mut remote = wr.remote_addr;
+        for s in &wr.sges {
+            // SAFETY: the remote range is inside a registered region (checked above); local
+            // segments are the engine caller's registered memory, valid while the request is
+            // outstanding (the engine drains before returning).
+            unsafe {
+                match wr.op {
+                    RdmaOp::Read => std::ptr::copy_nonoverlapping(
+                        remote as *const u8,
+                        s.addr as *mut u8,
+                        s.len as usize,
+                    ),
+                    RdmaOp::Write => std::ptr::copy_nonoverlapping(
+                        s.addr as *const u8,
+                        remote as *mut u8,
+                        s.len as usize,
+                    ),
+                }
+            }
+            remote += s.len as u64;
+        }
+        self.fabric.bytes.fetch_add(total, Ordering::Relaxed);
+        WcStatus::Success
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
+        if self.sq.len() + wrs.len() > self.sq_depth + 1 {
+            return Err(PostError("send queue full".into()));
+        }
+        if let Some(w) = wrs.iter().find(|w| w.sges.len() > self.max_sge) {
+            return Err(PostError(format!(
+                "{} SGEs > max_sge {}",
+                w.sges.len(),
+                self.max_sge
+            )));
+        }
+        self.fabric
+            .outstanding
+            .fetch_add(wrs.len() as u64, Ordering::AcqRel);
+        self.sq.extend(wrs.iter().cloned());
+        if self.error {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        self.progress();
+        let n = max.min(self.cq.len());
+        out.extend(self.cq.drain(..n));
+        n
+    }
+
+    fn to_error(&mut self) {
+        self.error = true;
+        self.flush();
+    }
+
+    fn max_sge(&self) -> usize {
+        self.max_sge
+    }
+
+    fn sq_depth(&self) -> usize {
+        self.sq_depth
+    }
+}

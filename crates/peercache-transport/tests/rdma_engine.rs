@@ -1,0 +1,200 @@
+//! The RDMA engine's logic on the software backend: multi-rail striping, SGE chunking and
+//! posting beyond the send-queue depth, a completion timeout that drains before it returns,
+//! and work-completion errors — no NIC needed.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use peercache_transport::rdma::engine::{Engine, EngineOp, RdmaOp, RdmaOpError, Sge};
+use peercache_transport::rdma::soft::{Fabric, SoftVerbs};
+use smallvec::smallvec;
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A read of `len` bytes at `remote` into `dst`, as `pieces` equal local segments.
+fn read_op(remote: u64, rkey: u32, dst: &mut [u8], pieces: usize) -> EngineOp {
+    let step = dst.len() / pieces;
+    EngineOp {
+        op: RdmaOp::Read,
+        local: (0..pieces)
+            .map(|p| Sge {
+                addr: dst.as_mut_ptr() as u64 + (p * step) as u64,
+                len: if p + 1 == pieces {
+                    (dst.len() - p * step) as u32
+                } else {
+                    step as u32
+                },
+                lkey: 1,
+            })
+            .collect(),
+        remote_addr: remote,
+        rkeys: smallvec![rkey, rkey],
+    }
+}
+
+#[test]
+fn ops_stripe_over_rails_and_land_byte_exact() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(8 * 4096, 1);
+    // SAFETY: `remote` outlives every request (the engine drains before returning).
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+    let connects = verbs.connects.clone();
+    let engine = Engine::new(verbs, 4);
+    let mut local = vec![0u8; 8 * 4096];
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .collect();
+    let r = engine.execute("peer-a", &ops, Duration::from_secs(1));
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(local, remote);
+    assert_eq!(*connects.lock(), vec![1, 1], "both rails carried ops");
+    // Channels are pooled: a second batch connects nothing new.
+    let r = engine.execute("peer-a", &ops, Duration::from_secs(1));
+    assert!(r.iter().all(|x| x.is_ok()));
+    assert_eq!(*connects.lock(), vec![1, 1]);
+}
+
+#[test]
+fn sge_lists_are_chunked_and_posting_goes_beyond_the_queue_depth() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(10 * 5000, 2);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    // Two SGEs per request, four requests in flight, one rail.
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 2, 4), 4);
+    let mut local = vec![0u8; 10 * 5000];
+    // Five segments per op: three requests each, thirty in all.
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(5000)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 5000) as u64, rkey, d, 5))
+        .collect();
+    let r = engine.execute("peer-b", &ops, Duration::from_secs(1));
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(local, remote);
+    assert_eq!(engine.counters.wrs_posted.load(Ordering::Relaxed), 30);
+}
+
+#[test]
+fn a_completion_timeout_drains_the_queue_before_returning() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 3);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let verbs = SoftVerbs::new(fabric.clone(), 1, 4, 8);
+    let connects = verbs.connects.clone();
+    let engine = Engine::new(verbs, 4);
+    let mut local = vec![0u8; 4 * 4096];
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .collect();
+    fabric.stall.store(true, Ordering::Release);
+    let t0 = Instant::now();
+    let r = engine.execute("peer-c", &ops, Duration::from_millis(50));
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(50) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert!(r.iter().all(|x| *x == Err(RdmaOpError::Timeout)), "{r:?}");
+    // Nothing is left queued that could still write into `local` once we reuse it.
+    assert_eq!(fabric.outstanding.load(Ordering::Acquire), 0);
+    fabric.stall.store(false, Ordering::Release);
+    assert_eq!(fabric.bytes.load(Ordering::Relaxed), 0, "no late DMA");
+    assert!(local.iter().all(|&b| b == 0));
+    assert_eq!(engine.counters.timeouts.load(Ordering::Relaxed), 1);
+    assert_eq!(engine.counters.channel_discards.load(Ordering::Relaxed), 1);
+    // The failed channel was discarded: the next batch connects a fresh one and succeeds.
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .collect();
+    let r = engine.execute("peer-c", &ops, Duration::from_secs(1));
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(local, remote);
+    assert_eq!(*connects.lock(), vec![2]);
+}
+
+#[test]
+fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(6 * 1024, 4);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4);
+    let mut local = vec![0u8; 6 * 1024];
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(1024)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 1024) as u64, rkey, d, 1))
+        .collect();
+    fabric.fail_at.store(3, Ordering::Release);
+    let r = engine.execute("peer-d", &ops, Duration::from_secs(1));
+    assert_eq!(r[0], Ok(()));
+    assert_eq!(r[1], Ok(()));
+    assert_eq!(r[2], Err(RdmaOpError::Wc(12)));
+    assert!(
+        r[3..].iter().all(|x| *x == Err(RdmaOpError::Flushed)),
+        "{r:?}"
+    );
+    assert_eq!(&local[..2048], &remote[..2048]);
+    assert_eq!(engine.counters.wc_errors.load(Ordering::Relaxed), 1);
+    assert_eq!(engine.counters.last_wc_status.load(Ordering::Relaxed), 12);
+    assert_eq!(fabric.outstanding.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn writes_need_a_writable_remote_region() {
+    let fabric = Fabric::new();
+    let mut writable = vec![0u8; 4096];
+    let mut read_only = vec![0u8; 4096];
+    // SAFETY: as above.
+    let (w, ro) = unsafe {
+        (
+            fabric.register(writable.as_mut_ptr(), 4096, true),
+            fabric.register(read_only.as_mut_ptr(), 4096, false),
+        )
+    };
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4);
+    let mut src = pattern(4096, 5);
+    let op = |rkey: u32, addr: u64, src: &mut [u8]| EngineOp {
+        op: RdmaOp::Write,
+        local: smallvec![Sge {
+            addr: src.as_mut_ptr() as u64,
+            len: 4096,
+            lkey: 1
+        }],
+        remote_addr: addr,
+        rkeys: smallvec![rkey],
+    };
+    let r = engine.execute(
+        "peer-e",
+        &[op(w, writable.as_ptr() as u64, &mut src)],
+        Duration::from_secs(1),
+    );
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(writable, src);
+    let r = engine.execute(
+        "peer-e",
+        &[op(ro, read_only.as_ptr() as u64, &mut src)],
+        Duration::from_secs(1),
+    );
+    assert_eq!(r, vec![Err(RdmaOpError::Wc(10))]);
+    assert!(read_only.iter().all(|&b| b == 0));
+}
