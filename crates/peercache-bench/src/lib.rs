@@ -5,6 +5,7 @@
 //! compared with.
 
 pub mod alloc;
+pub mod compare;
 pub mod dirbench;
 pub mod diskbench;
 pub mod hist;

@@ -1,7 +1,7 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
 use peercache_bench::{
-    alloc, dirbench, diskbench, mainjob, micro, modesbench, poolbench, report, serve,
+    alloc, compare, dirbench, diskbench, mainjob, micro, modesbench, poolbench, report, serve,
 };
 
 use anyhow::Result;
@@ -30,6 +30,8 @@ enum Cmd {
     Directory(dirbench::DirArgs),
     /// Disk tier: write-through and promote against plain sequential file I/O.
     Disk(diskbench::DiskArgs),
+    /// PeerCache get beside raw TCP and Mooncake Store (when available), interleaved.
+    Compare(compare::CompareArgs),
     /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
     Modes(modesbench::ModesArgs),
     /// One node that publishes `--preload` known pages, then serves until stopped.
@@ -54,6 +56,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Serve(args)) => serve::run(&args),
+        Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),

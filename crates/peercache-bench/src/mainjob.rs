@@ -68,7 +68,8 @@ fn mla_key(space: &str, i: u64) -> String {
     format!("{:032x}{:032x}_0_k", h.0, h.0.rotate_left(64))
 }
 
-fn start_node(ip: &str, seed: &str, pool: &str) -> Result<Store> {
+/// Starts one embedded node on `ip` (TCP, metrics off, read cache off) and waits until it joined.
+pub fn start_node(ip: &str, seed: &str, pool: &str) -> Result<Store> {
     let cfg = json!({
         "discovery_addr": seed,
         "protocol": "tcp",

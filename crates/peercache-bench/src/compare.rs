@@ -1,0 +1,491 @@
+//! `peercache-bench compare`: PeerCache beside the raw TCP baseline and Mooncake Store, in one
+//! run, interleaved round by round on the same machine.
+//!
+//! Same operation on every side: batches of `--batch` pages of `--page-bytes` read by 1–N
+//! caller threads into memory the caller owns, from another process's (or node's) memory over
+//! loopback TCP:
+//! * `raw-tcp` — the shared baseline (a request/response loop over one socket per thread);
+//! * `peercache-get` — `batch_get` on node B of pages node A published (directory lookup, one
+//!   transport batch, verification);
+//! * `mooncake-get` — Mooncake Store's `batch_get_into` into a registered buffer, from a
+//!   storage process, by a pure client (no segment of its own), when the Mooncake Python
+//!   package is available (`--mooncake-venv`, default `$PEERCACHE_MOONCAKE_VENV` or the cached
+//!   `~/.cache/peercache-ci/mooncake-venv-*`); its master and storage process are started on
+//!   free loopback ports and stopped afterwards.
+//!
+//! Writes `compare.svg` (median pages/s per system and concurrency) into `--out-dir`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::rawtcp::{self, RawClient};
+use crate::report::{self, Host, Report, Row};
+use crate::runner::{CallOutcome, Timing, run_row};
+
+/// Options of `compare`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// Page size in bytes.
+    #[arg(long, default_value_t = 131072)]
+    pub page_bytes: u64,
+    /// Pages per batch call.
+    #[arg(long, default_value_t = 32)]
+    pub batch: u64,
+    /// Caller threads per row.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub concurrency: Vec<u64>,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u64,
+    /// Seconds per row.
+    #[arg(long, default_value_t = 0.5)]
+    pub secs: f64,
+    /// Pages in the read set.
+    #[arg(long, default_value_t = 2048)]
+    pub pages: u64,
+    /// A venv with `mooncake-transfer-engine-non-cuda` (its `bin/mooncake_master` and Python).
+    #[arg(long)]
+    pub mooncake_venv: Option<PathBuf>,
+    /// Where the chart goes.
+    #[arg(long, default_value = "peercache-bench-results")]
+    pub out_dir: PathBuf,
+    /// Write the report here as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn find_venv(arg: &Option<PathBuf>) -> Option<PathBuf> {
+    if let Some(p) = arg {
+        return Some(p.clone());
+    }
+    if let Some(p) = std::env::var_os("PEERCACHE_MOONCAKE_VENV") {
+        return Some(PathBuf::from(p));
+    }
+    let cache = PathBuf::from(std::env::var_os("HOME")?).join(".cache/peercache-ci");
+    std::fs::read_dir(cache)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("mooncake-venv"))
+        })
+}
+
+/// Mooncake's master and one storage process on loopback; stopped on drop.
+struct Mooncake {
+    python: PathBuf,
+    script: PathBuf,
+    master_addr: String,
+    metadata: String,
+    procs: Vec<Child>,
+}
+
+impl Drop for Mooncake {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+impl Mooncake {
+    fn start(venv: &Path) -> Result<Mooncake> {
+        let python = venv.join("bin/python");
+        let master = venv.join("bin/mooncake_master");
+        if !python.exists() || !master.exists() {
+            bail!(
+                "{} has no bin/python or bin/mooncake_master",
+                venv.display()
+            );
+        }
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/mooncake_peer.py");
+        let (rpc, http, metrics) = (free_port()?, free_port()?, free_port()?);
+        let m = Command::new(&master)
+            .args([
+                &format!("--rpc_port={rpc}"),
+                "--rpc_address=127.0.0.1",
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+                &format!("--http_metadata_server_port={http}"),
+                "--metrics_host=127.0.0.1",
+                &format!("--metrics_port={metrics}"),
+                "--rpc_thread_num=4",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting mooncake_master")?;
+        let mut mc = Mooncake {
+            python,
+            script,
+            master_addr: format!("127.0.0.1:{rpc}"),
+            metadata: format!("http://127.0.0.1:{http}/metadata"),
+            procs: vec![m],
+        };
+        // The master takes a moment to listen: the storage process retries through setup.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", rpc)).is_err() {
+            if std::time::Instant::now() > deadline {
+                bail!("mooncake_master did not start");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut server = Command::new(&mc.python)
+            .arg(&mc.script)
+            .args([
+                "server",
+                "--master",
+                &mc.master_addr,
+                "--metadata",
+                &mc.metadata,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the mooncake storage process")?;
+        let out = server.stdout.take().context("server stdout")?;
+        mc.procs.push(server);
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line)?;
+        if !line.starts_with("READY") {
+            bail!("mooncake storage process did not start: {line:?}");
+        }
+        Ok(mc)
+    }
+
+    /// Runs the client once; returns its JSON line.
+    fn client(&self, args: &[String]) -> Result<serde_json::Value> {
+        let out = Command::new(&self.python)
+            .arg(&self.script)
+            .args([
+                "client",
+                "--master",
+                &self.master_addr,
+                "--metadata",
+                &self.metadata,
+            ])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .context("running the mooncake client")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().last().unwrap_or_default();
+        serde_json::from_str(line).with_context(|| format!("mooncake client said {text:?}"))
+    }
+}
+
+/// Runs the comparison.
+pub fn run(args: &CompareArgs) -> Result<Report> {
+    let page = args.page_bytes as usize;
+    let batch = args.batch as usize;
+    let n = args.pages;
+    let timing = Timing {
+        warmup: Duration::from_millis(100),
+        measure: Duration::from_secs_f64(args.secs),
+    };
+    // PeerCache: node A holds the pages, node B reads them.
+    let port = free_port()?;
+    let seed = format!("127.0.0.1:{port}");
+    let pool = format!(
+        "{}mb",
+        (args.pages * args.page_bytes * 2 / (1 << 20)).max(64)
+    );
+    let a = crate::mainjob::start_node("127.0.0.1", &seed, &pool)?;
+    let b = crate::mainjob::start_node("127.0.0.2", &seed, "64mb")?;
+    if !(a.wait_members(2, Duration::from_secs(20)) && b.wait_members(2, Duration::from_secs(20))) {
+        bail!("the two nodes did not see each other");
+    }
+    b.sync_membership();
+    let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("cmp/{i}")).collect());
+    let src = rawtcp::prefaulted(page * batch, 17);
+    for chunk in keys.chunks(batch) {
+        let pages: Vec<&[u8]> = (0..chunk.len())
+            .map(|j| &src[j * page..(j + 1) * page])
+            .collect();
+        if !a.batch_set(chunk, &pages)?.iter().all(|&x| x) {
+            bail!("node A could not publish the read set");
+        }
+    }
+    let raw_buf = Arc::new(rawtcp::prefaulted(n as usize * page, 5));
+    let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let raw_addr = raw.local_addr()?;
+    std::thread::spawn(move || rawtcp::serve(raw, raw_buf));
+
+    let mooncake = match find_venv(&args.mooncake_venv) {
+        Some(v) => match Mooncake::start(&v) {
+            Ok(m) => {
+                m.client(&[
+                    "--fill".into(),
+                    "--pages".into(),
+                    n.to_string(),
+                    "--page-bytes".into(),
+                    page.to_string(),
+                    "--batch".into(),
+                    batch.to_string(),
+                    "--seconds".into(),
+                    "0.05".into(),
+                ])?;
+                Some(m)
+            }
+            Err(e) => {
+                eprintln!("compare: Mooncake rows skipped: {e:#}");
+                None
+            }
+        },
+        None => {
+            eprintln!(
+                "compare: Mooncake rows skipped: no venv with mooncake-transfer-engine-non-cuda \
+                 (--mooncake-venv or PEERCACHE_MOONCAKE_VENV)"
+            );
+            None
+        }
+    };
+
+    let mut rows = Vec::new();
+    for round in 0..args.rounds {
+        for &c in &args.concurrency {
+            rows.push(run_row(
+                "raw-tcp",
+                args.page_bytes,
+                args.batch,
+                c,
+                round,
+                &timing,
+                |t| {
+                    let mut cl = RawClient::connect(raw_addr).expect("raw-tcp connect");
+                    let mut dst = rawtcp::prefaulted(batch * page, 1);
+                    let mut offs = vec![0u64; batch];
+                    let mut k = t as u64 * 997;
+                    move || {
+                        for o in offs.iter_mut() {
+                            *o = (k % n) * page as u64;
+                            k += 1;
+                        }
+                        let error = cl.batch(&offs, page, &mut dst).is_err();
+                        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
+                    }
+                },
+            ));
+            rows.push(run_row(
+                "peercache-get",
+                args.page_bytes,
+                args.batch,
+                c,
+                round,
+                &timing,
+                |t| {
+                    let (b, keys) = (b.clone(), keys.clone());
+                    let mut bufs = rawtcp::prefaulted(batch * page, 3);
+                    let mut k = t as u64 * 613;
+                    move || {
+                        let ks: Vec<&str> = (0..batch)
+                            .map(|_| {
+                                k = (k + 1) % n;
+                                keys[k as usize].as_str()
+                            })
+                            .collect();
+                        let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
+                        let found = b
+                            .batch_get(&ks, &mut dst)
+                            .map(|r| r.iter().filter(|&&x| x).count() as u64)
+                            .unwrap_or(0);
+                        CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+                    }
+                },
+            ));
+            if let Some(mc) = &mooncake {
+                let v = mc.client(&[
+                    "--pages".into(),
+                    n.to_string(),
+                    "--page-bytes".into(),
+                    page.to_string(),
+                    "--batch".into(),
+                    batch.to_string(),
+                    "--threads".into(),
+                    c.to_string(),
+                    "--seconds".into(),
+                    args.secs.to_string(),
+                ])?;
+                let pps = v["pages_per_s"].as_f64().unwrap_or(0.0);
+                rows.push(Row {
+                    name: "mooncake-get".into(),
+                    page_bytes: args.page_bytes,
+                    batch: args.batch,
+                    concurrency: c,
+                    pages_per_s: pps,
+                    gb_per_s: pps * page as f64 / 1e9,
+                    p50_us: v["p50_us"].as_f64().unwrap_or(0.0),
+                    p99_us: v["p99_us"].as_f64().unwrap_or(0.0),
+                    max_us: v["max_us"].as_f64().unwrap_or(0.0),
+                    hit_pct: 100.0,
+                    errors: v["errors"].as_u64().unwrap_or(0),
+                    round,
+                    ..Row::default()
+                });
+            }
+            eprintln!("compare: round {round} concurrency {c} done");
+        }
+    }
+    a.shutdown();
+    b.shutdown();
+    drop(mooncake);
+
+    let med = |name: &str, c: Option<u64>| {
+        report::median(
+            rows.iter()
+                .filter(|r| r.name == name && c.is_none_or(|c| r.concurrency == c))
+                .map(|r| r.pages_per_s)
+                .collect(),
+        )
+    };
+    let mut summary = serde_json::Map::new();
+    let mc_ok = rows.iter().any(|r| r.name == "mooncake-get");
+    summary.insert("mooncake_available".into(), json!(mc_ok));
+    for &c in &args.concurrency {
+        let (raw, pc, mc) = (
+            med("raw-tcp", Some(c)),
+            med("peercache-get", Some(c)),
+            med("mooncake-get", Some(c)),
+        );
+        summary.insert(
+            format!("c{c}/peercache-get/raw-tcp"),
+            json!(round3(pc / raw)),
+        );
+        if mc_ok {
+            summary.insert(
+                format!("c{c}/peercache-get/mooncake-get"),
+                json!(round3(pc / mc)),
+            );
+        }
+    }
+    let (pc, mc) = (med("peercache-get", None), med("mooncake-get", None));
+    if mc_ok {
+        summary.insert("peercache-get/mooncake-get".into(), json!(round3(pc / mc)));
+    }
+    std::fs::create_dir_all(&args.out_dir)?;
+    let svg = args.out_dir.join("compare.svg");
+    let systems: Vec<&str> = ["raw-tcp", "peercache-get", "mooncake-get"]
+        .into_iter()
+        .filter(|s| *s != "mooncake-get" || mc_ok)
+        .collect();
+    let bars: Vec<(String, Vec<f64>)> = args
+        .concurrency
+        .iter()
+        .map(|&c| {
+            (
+                format!("{c} thread(s)"),
+                systems.iter().map(|s| med(s, Some(c))).collect(),
+            )
+        })
+        .collect();
+    std::fs::File::create(&svg)?.write_all(bar_chart(&systems, &bars).as_bytes())?;
+    eprintln!("compare: chart in {}", svg.display());
+    Ok(Report {
+        bench: "compare".into(),
+        host: Host::detect(),
+        config: json!({
+            "page_bytes": args.page_bytes, "batch": args.batch, "concurrency": args.concurrency,
+            "rounds": args.rounds, "secs": args.secs, "pages": args.pages,
+            "transport": "loopback tcp", "mooncake": "batch_get_into, pure client, one storage process",
+        }),
+        summary: serde_json::Value::Object(summary),
+        results: rows,
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// A grouped bar chart as standalone SVG: one group per label, one bar per system.
+pub fn bar_chart(systems: &[&str], groups: &[(String, Vec<f64>)]) -> String {
+    const COLORS: [&str; 4] = ["#8c8c8c", "#2b7bb9", "#e07b39", "#4caf50"];
+    let (w, h, left, bottom, top) = (720.0, 360.0, 70.0, 50.0, 40.0);
+    let max = groups
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(1.0f64, f64::max);
+    let plot_h = h - bottom - top;
+    let group_w = (w - left - 20.0) / groups.len().max(1) as f64;
+    let bar_w = group_w * 0.8 / systems.len().max(1) as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <text x=\"{left}\" y=\"20\" font-size=\"14\">Median pages/s (higher is better)</text>\n"
+    );
+    for i in 0..=4 {
+        let v = max * i as f64 / 4.0;
+        let y = h - bottom - plot_h * i as f64 / 4.0;
+        s += &format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>\n",
+            w - 20.0,
+            left - 6.0,
+            y + 4.0,
+            v
+        );
+    }
+    for (g, (label, vals)) in groups.iter().enumerate() {
+        let gx = left + g as f64 * group_w + group_w * 0.1;
+        for (k, v) in vals.iter().enumerate() {
+            let bh = plot_h * v / max;
+            s += &format!(
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{}\"><title>{}: {v:.0}</title></rect>\n",
+                gx + k as f64 * bar_w,
+                h - bottom - bh,
+                bar_w * 0.9,
+                COLORS[k % COLORS.len()],
+                systems[k]
+            );
+        }
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>\n",
+            gx + group_w * 0.4,
+            h - bottom + 18.0
+        );
+    }
+    for (k, name) in systems.iter().enumerate() {
+        let x = left + k as f64 * 150.0;
+        s += &format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{name}</text>\n",
+            h - 18.0,
+            COLORS[k % COLORS.len()],
+            x + 16.0,
+            h - 8.0
+        );
+    }
+    s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chart_is_well_formed_svg() {
+        let svg = bar_chart(
+            &["raw-tcp", "peercache-get"],
+            &[("1 thread(s)".into(), vec![100.0, 80.0])],
+        );
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            svg.matches("<rect").count(),
+            2 + 2,
+            "two bars and two legend keys"
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! The newer subcommands run briefly and write a valid report in the result contract.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_peercache-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .current_dir(dir.path())
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["host"].is_object() && v["config"].is_object() && v["summary"].is_object());
+    assert!(!v["results"].as_array().unwrap().is_empty());
+    v
+}
+
+#[test]
+fn modes_reports_every_mode() {
+    let v = run(&[
+        "modes",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "1",
+        "--secs",
+        "0.05",
+        "--pool-mib",
+        "64",
+    ]);
+    for mode in ["p2p", "centralized", "hybrid", "slotmap"] {
+        let got = v["summary"][format!("{mode}_get_pages_per_s_median")]
+            .as_f64()
+            .unwrap();
+        assert!(got > 0.0, "{mode}: {v}");
+    }
+}
+
+#[test]
+fn compare_runs_without_mooncake_and_draws_its_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("charts");
+    let v = run(&[
+        "compare",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "1",
+        "--secs",
+        "0.05",
+        "--pages",
+        "64",
+        "--mooncake-venv",
+        "/nonexistent-mooncake-venv",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(v["summary"]["mooncake_available"], false);
+    assert!(v["summary"]["c1/peercache-get/raw-tcp"].as_f64().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(out.join("compare.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+}
