@@ -82,5 +82,8 @@ fn finish(report: report::Report, json: Option<&std::path::Path>) -> Result<()> 
         report.write_json(p)?;
         eprintln!("wrote {}", p.display());
     }
+    // Every run also leaves its results beside the caller, as JSON and Markdown.
+    let (j, m) = report.write_results(std::path::Path::new("peercache-bench-results"))?;
+    eprintln!("results in {} and {}", j.display(), m.display());
     Ok(())
 }

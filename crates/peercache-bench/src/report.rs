@@ -111,6 +111,50 @@ impl Report {
         Ok(())
     }
 
+    /// The report as Markdown: configuration, the rows as a table, the summary.
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "# peercache-bench {}\n\nHost: {} CPUs, load {:.2} at the start.\n\n\
+             Configuration: `{}`\n\n\
+             | row | page | batch | conc | round | pages/s | GB/s | p50 µs | p99 µs | max µs | errors |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            self.bench, self.host.cpus, self.host.load_1m, self.config
+        );
+        for r in &self.results {
+            s += &format!(
+                "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.1} | {:.1} | {:.1} | {} |\n",
+                r.name,
+                r.page_bytes,
+                r.batch,
+                r.concurrency,
+                r.round,
+                r.pages_per_s,
+                r.gb_per_s,
+                r.p50_us,
+                r.p99_us,
+                r.max_us,
+                r.errors
+            );
+        }
+        s += "\n## Summary\n\n```json\n";
+        s += &serde_json::to_string_pretty(&self.summary).unwrap_or_default();
+        s += "\n```\n";
+        s
+    }
+
+    /// Writes `<bench>.json` and `<bench>.md` into `dir` (created if needed); returns the paths.
+    pub fn write_results(
+        &self,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join(format!("{}.json", self.bench));
+        let md = dir.join(format!("{}.md", self.bench));
+        self.write_json(&json)?;
+        std::fs::write(&md, self.to_markdown())?;
+        Ok((json, md))
+    }
+
     /// Prints the rows as a table.
     pub fn print_table(&self) {
         println!(

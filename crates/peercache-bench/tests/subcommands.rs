@@ -19,6 +19,12 @@ fn run(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // Every run also leaves JSON and Markdown in ./peercache-bench-results/.
+    let bench = v["bench"].as_str().unwrap().to_string();
+    let results = dir.path().join("peercache-bench-results");
+    let md = std::fs::read_to_string(results.join(format!("{bench}.md"))).unwrap();
+    assert!(md.starts_with(&format!("# peercache-bench {bench}")) && md.contains("| row |"));
+    assert!(results.join(format!("{bench}.json")).exists());
     assert!(v["host"].is_object() && v["config"].is_object() && v["summary"].is_object());
     assert!(!v["results"].as_array().unwrap().is_empty());
     v
