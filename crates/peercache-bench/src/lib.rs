@@ -14,6 +14,7 @@ pub mod micro;
 pub mod modesbench;
 pub mod poolbench;
 pub mod rawtcp;
+pub mod replicabench;
 pub mod report;
 pub mod runner;
 pub mod serve;

@@ -1,7 +1,8 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
 use peercache_bench::{
-    alloc, compare, dirbench, diskbench, mainjob, micro, modesbench, poolbench, report, serve,
+    alloc, compare, dirbench, diskbench, mainjob, micro, modesbench, poolbench, replicabench,
+    report, serve,
 };
 
 use anyhow::Result;
@@ -32,6 +33,8 @@ enum Cmd {
     Disk(diskbench::DiskArgs),
     /// PeerCache get beside raw TCP and Mooncake Store (when available), interleaved.
     Compare(compare::CompareArgs),
+    /// replicate_on_read on a hot-key workload; reads of pages only on another node's disk.
+    Replicas(replicabench::ReplicaArgs),
     /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
     Modes(modesbench::ModesArgs),
     /// One node that publishes `--preload` known pages, then serves until stopped.
@@ -57,6 +60,7 @@ fn main() -> Result<()> {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),

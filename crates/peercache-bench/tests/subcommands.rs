@@ -75,3 +75,18 @@ fn compare_runs_without_mooncake_and_draws_its_chart() {
     let svg = std::fs::read_to_string(out.join("compare.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
 }
+
+#[test]
+fn replicas_reports_the_hot_key_and_disk_only_rows() {
+    let v = run(&[
+        "replicas",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+        "--hot-pages",
+        "32",
+    ]);
+    assert!(v["summary"]["hot_get_pages_per_s_on"].as_f64().unwrap() > 0.0);
+    assert!(v["summary"]["disk_only_pages_per_s"].as_f64().unwrap() > 0.0);
+}

@@ -266,10 +266,15 @@ impl Shard {
             }
         };
         let live_owners = owners.len() as u16;
+        let reclaimable = new_owner && live_owners >= cfg.reclaim_threshold;
+        if reclaimable && let Some(o) = owners.last_mut() {
+            // The entry says what the inserting node is told to do with its copy.
+            o.class = crate::CopyClass::Reclaimable;
+        }
         InsertOutcome {
             new_owner,
             live_owners,
-            reclaimable: new_owner && live_owners >= cfg.reclaim_threshold,
+            reclaimable,
         }
     }
 

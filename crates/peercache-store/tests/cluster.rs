@@ -425,3 +425,77 @@ fn partial_tail_pages_report_their_valid_length() {
         "{e:?}"
     );
 }
+
+#[test]
+fn the_fourth_copy_of_a_page_is_reclaimable_and_goes_first_under_pressure() {
+    // Four nodes publish the same pages: a copy that brings the live owners to three or more
+    // is reclaimable (the directory's hint, PegaFlow's rule), and pool pressure on such a node
+    // evicts it before the node's own retained pages.
+    let nodes = cluster(&[10, 11, 12, 13], json!({"global_segment_size": "8mb"}));
+    let keys: Vec<String> = (0..4).map(|i| format!("shared-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..4).map(|i| page(700 + i, 256 << 10)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    for n in &nodes {
+        assert!(n.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    }
+    let last = nodes[3].node_id().clone();
+    let classes = |k: &str| -> Vec<(String, peercache_directory::CopyClass)> {
+        nodes[0].locate(&[k]).unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|l| (l.node.to_string(), l.class))
+            .collect()
+    };
+    for k in &keys {
+        let c = classes(k);
+        assert_eq!(c.len(), 4, "{c:?}");
+        let reclaimable = c
+            .iter()
+            .filter(|(_, class)| *class == peercache_directory::CopyClass::Reclaimable)
+            .count();
+        assert_eq!(
+            reclaimable, 2,
+            "the third and fourth copies are demoted: {c:?}"
+        );
+        let mine = c.iter().find(|(n, _)| n == last.as_str()).unwrap();
+        assert_eq!(mine.1, peercache_directory::CopyClass::Reclaimable, "{c:?}");
+    }
+    // The fourth node now fills its 8 MiB pool with its own pages, one at a time: the
+    // reclaimable shared copies go before any of its own retained pages.
+    let mut own: Vec<String> = Vec::new();
+    let mut gone = false;
+    for i in 0..64u64 {
+        let k = format!("own-{i}");
+        let p = page(800 + i, 256 << 10);
+        assert!(nodes[3].batch_set(&[&k], &[p.as_slice()]).unwrap()[0]);
+        own.push(k);
+        assert!(nodes[3].flush_evictions(Duration::from_secs(5)));
+        let (own_named, own_stale) = nodes[3].audit(&own).unwrap();
+        let (shared_named, _) = nodes[3].audit(&keys).unwrap();
+        if shared_named < keys.len() {
+            // Eviction has started: every own page is still here.
+            assert_eq!(
+                (own_named, own_stale),
+                (own.len(), 0),
+                "own pages evicted first"
+            );
+        }
+        if shared_named == 0 {
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "the pool never needed room");
+    // The shared pages are still served by the other owners.
+    let mut out = vec![vec![0u8; 256 << 10]; 4];
+    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    assert!(
+        nodes[3]
+            .batch_get(&keys, &mut d)
+            .unwrap()
+            .iter()
+            .all(|&x| x)
+    );
+    assert_eq!(out, pages);
+}
