@@ -103,6 +103,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._node = _peercache.Node(json.dumps(cfg))
         self._closed = False
         self.mem_pool_host = None
+        self._page_pool: Any = None
         self.registered_pools: Dict[str, Any] = {}
         self._stats_lock = threading.Lock()
         self._stats = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
@@ -126,14 +127,22 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
 
     # ----- registration -----
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Registers SGLang's host KV pool for zero-copy transfers. A ``HostPoolGroup``
+        (DeepSeek-V4 and other multi-pool models) is resolved to its anchor pool for page
+        geometry, and every entry's ``kv_buffer`` is registered."""
         self.mem_pool_host = mem_pool_host
-        buf = getattr(mem_pool_host, "kv_buffer", None)
-        if buf is None:
+        anchor = getattr(mem_pool_host, "anchor_entry", None)
+        self._page_pool = anchor.host_pool if anchor is not None else mem_pool_host
+        pools = [e.host_pool for e in getattr(mem_pool_host, "entries", [])] if anchor is not None else [mem_pool_host]
+        registered = 0
+        for pool in pools:
+            buf = getattr(pool, "kv_buffer", None)
+            pl = _ptr_len(buf) if buf is not None else None
+            if pl is not None:
+                self._node.register_host_buffer(*pl)
+                registered += 1
+        if registered == 0:
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
-            return
-        pl = _ptr_len(buf)
-        if pl is not None:
-            self._node.register_host_buffer(*pl)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         self.registered_pools[str(host_pool_name)] = host_pool
@@ -145,7 +154,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     def _meta(self, keys: Sequence[str], host_indices: Any) -> Optional[Tuple[List[int], List[int], List[int]]]:
         if self.mem_pool_host is None or not keys:
             return None
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        ptrs, sizes = self._page_pool.get_page_buffer_meta(host_indices)
         n = len(keys)
         per, rem = divmod(len(ptrs), n)
         if rem or per == 0:

@@ -157,6 +157,34 @@ def test_a_hole_cuts_the_leading_count_with_real_pools():
         b.close()
 
 
+def test_a_host_pool_group_resolves_to_its_anchor():
+    # DeepSeek-V4-style registration: SGLang hands the backend a HostPoolGroup, whose anchor
+    # pool carries the page geometry (the group itself has no get_page_buffer_meta).
+    from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: PLC0415
+
+    port = free_port()
+    a, b = make(69, 69, port), make(70, 69, port)
+    try:
+        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        groups = []
+        for backend in (a, b):
+            host = mha_host("page_first")
+            group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=None,
+                                             layer_mapper=lambda l: l, is_primary_index_anchor=True)])
+            backend.register_mem_pool_host(group)
+            groups.append(host)
+        fill(groups[0], 5)
+        keys = [f"group-{i}" for i in range(3)]
+        assert a.batch_set_v1(keys, torch.arange(0, 3 * PAGE)) == [True] * 3
+        assert b.batch_get_v1(keys, torch.arange(4 * PAGE, 7 * PAGE)) == [True] * 3
+        for i in range(3):
+            assert page_bytes(groups[1], 4 * PAGE + i * PAGE) == page_bytes(groups[0], i * PAGE)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_mla_rank_one_reads_what_rank_zero_wrote():
     port = free_port()
     r0 = make(65, 65, port, tp_rank=0, tp_size=2, mla=True)
