@@ -213,14 +213,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     b.sync_membership();
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("cmp/{i}")).collect());
     let src = rawtcp::prefaulted(page * batch, 17);
-    for chunk in keys.chunks(batch) {
-        let pages: Vec<&[u8]> = (0..chunk.len())
-            .map(|j| &src[j * page..(j + 1) * page])
-            .collect();
-        if !a.batch_set(chunk, &pages)?.iter().all(|&x| x) {
-            bail!("node A could not publish the read set");
-        }
-    }
+    crate::workload::publish(&a, &keys, &src, page, batch)?;
     let raw_buf = Arc::new(rawtcp::prefaulted(n as usize * page, 5));
     let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw.local_addr()?;
@@ -289,23 +282,13 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 round,
                 &timing,
                 |t| {
-                    let (b, keys) = (b.clone(), keys.clone());
-                    let mut bufs = rawtcp::prefaulted(batch * page, 3);
-                    let mut k = t as u64 * 613;
-                    move || {
-                        let ks: Vec<&str> = (0..batch)
-                            .map(|_| {
-                                k = (k + 1) % n;
-                                keys[k as usize].as_str()
-                            })
-                            .collect();
-                        let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                        let found = b
-                            .batch_get(&ks, &mut dst)
-                            .map(|r| r.iter().filter(|&&x| x).count() as u64)
-                            .unwrap_or(0);
-                        CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                    }
+                    crate::workload::get_caller(
+                        b.clone(),
+                        keys.clone(),
+                        page,
+                        batch,
+                        t as u64 * 613,
+                    )
                 },
             ));
             if let Some(mc) = &mooncake {

@@ -18,3 +18,4 @@ pub mod replicabench;
 pub mod report;
 pub mod runner;
 pub mod serve;
+pub mod workload;

@@ -139,17 +139,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                 .map(|i| format!("{mode}/read/{i}"))
                 .collect(),
         );
-        let publish_read_set = || -> Result<()> {
-            for chunk in read_keys.chunks(batch) {
-                let pages: Vec<&[u8]> = (0..chunk.len())
-                    .map(|j| &src[j * page..(j + 1) * page])
-                    .collect();
-                if !w.batch_set(chunk, &pages)?.iter().all(|&x| x) {
-                    bail!("{mode}: the writer could not store the read set");
-                }
-            }
-            Ok(())
-        };
+        let publish_read_set = || crate::workload::publish(&w, &read_keys, &src, page, batch);
         let next = Arc::new(AtomicU64::new(0));
         for round in 0..args.rounds {
             for &c in &args.concurrency {
@@ -191,23 +181,13 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                     round,
                     &timing,
                     |t| {
-                        let (r, keys) = (r.clone(), read_keys.clone());
-                        let mut bufs = rawtcp::prefaulted(batch * page, 3);
-                        let mut k = t as u64 * 611;
-                        move || {
-                            let ks: Vec<&str> = (0..batch)
-                                .map(|_| {
-                                    k = (k + 1) % read_pages;
-                                    keys[k as usize].as_str()
-                                })
-                                .collect();
-                            let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                            let found = r
-                                .batch_get(&ks, &mut dst)
-                                .map(|v| v.iter().filter(|&&x| x).count() as u64)
-                                .unwrap_or(0);
-                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                        }
+                        crate::workload::get_caller(
+                            r.clone(),
+                            read_keys.clone(),
+                            page,
+                            batch,
+                            t as u64 * 611,
+                        )
                     },
                 ));
                 rows.push(run_row(
@@ -218,18 +198,12 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                     round,
                     &timing,
                     |t| {
-                        let (r, keys) = (r.clone(), read_keys.clone());
-                        let mut k = t as u64 * 613;
-                        move || {
-                            let ks: Vec<&str> = (0..batch)
-                                .map(|_| {
-                                    k = (k + 1) % read_pages;
-                                    keys[k as usize].as_str()
-                                })
-                                .collect();
-                            let found = r.batch_exists(&ks).unwrap_or(0) as u64;
-                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                        }
+                        crate::workload::exists_caller(
+                            r.clone(),
+                            read_keys.clone(),
+                            batch,
+                            t as u64 * 613,
+                        )
                     },
                 ));
                 if let Some(row) = rows.last_mut() {

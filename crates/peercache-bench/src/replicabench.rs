@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::rawtcp;
 use crate::report::{self, Host, Report};
-use crate::runner::{CallOutcome, Timing, run_row};
+use crate::runner::{Timing, run_row};
 
 /// Options of `replicas`.
 #[derive(Debug, Clone, clap::Args)]
@@ -95,17 +95,11 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
         settle(&nodes)?;
         let keys: Arc<Vec<String>> =
             Arc::new((0..args.hot_pages).map(|i| format!("hot/{i}")).collect());
-        for chunk in keys.chunks(batch) {
-            let pages: Vec<&[u8]> = (0..chunk.len())
-                .map(|j| &src[j * page..(j + 1) * page])
-                .collect();
-            owner.batch_set(chunk, &pages)?;
-        }
+        crate::workload::publish(&owner, &keys, &src, page, batch)?;
         clusters.push((if on { "on" } else { "off" }, nodes, keys));
     }
     for round in 0..args.rounds {
         for (variant, nodes, keys) in &clusters {
-            let n = keys.len() as u64;
             rows.push(run_row(
                 &format!("hot-get/{variant}"),
                 args.page_bytes,
@@ -114,23 +108,13 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
                 round,
                 &timing,
                 |t| {
-                    let (reader, keys) = (nodes[1 + t].clone(), keys.clone());
-                    let mut bufs = rawtcp::prefaulted(batch * page, 3);
-                    let mut k = t as u64 * 7;
-                    move || {
-                        let ks: Vec<&str> = (0..batch)
-                            .map(|_| {
-                                k = (k + 1) % n;
-                                keys[k as usize].as_str()
-                            })
-                            .collect();
-                        let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                        let found = reader
-                            .batch_get(&ks, &mut dst)
-                            .map(|r| r.iter().filter(|&&x| x).count() as u64)
-                            .unwrap_or(0);
-                        CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                    }
+                    crate::workload::get_caller(
+                        nodes[1 + t].clone(),
+                        keys.clone(),
+                        page,
+                        batch,
+                        t as u64 * 7,
+                    )
                 },
             ));
         }
@@ -165,16 +149,10 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
     let reader = start("127.0.42.2", &seed, json!({}))?;
     settle(&[owner.clone(), reader.clone()])?;
     let cold: Arc<Vec<String>> = Arc::new((0..512u64).map(|i| format!("cold/{i}")).collect());
-    for chunk in cold.chunks(batch) {
-        let pages: Vec<&[u8]> = (0..chunk.len())
-            .map(|j| &src[j * page..(j + 1) * page])
-            .collect();
-        owner.batch_set(chunk, &pages)?;
-    }
+    crate::workload::publish(&owner, &cold, &src, page, batch)?;
     owner.flush_disk();
     owner.flush_evictions(Duration::from_secs(10));
     for round in 0..args.rounds {
-        let n = cold.len() as u64;
         rows.push(run_row(
             "get-disk-only",
             args.page_bytes,
@@ -182,27 +160,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
             1,
             round,
             &timing,
-            |_| {
-                let (reader, keys) = (reader.clone(), cold.clone());
-                let mut bufs = rawtcp::prefaulted(batch * page, 5);
-                // Walk the keys in order: by the time a key comes round again, the owner's
-                // 16 MiB pool has evicted it back to disk.
-                let mut k = round * 97;
-                move || {
-                    let ks: Vec<&str> = (0..batch)
-                        .map(|_| {
-                            k = (k + 1) % n;
-                            keys[k as usize].as_str()
-                        })
-                        .collect();
-                    let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                    let found = reader
-                        .batch_get(&ks, &mut dst)
-                        .map(|r| r.iter().filter(|&&x| x).count() as u64)
-                        .unwrap_or(0);
-                    CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                }
-            },
+            |_| crate::workload::get_caller(reader.clone(), cold.clone(), page, batch, round * 97),
         ));
     }
     reader.shutdown();

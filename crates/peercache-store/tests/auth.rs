@@ -2,7 +2,7 @@
 //! a wrong (or no) secret can neither join, read, write nor query the directory; and even an
 //! authenticated peer cannot write into published memory.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use peercache_directory::DirRequest;
@@ -17,28 +17,16 @@ use serde_json::json;
 
 const SECRET: &str = "correct horse battery staple 42";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::free_port;
 
+/// A node on 127.0.0.`n` seeded by 127.0.0.20, with `secret` (or none).
 fn cfg(n: u8, port: u16, secret: Option<&str>) -> PeerCacheConfig {
-    let host = format!("127.0.0.{n}");
-    let mut m = json!({
-        "discovery_addr": format!("127.0.0.20:{port}"),
-        "protocol": "tcp",
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
-        "global_segment_size": "32mb",
-        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
-        "metrics_enabled": false,
-    });
-    if let Some(s) = secret {
-        m["cluster_secret"] = json!(s);
-    }
-    PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap().0
+    let extra = match secret {
+        Some(s) => json!({ "cluster_secret": s }),
+        None => json!({}),
+    };
+    common::config(&format!("127.0.0.{n}"), "127.0.0.20", port, extra)
 }
 
 fn transport(auth: Auth) -> TcpTransport {

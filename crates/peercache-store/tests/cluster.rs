@@ -1,65 +1,19 @@
 //! Three (and four) nodes on loopback, each on its own 127.0.0.N, sharing one meta port.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
-use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::{free_port, node, page};
 
-fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
-    let host = format!("127.0.0.{n}");
-    let mut m = json!({
-        "discovery_addr": format!("127.0.0.{seed}:{port}"),
-        "protocol": "tcp",
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
-        "global_segment_size": "64mb",
-        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
-        "metrics_enabled": false,
-    });
+/// A cluster of 64 MiB nodes (`extra` overrides).
+fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<peercache_store::Store> {
+    let mut m = json!({"global_segment_size": "64mb"});
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();
     }
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
-    let port = free_port();
-    let nodes: Vec<Store> = hosts
-        .iter()
-        .map(|&n| node(n, hosts[0], port, extra.clone()))
-        .collect();
-    for s in &nodes {
-        assert!(
-            s.wait_members(hosts.len(), Duration::from_secs(10)),
-            "{} sees {:?}",
-            s.node_id(),
-            s.members().len()
-        );
-    }
-    nodes
-}
-
-fn page(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::cluster(hosts, m)
 }
 
 #[test]

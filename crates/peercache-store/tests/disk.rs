@@ -4,20 +4,11 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use peercache_store::{PeerCacheConfig, Store};
+use peercache_store::Store;
 use serde_json::json;
 
-fn page(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+mod common;
+use common::page;
 
 fn node(port: u16, disk: &std::path::Path) -> Store {
     node_on(
@@ -38,22 +29,13 @@ fn node_on(
     disk: Option<&std::path::Path>,
     members: usize,
 ) -> Store {
-    let mut m = json!({
-        "discovery_addr": format!("{seed}:{port}"),
-        "protocol": "tcp", "node_id": id,
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host,
-        "meta_bind_host": host,
-        "global_segment_size": "4mb", "metrics_enabled": false,
-        "heartbeat_interval": 0.2, "member_ttl": 0.6,
-    });
+    let mut m = json!({"node_id": id, "global_segment_size": "4mb"});
     if let Some(d) = disk {
         m["disk_enabled"] = json!(true);
         m["disk_path"] = json!(d.to_str().unwrap());
         m["disk_size"] = json!("256mb");
     }
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let s = common::start(common::config(host, seed, port, m));
     assert!(s.wait_members(members, Duration::from_secs(10)));
     s
 }

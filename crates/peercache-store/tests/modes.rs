@@ -3,11 +3,10 @@
 //! never committed are released, only the reserving node may write a reserved slot, and the
 //! fallbacks when no storage server exists.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use peercache_store::Store;
 use peercache_store::control::{PrepareOutcome, StoreReply, StoreRequest};
-use peercache_store::{PeerCacheConfig, Store};
 use peercache_transport::{
     Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
 };
@@ -16,43 +15,16 @@ use peercache_wire::rpc::{self, RpcClient};
 use peercache_wire::{Incarnation, NodeId, PageKey, envelope};
 use serde_json::json;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::{free_port, get as read_all, page};
 
+/// A node on 127.0.0.`n` named `n<n>`.
 fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
-    let host = format!("127.0.0.{n}");
-    let mut m = json!({
-        "discovery_addr": format!("127.0.0.{seed}:{port}"),
-        "protocol": "tcp", "node_id": format!("n{n}"),
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
-        "global_segment_size": "32mb",
-        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
-        "metrics_enabled": false,
-    });
+    let mut m = json!({"node_id": format!("n{n}")});
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();
     }
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-fn page(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::node(n, seed, port, m)
 }
 
 fn settle(nodes: &[&Store]) {
@@ -60,13 +32,6 @@ fn settle(nodes: &[&Store]) {
         assert!(s.wait_members(nodes.len(), Duration::from_secs(10)));
         s.sync_membership();
     }
-}
-
-fn read_all(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {
-    let mut out = vec![vec![0u8; len]; keys.len()];
-    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    let got = s.batch_get(keys, &mut d).unwrap();
-    (got, out)
 }
 
 #[test]

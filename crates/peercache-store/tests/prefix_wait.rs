@@ -1,37 +1,24 @@
 //! Prefill/decode: a decode node waits, bounded, for a prefix another node is publishing.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use peercache_store::{PeerCacheConfig, Store};
+use peercache_store::Store;
 use serde_json::json;
 
+mod common;
+
+/// A 16 MiB node on 127.0.0.`n`, seeded by 127.0.0.40.
 fn node(n: u8, port: u16, extra: serde_json::Value) -> Store {
-    let host = format!("127.0.0.{n}");
-    let mut m = json!({
-        "discovery_addr": format!("127.0.0.40:{port}"),
-        "protocol": "tcp",
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
-        "global_segment_size": "16mb",
-        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
-        "metrics_enabled": false,
-    });
+    let mut m = json!({"global_segment_size": "16mb"});
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();
     }
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    s
+    common::node(n, 40, port, m)
 }
 
 #[test]
 fn decode_waits_for_the_prefix_prefill_publishes() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let prefill = node(40, port, json!({}));
     let decode = node(41, port, json!({"exists_wait_ms": 300}));
     assert!(prefill.wait_members(2, Duration::from_secs(10)));

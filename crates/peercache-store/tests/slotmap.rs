@@ -2,52 +2,26 @@
 //! the ways, length mismatches, and writers racing readers on one bucket with no wrong page
 //! ever accepted.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use peercache_store::{PeerCacheConfig, Store};
+use peercache_store::Store;
 use serde_json::json;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+use common::get;
 
-fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
-    let host = format!("127.0.0.{n}");
+/// A slotmap cluster (64 KiB slots, 4 ways, 16 MiB regions; `extra` overrides).
+fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
     let mut m = json!({
-        "discovery_addr": format!("127.0.0.{seed}:{port}"),
-        "protocol": "tcp", "mode": "slotmap", "node_id": format!("slot-{n}"),
-        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
-        "global_segment_size": "16mb", "slot_max_page_bytes": "64kb", "slot_ways": 4,
-        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
-        "metrics_enabled": false,
+        "mode": "slotmap", "global_segment_size": "16mb", "slot_max_page_bytes": "64kb",
+        "slot_ways": 4,
     });
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();
     }
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
-    let port = free_port();
-    let nodes: Vec<Store> = hosts
-        .iter()
-        .map(|&n| node(n, hosts[0], port, extra.clone()))
-        .collect();
-    for s in &nodes {
-        assert!(s.wait_members(hosts.len(), Duration::from_secs(10)));
-        s.sync_membership();
-    }
-    nodes
+    common::cluster(hosts, m)
 }
 
 /// A page that says which key and version it is, the rest derived from both.
@@ -70,13 +44,6 @@ fn is_a_version_of(bytes: &[u8], key: u64) -> bool {
     let k = u64::from_le_bytes(bytes[..8].try_into().unwrap());
     let v = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
     k == key && bytes == page(key, v, bytes.len()).as_slice()
-}
-
-fn get(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {
-    let mut out = vec![vec![0u8; len]; keys.len()];
-    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    let got = s.batch_get(keys, &mut d).unwrap();
-    (got, out)
 }
 
 #[test]

@@ -1,0 +1,96 @@
+//! Helpers the store's integration tests share: loopback nodes and recognisable pages.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use peercache_store::{PeerCacheConfig, Store};
+use serde_json::json;
+
+/// A free TCP port on loopback (for the cluster's meta port).
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The config of a node on `host` whose seed is `seed` (both loopback addresses): TCP, every
+/// listener on `host`, fast heartbeats, metrics off, 32 MiB pool; `extra` overrides any key.
+pub(crate) fn config(
+    host: &str,
+    seed: &str,
+    port: u16,
+    extra: serde_json::Value,
+) -> PeerCacheConfig {
+    let mut m = json!({
+        "discovery_addr": format!("{seed}:{port}"),
+        "protocol": "tcp",
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+        "global_segment_size": "32mb",
+        "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
+        "metrics_enabled": false,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        m[k] = v.clone();
+    }
+    PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap().0
+}
+
+/// Starts a node and waits until it has joined.
+pub(crate) fn start(cfg: PeerCacheConfig) -> Store {
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// A node on 127.0.0.`n` seeded by 127.0.0.`seed`.
+pub(crate) fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
+    start(config(
+        &format!("127.0.0.{n}"),
+        &format!("127.0.0.{seed}"),
+        port,
+        extra,
+    ))
+}
+
+/// Nodes on 127.0.0.`hosts[i]` (the first is the seed), each seeing all, rings in step.
+pub(crate) fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
+    let port = free_port();
+    let nodes: Vec<Store> = hosts
+        .iter()
+        .map(|&n| node(n, hosts[0], port, extra.clone()))
+        .collect();
+    for s in &nodes {
+        assert!(
+            s.wait_members(hosts.len(), Duration::from_secs(10)),
+            "{} sees {} members",
+            s.node_id(),
+            s.members().len()
+        );
+        s.sync_membership();
+    }
+    nodes
+}
+
+/// `len` pseudo-random bytes determined by `seed`.
+pub(crate) fn page(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Reads `keys` (one `len`-byte page each) on `s`: (hits, pages).
+pub(crate) fn get(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {
+    let mut out = vec![vec![0u8; len]; keys.len()];
+    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    let got = s.batch_get(keys, &mut d).unwrap();
+    (got, out)
+}
