@@ -24,9 +24,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use crate::rawtcp::{self, RawClient};
+use crate::rawtcp;
 use crate::report::{self, Host, Report, Row};
-use crate::runner::{CallOutcome, Timing, run_row};
+use crate::runner::{Timing, run_row};
 
 /// Options of `compare`.
 #[derive(Debug, Clone, clap::Args)]
@@ -259,20 +259,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 c,
                 round,
                 &timing,
-                |t| {
-                    let mut cl = RawClient::connect(raw_addr).expect("raw-tcp connect");
-                    let mut dst = rawtcp::prefaulted(batch * page, 1);
-                    let mut offs = vec![0u64; batch];
-                    let mut k = t as u64 * 997;
-                    move || {
-                        for o in offs.iter_mut() {
-                            *o = (k % n) * page as u64;
-                            k += 1;
-                        }
-                        let error = cl.batch(&offs, page, &mut dst).is_err();
-                        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
-                    }
-                },
+                |t| crate::workload::raw_caller(raw_addr, page, batch, n, t as u64 * 997),
             ));
             rows.push(run_row(
                 "peercache-get",

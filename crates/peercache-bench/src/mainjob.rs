@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
-use crate::rawtcp::{self, RawClient};
+use crate::rawtcp;
 use crate::report::{self, Host, Report};
 use crate::runner::{CallOutcome, Timing, run_row};
 
@@ -141,20 +141,7 @@ pub fn run(args: &MainArgs) -> Result<Report> {
                 c,
                 round,
                 &timing,
-                |t| {
-                    let mut cl = RawClient::connect(raw_addr).expect("raw-tcp connect");
-                    let mut dst = rawtcp::prefaulted(batch * page, 1);
-                    let mut offs = vec![0u64; batch];
-                    let mut k = t as u64 * 997;
-                    move || {
-                        for o in offs.iter_mut() {
-                            *o = (k % n_read) * page as u64;
-                            k += 1;
-                        }
-                        let error = cl.batch(&offs, page, &mut dst).is_err();
-                        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
-                    }
-                },
+                |t| crate::workload::raw_caller(raw_addr, page, batch, n_read, t as u64 * 997),
             ));
 
             // set (empty pool) and set-evicting (full pool) on B.

@@ -75,3 +75,26 @@ pub fn exists_caller(
         CallOutcome::done(found, batch as u64 - found, found != batch as u64)
     }
 }
+
+/// One caller of a `raw-tcp` row: batches of `batch` pages from the baseline server at `addr`,
+/// walking its `pages` pages from position `start`.
+pub fn raw_caller(
+    addr: std::net::SocketAddr,
+    page: usize,
+    batch: usize,
+    pages: u64,
+    start: u64,
+) -> impl FnMut() -> CallOutcome + Send + 'static {
+    let mut cl = rawtcp::RawClient::connect(addr).expect("raw-tcp connect");
+    let mut dst = rawtcp::prefaulted(batch * page, 1);
+    let mut offs = vec![0u64; batch];
+    let mut k = start;
+    move || {
+        for o in offs.iter_mut() {
+            *o = (k % pages) * page as u64;
+            k += 1;
+        }
+        let error = cl.batch(&offs, page, &mut dst).is_err();
+        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
+    }
+}
