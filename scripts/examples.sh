@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo run --release --locked -q -p peercache-store --example two_nodes
+cargo run --release --locked -q -p peercache-store --example node_from_config
 source scripts/venv.sh
 python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m crates/peercache-py/Cargo.toml
 python examples/python_roundtrip.py

@@ -185,17 +185,18 @@ def test_a_host_pool_group_resolves_to_its_anchor():
         b.close()
 
 
-def test_mla_rank_one_reads_what_rank_zero_wrote():
+@pytest.mark.parametrize("layout", ["page_first", "layer_first", "page_first_direct"])
+def test_mla_rank_one_reads_what_rank_zero_wrote(layout):
     port = free_port()
     r0 = make(65, 65, port, tp_rank=0, tp_size=2, mla=True)
     r1 = make(66, 65, port, tp_rank=1, tp_size=2, mla=True)
     try:
         assert r0._node.wait_members(2, 10) and r1._node.wait_members(2, 10)
-        h0, h1 = mla_host("page_first"), mla_host("page_first")
+        h0, h1 = mla_host(layout), mla_host(layout)
         r0.register_mem_pool_host(h0)
         r1.register_mem_pool_host(h1)
         fill(h0, 3)
-        keys = [f"mla-{i}" for i in range(4)]
+        keys = [f"mla-{layout}-{i}" for i in range(4)]
         assert r0.batch_set_v1(keys, torch.arange(0, 4 * PAGE)) == [True] * 4
         assert r1.batch_exists(keys) == 4
         assert r1.batch_get_v1(keys, torch.arange(8 * PAGE, 12 * PAGE)) == [True] * 4
