@@ -612,9 +612,33 @@ impl Inner {
         keys: &[PageKey],
         inline: bool,
     ) -> Vec<Option<peercache_directory::Location>> {
+        self.promote_inner(keys, inline, false).0
+    }
+
+    /// [`Inner::promote_here`] for a read on this node: the promoted pages are leased in the
+    /// same step, so no other promotion or publish can evict them before the read copies them.
+    pub(crate) fn promote_and_lease(
+        &self,
+        keys: &[PageKey],
+    ) -> (
+        Vec<Option<peercache_directory::Location>>,
+        Option<peercache_pool::Leases<'_>>,
+    ) {
+        self.promote_inner(keys, true, true)
+    }
+
+    fn promote_inner(
+        &self,
+        keys: &[PageKey],
+        inline: bool,
+        lease: bool,
+    ) -> (
+        Vec<Option<peercache_directory::Location>>,
+        Option<peercache_pool::Leases<'_>>,
+    ) {
         let mut res = vec![None; keys.len()];
         let Some(disk) = &self.disk else {
-            return res;
+            return (res, None);
         };
         if keys.iter().any(|k| disk.is_pending(*k)) {
             // Written through but not on disk yet: wait for the writer (bounded queue).
@@ -629,6 +653,7 @@ impl Inner {
             &mut out,
             &mut evicted,
         );
+        let leases = lease.then(|| self.pool.lease_batch(keys));
         drop(serial);
         let mut entries = Vec::new();
         let mut promoted = 0u64;
@@ -653,7 +678,7 @@ impl Inner {
         } else if let Some(b) = batcher.as_ref() {
             b.publish(entries);
         }
-        res
+        (res, leases)
     }
 
     /// Asks other owners to promote disk-tier pages: one RPC per owner (split at

@@ -746,10 +746,10 @@ impl Store {
             let promoted = if missing.is_empty() {
                 None
             } else {
-                let got = inner.promote_here(&missing, true);
+                let (got, leased) = inner.promote_and_lease(&missing);
                 m.read_disk_hits
                     .increment(got.iter().filter(|l| l.is_some()).count() as u64);
-                Some(inner.pool.lease_batch(&missing))
+                leased
             };
             let mut local_hits = 0u64;
             for (j, &i) in local.iter().enumerate() {
