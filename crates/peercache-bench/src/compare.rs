@@ -250,6 +250,8 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     };
 
     let mut rows = Vec::new();
+    let mut progress =
+        crate::progress::Progress::new("compare", args.rounds as usize * args.concurrency.len());
     for round in 0..args.rounds {
         for &c in &args.concurrency {
             rows.push(run_row(
@@ -308,7 +310,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                     ..Row::default()
                 });
             }
-            eprintln!("compare: round {round} concurrency {c} done");
+            progress.step(&format!("round {round}, {c} thread(s)"));
         }
     }
     a.shutdown();
@@ -363,7 +365,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
             )
         })
         .collect();
-    std::fs::File::create(&svg)?.write_all(bar_chart(&systems, &bars).as_bytes())?;
+    std::fs::File::create(&svg)?.write_all(crate::charts::bar_chart(&systems, &bars).as_bytes())?;
     eprintln!("compare: chart in {}", svg.display());
     Ok(Report {
         bench: "compare".into(),
@@ -380,82 +382,4 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
-}
-
-/// A grouped bar chart as standalone SVG: one group per label, one bar per system.
-pub fn bar_chart(systems: &[&str], groups: &[(String, Vec<f64>)]) -> String {
-    const COLORS: [&str; 4] = ["#8c8c8c", "#2b7bb9", "#e07b39", "#4caf50"];
-    let (w, h, left, bottom, top) = (720.0, 360.0, 70.0, 50.0, 40.0);
-    let max = groups
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .fold(1.0f64, f64::max);
-    let plot_h = h - bottom - top;
-    let group_w = (w - left - 20.0) / groups.len().max(1) as f64;
-    let bar_w = group_w * 0.8 / systems.len().max(1) as f64;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <text x=\"{left}\" y=\"20\" font-size=\"14\">Median pages/s (higher is better)</text>\n"
-    );
-    for i in 0..=4 {
-        let v = max * i as f64 / 4.0;
-        let y = h - bottom - plot_h * i as f64 / 4.0;
-        s += &format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
-             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>\n",
-            w - 20.0,
-            left - 6.0,
-            y + 4.0,
-            v
-        );
-    }
-    for (g, (label, vals)) in groups.iter().enumerate() {
-        let gx = left + g as f64 * group_w + group_w * 0.1;
-        for (k, v) in vals.iter().enumerate() {
-            let bh = plot_h * v / max;
-            s += &format!(
-                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{}\"><title>{}: {v:.0}</title></rect>\n",
-                gx + k as f64 * bar_w,
-                h - bottom - bh,
-                bar_w * 0.9,
-                COLORS[k % COLORS.len()],
-                systems[k]
-            );
-        }
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>\n",
-            gx + group_w * 0.4,
-            h - bottom + 18.0
-        );
-    }
-    for (k, name) in systems.iter().enumerate() {
-        let x = left + k as f64 * 150.0;
-        s += &format!(
-            "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{name}</text>\n",
-            h - 18.0,
-            COLORS[k % COLORS.len()],
-            x + 16.0,
-            h - 8.0
-        );
-    }
-    s + "</svg>\n"
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_chart_is_well_formed_svg() {
-        let svg = bar_chart(
-            &["raw-tcp", "peercache-get"],
-            &[("1 thread(s)".into(), vec![100.0, 80.0])],
-        );
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert_eq!(
-            svg.matches("<rect").count(),
-            2 + 2,
-            "two bars and two legend keys"
-        );
-    }
 }

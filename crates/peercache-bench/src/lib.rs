@@ -5,6 +5,7 @@
 //! compared with.
 
 pub mod alloc;
+pub mod charts;
 pub mod compare;
 pub mod dirbench;
 pub mod diskbench;
@@ -13,9 +14,11 @@ pub mod mainjob;
 pub mod micro;
 pub mod modesbench;
 pub mod poolbench;
+pub mod progress;
 pub mod rawtcp;
 pub mod replicabench;
 pub mod report;
 pub mod runner;
+pub mod saturation;
 pub mod serve;
 pub mod workload;

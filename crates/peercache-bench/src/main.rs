@@ -2,7 +2,7 @@
 
 use peercache_bench::{
     alloc, compare, dirbench, diskbench, mainjob, micro, modesbench, poolbench, replicabench,
-    report, serve,
+    report, saturation, serve,
 };
 
 use anyhow::Result;
@@ -35,6 +35,8 @@ enum Cmd {
     Compare(compare::CompareArgs),
     /// replicate_on_read on a hot-key workload; reads of pages only on another node's disk.
     Replicas(replicabench::ReplicaArgs),
+    /// get throughput and p99 as caller threads grow; marks the peak; draws the curves.
+    Saturation(saturation::SaturationArgs),
     /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
     Modes(modesbench::ModesArgs),
     /// One node that publishes `--preload` known pages, then serves until stopped.
@@ -61,6 +63,7 @@ fn main() -> Result<()> {
         Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.json.as_deref()),
         Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),

@@ -131,6 +131,8 @@ pub fn run(args: &MainArgs) -> Result<Report> {
     let mut extra = serde_json::Map::new();
     let next_write = Arc::new(AtomicU64::new(0));
     let n_read = args.read_pages;
+    let mut progress =
+        crate::progress::Progress::new("main", (args.rounds as usize) * args.concurrency.len());
     for round in 0..args.rounds {
         for &c in &args.concurrency {
             let tag = format!("c{c}/r{round}");
@@ -254,10 +256,10 @@ pub fn run(args: &MainArgs) -> Result<Report> {
                 );
                 rows.push(row);
             }
-            eprintln!(
-                "main: round {round} concurrency {c} done (load {:.2})",
+            progress.step(&format!(
+                "round {round}, {c} thread(s) (load {:.2})",
                 report::load_1m()
-            );
+            ));
         }
     }
     let med = |name: &str| {

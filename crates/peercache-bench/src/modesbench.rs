@@ -130,6 +130,10 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
     let mut summary = serde_json::Map::new();
     // The pool must hold what the set rows write (no eviction in the read set).
     let read_pages = 1024u64.min((args.pool_mib << 20) / (args.page_bytes + 64) / 4);
+    let mut progress = crate::progress::Progress::new(
+        "modes",
+        args.mode.len() * args.rounds as usize * args.concurrency.len(),
+    );
     for (n, mode) in args.mode.iter().enumerate() {
         let (w, r, all) = cluster(mode, n, args.pool_mib, args.page_bytes)?;
         // The read set, written by W in this mode. The set rows fill the pools and evict it, so
@@ -210,7 +214,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                     // exists moves no payload.
                     row.gb_per_s = 0.0;
                 }
-                eprintln!("modes: {mode} round {round} concurrency {c} done");
+                progress.step(&format!("{mode}, round {round}, {c} thread(s)"));
             }
         }
         let med = |name: &str| {

@@ -98,6 +98,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
         crate::workload::publish(&owner, &keys, &src, page, batch)?;
         clusters.push((if on { "on" } else { "off" }, nodes, keys));
     }
+    let mut progress = crate::progress::Progress::new("replicas", args.rounds as usize);
     for round in 0..args.rounds {
         for (variant, nodes, keys) in &clusters {
             rows.push(run_row(
@@ -118,7 +119,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
                 },
             ));
         }
-        eprintln!("replicas: round {round} done");
+        progress.step(&format!("hot keys, round {round}"));
     }
     let served_by_owner: Vec<u64> = clusters
         .iter()

@@ -90,3 +90,31 @@ fn replicas_reports_the_hot_key_and_disk_only_rows() {
     assert!(v["summary"]["hot_get_pages_per_s_on"].as_f64().unwrap() > 0.0);
     assert!(v["summary"]["disk_only_pages_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn saturation_marks_its_peak_and_draws_the_curves() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("charts");
+    let v = run(&[
+        "saturation",
+        "--concurrency",
+        "1,2",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+        "--pages",
+        "64",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let peak = v["summary"]["peak_concurrency"].as_u64().unwrap();
+    assert!(peak == 1 || peak == 2);
+    for f in ["saturation.svg", "saturation-p99.svg"] {
+        assert!(
+            std::fs::read_to_string(out.join(f))
+                .unwrap()
+                .starts_with("<svg")
+        );
+    }
+}
