@@ -1,8 +1,8 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
 use peercache_bench::{
-    alloc, compare, dirbench, diskbench, mainjob, micro, modesbench, poolbench, replicabench,
-    report, saturation, serve,
+    alloc, compare, dirbench, diskbench, latency, mainjob, micro, modesbench, poolbench,
+    replicabench, report, saturation, serve, suite,
 };
 
 use anyhow::Result;
@@ -35,6 +35,10 @@ enum Cmd {
     Compare(compare::CompareArgs),
     /// replicate_on_read on a hot-key workload; reads of pages only on another node's disk.
     Replicas(replicabench::ReplicaArgs),
+    /// Every benchmark, each in its own process; one combined report.
+    Suite(suite::SuiteArgs),
+    /// Per-call latency of exists, get and set at several batch sizes, one caller.
+    Latency(latency::LatencyArgs),
     /// get throughput and p99 as caller threads grow; marks the peak; draws the curves.
     Saturation(saturation::SaturationArgs),
     /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
@@ -63,6 +67,8 @@ fn main() -> Result<()> {
         Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.json.as_deref()),
         Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Suite(args)) => finish(suite::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.json.as_deref()),
         Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),

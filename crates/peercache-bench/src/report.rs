@@ -54,7 +54,7 @@ pub fn load_1m() -> f64 {
 }
 
 /// One measured row.
-#[derive(Clone, Debug, Serialize, Default)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, Default)]
 pub struct Row {
     /// Row name (`raw-tcp`, `tcp-read`, …).
     pub name: String,

@@ -98,3 +98,33 @@ pub fn raw_caller(
         CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
     }
 }
+
+/// One caller of a `set` row: fresh keys `<prefix>/<n>` from a shared counter, pages from
+/// `src` (this caller's `batch`-page slice at `t`).
+pub fn set_caller(
+    store: Store,
+    src: Arc<Vec<u8>>,
+    prefix: String,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    page: usize,
+    batch: usize,
+    t: usize,
+) -> impl FnMut() -> CallOutcome + Send + 'static {
+    move || {
+        let base = next.fetch_add(batch as u64, std::sync::atomic::Ordering::Relaxed);
+        let keys: Vec<String> = (base..base + batch as u64)
+            .map(|i| format!("{prefix}/{i}"))
+            .collect();
+        let off = t * batch * page;
+        let pages: Vec<&[u8]> = (0..batch)
+            .map(|j| &src[off + j * page..off + (j + 1) * page])
+            .collect();
+        match store.batch_set(&keys, &pages) {
+            Ok(v) => {
+                let ok = v.iter().filter(|&&x| x).count() as u64;
+                CallOutcome::done(ok, 0, ok != batch as u64)
+            }
+            Err(_) => CallOutcome::done(0, 0, true),
+        }
+    }
+}

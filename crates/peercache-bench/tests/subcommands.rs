@@ -118,3 +118,29 @@ fn saturation_marks_its_peak_and_draws_the_curves() {
         );
     }
 }
+
+#[test]
+fn latency_reports_every_operation_and_batch_size() {
+    let v = run(&[
+        "latency", "--batch-sizes", "1,4", "--rounds", "1", "--secs", "0.05", "--pages", "64",
+    ]);
+    for op in ["exists", "get", "set"] {
+        for b in [1, 4] {
+            assert!(v["summary"][format!("{op}/batch{b}")]["p50_us"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn suite_runs_each_bench_in_its_own_process() {
+    let v = run(&["suite", "--quick", "--only", "latency,saturation"]);
+    assert!(v["summary"]["latency"].is_object() && v["summary"]["saturation"].is_object());
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("latency:")));
+    assert!(names.iter().any(|n| n.starts_with("saturation:")));
+}
