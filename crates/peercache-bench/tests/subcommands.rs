@@ -122,11 +122,24 @@ fn saturation_marks_its_peak_and_draws_the_curves() {
 #[test]
 fn latency_reports_every_operation_and_batch_size() {
     let v = run(&[
-        "latency", "--batch-sizes", "1,4", "--rounds", "1", "--secs", "0.05", "--pages", "64",
+        "latency",
+        "--batch-sizes",
+        "1,4",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+        "--pages",
+        "64",
     ]);
     for op in ["exists", "get", "set"] {
         for b in [1, 4] {
-            assert!(v["summary"][format!("{op}/batch{b}")]["p50_us"].as_f64().unwrap() > 0.0);
+            assert!(
+                v["summary"][format!("{op}/batch{b}")]["p50_us"]
+                    .as_f64()
+                    .unwrap()
+                    > 0.0
+            );
         }
     }
 }
