@@ -198,6 +198,8 @@ pub struct PeerCacheConfig {
     pub max_inbound_connections: usize,
     /// Eviction-notice batches queued for the background batcher before writers wait.
     pub eviction_queue_depth: usize,
+    /// Pages queued for the disk tier's writer; when full, write-through skips (counted).
+    pub disk_queue_depth: usize,
     /// Seconds a storage server keeps a slot reserved for a remote writer before releasing it.
     pub reservation_timeout: f64,
     /// Keep pages fetched from peers as local reclaimable replicas and register them.
@@ -282,6 +284,7 @@ impl Default for PeerCacheConfig {
             max_frame_bytes: 64 << 20,
             max_inbound_connections: 4096,
             eviction_queue_depth: 256,
+            disk_queue_depth: 256,
             directory_max_entries: 4_000_000,
             reclaim_threshold: 3,
             max_batch_ops: 8192,
@@ -346,6 +349,7 @@ pub const KEYS: &[&str] = &[
     "max_frame_bytes",
     "max_inbound_connections",
     "eviction_queue_depth",
+    "disk_queue_depth",
     "directory_max_entries",
     "reclaim_threshold",
     "max_batch_ops",

@@ -179,10 +179,9 @@ fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::d
         std::path::PathBuf::from(&cfg.disk_path)
     };
     let dir = root.join(me.as_str());
-    match peercache_pool::disk::DiskTier::open(peercache_pool::disk::DiskConfig::new(
-        dir.clone(),
-        cfg.disk_size,
-    )) {
+    let mut disk_cfg = peercache_pool::disk::DiskConfig::new(dir.clone(), cfg.disk_size);
+    disk_cfg.queue_depth = cfg.disk_queue_depth;
+    match peercache_pool::disk::DiskTier::open(disk_cfg) {
         Ok(t) => {
             tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovered = t.stats().recovered, "disk tier open");
             Some(Arc::new(t))

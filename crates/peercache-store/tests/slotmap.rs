@@ -175,3 +175,35 @@ fn writers_racing_readers_on_one_bucket_never_yield_a_wrong_page() {
         "no torn read was ever caught: the race did not happen"
     );
 }
+
+#[test]
+fn keys_whose_owner_left_are_clean_misses() {
+    let nodes = cluster(&[168, 169, 170], json!({}));
+    let len = 8 << 10;
+    let keys: Vec<String> = (0..60).map(|i| format!("moved-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..60).map(|i| page(600 + i, 1, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(nodes[0].batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    // Which keys the leaving node owned, on the ring of all three.
+    let members: Vec<peercache_wire::NodeId> =
+        nodes[0].members().into_iter().map(|m| m.node).collect();
+    let ring = peercache_directory::Ring::new(members, 160);
+    let leaving = nodes[2].node_id().clone();
+    let owned: Vec<bool> = keys
+        .iter()
+        .map(|k| ring.primary(peercache_wire::PageKey::from_key(k)) == Some(&leaving))
+        .collect();
+    assert!(owned.iter().any(|&o| o) && owned.iter().any(|&o| !o));
+    nodes[2].shutdown();
+    assert!(nodes[0].wait_members(2, Duration::from_secs(10)));
+    nodes[0].sync_membership();
+    let (got, out) = get(&nodes[0], &keys, len);
+    for (i, ((g, o), p)) in got.iter().zip(&out).zip(&pages).enumerate() {
+        if owned[i] {
+            assert!(!g, "key {i}: its owner left, nothing migrates: a miss");
+        } else {
+            assert!(*g, "key {i}: its owner is still here");
+            assert_eq!(o, p);
+        }
+    }
+}

@@ -92,8 +92,14 @@ pub struct ServerConfig {
     pub auth: Auth,
 }
 
+/// Metric: frames an RPC server refused (malformed, oversize), label `server`.
+pub const MALFORMED_FRAMES_TOTAL: &str = "peercache_rpc_malformed_frames_total";
+/// Metric: connections whose handshake failed (wrong plane or version, not authenticated,
+/// silent), label `server`.
+pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
+
 /// Counters of a server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServerCounters {
     /// Requests answered.
     pub requests: AtomicU64,
@@ -101,6 +107,8 @@ pub struct ServerCounters {
     pub malformed: AtomicU64,
     /// Handshakes refused or failed.
     pub handshake_failures: AtomicU64,
+    m_malformed: metrics::Counter,
+    m_handshake_failures: metrics::Counter,
 }
 
 /// A running RPC server. Dropping it stops it.
@@ -140,7 +148,13 @@ impl RpcServer {
         let addr = listener.local_addr()?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = Arc::new(AtomicBool::new(false));
-        let counters = Arc::new(ServerCounters::default());
+        let counters = Arc::new(ServerCounters {
+            requests: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            handshake_failures: AtomicU64::new(0),
+            m_malformed: metrics::counter!(MALFORMED_FRAMES_TOTAL, "server" => cfg.name),
+            m_handshake_failures: metrics::counter!(HANDSHAKE_FAILURES_TOTAL, "server" => cfg.name),
+        });
         let live = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
         let name = cfg.name;
@@ -230,6 +244,7 @@ async fn serve_conn(
     };
     if let Err(e) = handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
         counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+        counters.m_handshake_failures.increment(1);
         tracing::debug!(error = %e, "rpc handshake failed");
         return;
     }
@@ -237,6 +252,7 @@ async fn serve_conn(
         let Ok(frame) = next else {
             // Oversize or broken framing: the stream cannot be trusted.
             counters.malformed.fetch_add(1, Ordering::Relaxed);
+            counters.m_malformed.increment(1);
             return;
         };
         if stopped.load(Ordering::Acquire) {
@@ -254,6 +270,7 @@ async fn serve_conn(
         counters.requests.fetch_add(1, Ordering::Relaxed);
         if close {
             counters.malformed.fetch_add(1, Ordering::Relaxed);
+            counters.m_malformed.increment(1);
         }
         if framed.send(Bytes::from(reply)).await.is_err() || close {
             return;
