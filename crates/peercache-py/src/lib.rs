@@ -227,6 +227,12 @@ impl Node {
         py.detach(|| self.store.batch_exists(&keys)).map_err(to_py)
     }
 
+    /// Presence of every key (not only the leading run), one directory fan-out.
+    fn batch_contains(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<bool>> {
+        py.detach(|| self.store.batch_contains(&keys))
+            .map_err(to_py)
+    }
+
     /// Waits up to `timeout_s` seconds until every key is present; returns the leading count.
     fn wait_for_full_prefix(
         &self,
@@ -257,6 +263,7 @@ impl Node {
             "evictions_notified": s.evictions_notified, "directory_rpcs": s.directory_rpcs,
             "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,
             "members": s.members, "primed": s.primed,
+            "verify_rejects": s.verify_rejects, "staged_reads": s.staged_reads,
         })
         .to_string()
     }

@@ -198,3 +198,87 @@ def test_import_without_sglang_is_silent():
     r = subprocess.run([sys.executable, "-c", "import peercache, peercache.store"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
     assert peercache.__version__
+
+
+# ----- v2 on SGLang releases without (all of) the v2 types: stub sglang packages -----
+
+_STUB_BASE = '''
+class HiCacheStorage:
+    def register_mem_pool_host(self, mem_pool_host):
+        self.mem_pool_host = mem_pool_host
+'''
+
+# 0.5.19-style: v2 types exist, but the result has no restorable_prefix_pages yet.
+_STUB_OLD_RESULT = _STUB_BASE + '''
+import enum
+from dataclasses import dataclass
+
+class PoolName(str, enum.Enum):
+    KV = "kv"
+    MAMBA = "mamba"
+
+@dataclass
+class PoolTransferResult:
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict
+'''
+
+_V2_SCRIPT = '''
+import json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from conftest import Config, HostPool, node_config
+from peercache.store import PeerCacheStore
+
+class T:  # a PoolTransfer as older releases shape it: name, host_indices, keys, hit_policy
+    def __init__(self, name, keys, host_indices=None, hit_policy="all_pages"):
+        self.name, self.keys, self.host_indices, self.hit_policy = name, keys, host_indices, hit_policy
+
+s = PeerCacheStore(Config(node_config(90, 90, {port})))
+kv, side = HostPool(), HostPool(pages=8, page_size=1)
+side.fill(3)
+s.register_mem_pool_host(kv)
+s.register_mem_host_pool_v2(side, "mamba")
+keys = ["a", "b", "c"]
+assert s.batch_set_v1(keys, np.arange(0, 12)) == [True] * 3
+w = s.batch_set_v2([T("mamba", keys[:2], np.arange(0, 2))])
+r = s.batch_exists_v2(keys, [T("mamba", keys)])
+print(json.dumps({{"cls": type(r).__module__ + "." + type(r).__name__, "kv": r.kv_hit_pages,
+                   "hits": {{str(getattr(k, "value", k)): v for k, v in r.extra_pool_hit_pages.items()}},
+                   "restorable": getattr(r, "restorable_prefix_pages", "absent"), "written": list(w.values())}}))
+s.close()
+'''
+
+
+def _run_with_stub(tmp_path, port, stub_source):
+    if stub_source is not None:
+        mod = tmp_path / "sglang" / "srt" / "mem_cache"
+        mod.mkdir(parents=True)
+        for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", mod):
+            (d / "__init__.py").write_text("")
+        (mod / "hicache_storage.py").write_text(stub_source)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    script = _V2_SCRIPT.format(tests=os.path.dirname(__file__), port=port)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_v2_on_a_release_whose_result_has_no_restorable_pages(tmp_path, port):
+    out = _run_with_stub(tmp_path, port, _STUB_OLD_RESULT)
+    assert out["cls"] == "sglang.srt.mem_cache.hicache_storage.PoolTransferResult"
+    assert out["kv"] == 2 and out["hits"] == {"kv": 3, "mamba": 2}
+    assert out["restorable"] == "absent" and out["written"] == [[True, True]]
+
+
+def test_v2_on_a_release_without_v2_types_uses_the_stand_in(tmp_path, port):
+    out = _run_with_stub(tmp_path, port, _STUB_BASE)  # 0.5.9–0.5.18: no PoolName, no result type
+    assert out["cls"] == "peercache.store._PoolTransferResult"
+    assert out["kv"] == 2 and out["hits"] == {"kv": 3, "mamba": 2} and out["restorable"] == [1, 2]
+
+
+def test_v2_without_sglang_at_all(tmp_path, port):
+    out = _run_with_stub(tmp_path, port, None)
+    assert out["cls"] == "peercache.store._PoolTransferResult"
+    assert out["kv"] == 2 and out["restorable"] == [1, 2] and out["written"] == [[True, True]]

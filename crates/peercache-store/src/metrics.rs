@@ -41,6 +41,8 @@ pub const UPTIME: &str = "peercache_uptime_seconds";
 pub const READ_FAILURES: &str = "peercache_read_failures_total";
 /// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
 pub const VERIFY_REJECTS: &str = "peercache_verify_rejects_total";
+/// Pages read through staging memory and copied to the caller (destination not registered).
+pub const STAGED_READS: &str = "peercache_read_staged_pages_total";
 /// `batch_set` calls.
 pub const WRITE_REQUESTS: &str = "peercache_write_requests_total";
 /// Payload bytes read.
@@ -72,6 +74,7 @@ pub(crate) struct Handles {
     pub(crate) read_remote_hits: Counter,
     pub(crate) read_failures: Counter,
     pub(crate) verify_rejects: Counter,
+    pub(crate) staged_reads: Counter,
     pub(crate) write_requests: Counter,
     pub(crate) bytes_read: Counter,
     pub(crate) bytes_written: Counter,
@@ -125,6 +128,7 @@ impl Handles {
             read_remote_hits: c(READ_REMOTE_HITS),
             read_failures: c(READ_FAILURES),
             verify_rejects: c(VERIFY_REJECTS),
+            staged_reads: c(STAGED_READS),
             write_requests: c(WRITE_REQUESTS),
             bytes_read: c(BYTES_READ),
             bytes_written: c(BYTES_WRITTEN),

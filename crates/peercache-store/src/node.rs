@@ -44,6 +44,8 @@ pub(crate) struct Inner {
     pub(crate) primed: Mutex<PrimeMap>,
     pub(crate) read_cache: Mutex<PrimeMap>,
     pub(crate) verify_rejects: std::sync::atomic::AtomicU64,
+    /// Pages read through staging and copied out (see `StoreStats::staged_reads`).
+    pub(crate) staged_reads: std::sync::atomic::AtomicU64,
     pub(crate) scratch: Mutex<Vec<Scratch>>,
     pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
@@ -504,6 +506,7 @@ impl Inner {
             primed: Mutex::new(PrimeMap::default()),
             read_cache: Mutex::new(PrimeMap::default()),
             verify_rejects: std::sync::atomic::AtomicU64::new(0),
+            staged_reads: std::sync::atomic::AtomicU64::new(0),
             scratch: Mutex::new(Vec::new()),
             host_buffers: parking_lot::RwLock::new(Vec::new()),
             pool_region: Mutex::new(Some(pool_region)),

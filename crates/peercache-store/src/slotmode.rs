@@ -233,16 +233,17 @@ impl Store {
     }
 
     /// Slotmap exists: the leading keys whose bucket holds them.
-    pub(crate) fn slot_exists(&self, keys: &[PageKey]) -> usize {
+    /// Per-key presence in slotmap mode (one header-block fetch per owner).
+    pub(crate) fn slot_contains(&self, keys: &[PageKey]) -> Vec<bool> {
         let owners = self.inner.dir.primaries(keys);
         let blocks = self.header_blocks(keys, &owners);
         keys.iter()
             .zip(&blocks)
-            .take_while(|(k, b)| {
+            .map(|(k, b)| {
                 b.as_ref()
-                    .is_some_and(|b| slotmap::find_way(b, **k, None).is_some())
+                    .is_some_and(|b| slotmap::find_way(b, *k, None).is_some())
             })
-            .count()
+            .collect()
     }
 
     /// Slotmap get: header block, then the matching way's payload and header again; verified.
@@ -312,6 +313,15 @@ impl Store {
             let Ok(mut scratch) = self.checkout_scratch(0, staging) else {
                 continue;
             };
+            // Slotmap reads stage every payload: a slot may be rewritten under the read, so
+            // the bytes reach the caller only after the re-read header proves them whole.
+            self.inner
+                .metrics
+                .staged_reads
+                .increment(found.len() as u64);
+            self.inner
+                .staged_reads
+                .fetch_add(found.len() as u64, std::sync::atomic::Ordering::Relaxed);
             let mut batch = Batch::new();
             let mut offs = Vec::with_capacity(found.len());
             let mut off = 0usize;

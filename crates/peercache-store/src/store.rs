@@ -120,6 +120,10 @@ pub struct StoreStats {
     pub primed: u64,
     /// Remote pages rejected by verification (stale, torn, wrong key or checksum).
     pub verify_rejects: u64,
+    /// Pages read through registered staging memory and then copied to the caller, because
+    /// the caller's destination lies outside every registered host buffer (or the mode reads
+    /// into staging to verify first, as slotmap does). 0 on the zero-copy paths.
+    pub staged_reads: u64,
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -513,22 +517,58 @@ impl Store {
         }
     }
 
+    /// Which keys are present anywhere in the cluster, key by key — not only the leading run
+    /// (the v2 HiCache calls check sidecar pools whose pages may have holes). One directory
+    /// fan-out for the whole batch; every present page's location is primed for the next get,
+    /// and disk-only pages start promoting, as with [`Store::batch_exists`].
+    pub fn batch_contains<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        let t0 = std::time::Instant::now();
+        let r = self.presence(&pkeys, false);
+        self.inner
+            .metrics
+            .exists_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(r)
+    }
+
     fn exists_impl(&self, keys: &[PageKey]) -> usize {
+        self.presence(keys, true).len()
+    }
+
+    /// Presence of each key; with `leading` the vector stops at the first missing key.
+    fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
         let inner = &*self.inner;
-        if inner.cfg.mode == crate::config::Mode::Slotmap {
-            inner.metrics.exists_requests.increment(1);
-            let n = self.slot_exists(keys);
-            inner.metrics.exists_pages_found.increment(n as u64);
-            return n;
-        }
         inner.metrics.exists_requests.increment(1);
+        if inner.cfg.mode == crate::config::Mode::Slotmap {
+            let mut p = self.slot_contains(keys);
+            if leading {
+                let n = p.iter().take_while(|p| **p).count();
+                p.truncate(n);
+            }
+            inner
+                .metrics
+                .exists_pages_found
+                .increment(p.iter().filter(|p| **p).count() as u64);
+            return p;
+        }
         let Ok(found) = inner.dir.lookup(keys) else {
-            return 0;
+            return if leading {
+                Vec::new()
+            } else {
+                vec![false; keys.len()]
+            };
         };
-        let n = found
+        let mut present: Vec<bool> = found
             .iter()
-            .take_while(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
-            .count();
+            .map(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
+            .collect();
+        if leading {
+            let n = present.iter().take_while(|p| **p).count();
+            present.truncate(n);
+        }
+        let n = present.len();
         // Present only on some disk tier: start promoting now, so the get that follows finds
         // the pages in memory.
         if let Some(p) = inner.promoter.get() {
@@ -537,7 +577,9 @@ impl Store {
             let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
             let mut queued = 0;
             for (k, o) in keys.iter().zip(&found).take(n) {
-                let Some(o) = o else { continue };
+                let Some(o) = o.as_ref().filter(|o| !o.is_empty()) else {
+                    continue;
+                };
                 if o.iter().any(|l| l.resident) {
                     continue;
                 }
@@ -562,13 +604,16 @@ impl Store {
             let now = Instant::now();
             let mut primed = inner.primed.lock();
             for (k, o) in keys.iter().zip(found).take(n) {
-                if let Some(o) = o {
+                if let Some(o) = o.filter(|o| !o.is_empty()) {
                     primed.put(*k, o, ttl, now);
                 }
             }
         }
-        inner.metrics.exists_pages_found.increment(n as u64);
-        n
+        inner
+            .metrics
+            .exists_pages_found
+            .increment(present.iter().filter(|p| **p).count() as u64);
+        present
     }
 
     /// Reads pages into one contiguous buffer each. `true` = the buffer holds the page.
@@ -1021,6 +1066,11 @@ impl Store {
             }
             direct.push(ok);
         }
+        let staged = direct.iter().filter(|d| !**d).count() as u64;
+        if staged > 0 {
+            inner.metrics.staged_reads.increment(staged);
+            inner.staged_reads.fetch_add(staged, Ordering::Relaxed);
+        }
         let scratch = match self.checkout_scratch(pages.len(), staging_need) {
             Ok(s) => s,
             Err(e) => {
@@ -1216,6 +1266,7 @@ impl Store {
             members: inner.discovery.members().len() as u64,
             primed: inner.primed.lock().len() as u64,
             verify_rejects: inner.verify_rejects.load(Ordering::Relaxed),
+            staged_reads: inner.staged_reads.load(Ordering::Relaxed),
         }
     }
 

@@ -132,6 +132,9 @@ fn exists_counts_leading_pages_and_misses_are_false() {
     srefs.remove(6);
     nodes[0].batch_set(&stored, &srefs).unwrap();
     assert_eq!(nodes[1].batch_exists(&keys).unwrap(), 6);
+    // Per-key presence sees past the hole (the v2 side-pool checks need it).
+    let each = nodes[1].batch_contains(&keys).unwrap();
+    assert_eq!(each, (0..10).map(|i| i != 6).collect::<Vec<_>>());
     let mut bufs = vec![vec![0u8; 4096]; 10];
     let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
     let got = nodes[1].batch_get(&keys, &mut d).unwrap();

@@ -65,6 +65,10 @@ fn cross_node_round_trips_overflow_and_length_mismatch() {
     let mut with_hole = keys[..5].to_vec();
     with_hole.insert(2, "never-written".into());
     assert_eq!(c.batch_exists(&with_hole).unwrap(), 2);
+    assert_eq!(
+        c.batch_contains(&with_hole).unwrap(),
+        vec![true, true, false, true, true, true]
+    );
     let (got, _) = get(c, &with_hole, len);
     assert_eq!(got, vec![true, true, false, true, true, true]);
     // A different length is a miss, never a truncated page.

@@ -13,12 +13,19 @@ Keys: SGLang passes bare page hashes. A page key here is
 ``|cp<rank>`` are added when those sizes are above 1. The node then applies ``prefix`` (one
 keyspace on every path). A page's components (K and V, or every layer in ``layer_first``) are
 segments of that one key, so they are stored, evicted and served together.
+
+Side pools of the v2 interface (Mamba, SWA, DSA indexer, draft, DeepSeek-V4 compressed pools)
+store page ``h`` of pool ``p`` under ``<page key>|<p>``; the page key is the shared ``|mla``
+form for MLA-shaped pools of an MLA model and the per-rank form otherwise (Mamba state and
+MHA-shaped pools are split by rank).
 """
 
+import functools
 import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _peercache
@@ -78,6 +85,78 @@ def _ptr_len(x: Any) -> Optional[Tuple[int, int]]:
     return None
 
 
+_BUFFER_SUFFIXES = ("_buffer", "_buffers")
+_POLICIES = ("all_pages", "trailing_pages", "block_groups")
+
+
+def _host_tensors(pool: Any) -> List[Any]:
+    """The host tensors (or arrays) a pool keeps its pages in: every ``*_buffer`` attribute
+    that is one, or a list of them, on the CPU. Device mirrors are skipped."""
+    out: List[Any] = []
+    attrs = getattr(pool, "__dict__", {})
+    for name, v in attrs.items():
+        if not name.endswith(_BUFFER_SUFFIXES) or name.startswith("device"):
+            continue
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            dev = getattr(t, "device", None)
+            if hasattr(t, "data_ptr") and getattr(dev, "type", "cpu") != "cpu":
+                continue
+            if hasattr(t, "data_ptr") or hasattr(t, "__array_interface__"):
+                out.append(t)
+    return out
+
+
+def _pool_name(x: Any) -> str:
+    """``PoolName.MAMBA`` → ``"mamba"``; plain strings pass through."""
+    return str(getattr(x, "value", x))
+
+
+def _numel(x: Any) -> int:
+    if x is None:
+        return 0
+    if hasattr(x, "numel"):
+        return int(x.numel())
+    return len(x)
+
+
+@dataclass
+class _PoolTransferResult:
+    """Stand-in for SGLang's ``PoolTransferResult`` on releases without it."""
+
+    kv_hit_pages: int
+    extra_pool_hit_pages: Dict[Any, int]
+    restorable_prefix_pages: Optional[List[int]] = None
+
+
+@functools.lru_cache(maxsize=1)
+def _v2_types() -> Tuple[Any, Any]:
+    """(``PoolTransferResult``, ``PoolName.KV``) from SGLang 0.5.19+, else stand-ins."""
+    try:
+        from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransferResult  # noqa: PLC0415
+
+        return PoolTransferResult, PoolName.KV
+    except Exception:
+        return _PoolTransferResult, "kv"
+
+
+def _transfer_result(kv: int, hits: Dict[Any, int], restorable: List[int]) -> Any:
+    cls, _ = _v2_types()
+    try:
+        return cls(kv, hits, restorable)
+    except TypeError:  # releases whose result has no restorable_prefix_pages yet
+        r = cls(kv, hits)
+        return r
+
+
+def _leading(flags: Sequence[bool]) -> int:
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
 class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     """SGLang HiCache storage backend on a PeerCache node (one node per rank)."""
 
@@ -104,7 +183,10 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._closed = False
         self.mem_pool_host = None
         self._page_pool: Any = None
-        self.registered_pools: Dict[str, Any] = {}
+        self.registered_pools: Dict[Any, Any] = {}
+        self._pools_by_name: Dict[str, Any] = {}
+        self._spans: List[Tuple[int, int]] = []
+        self._warned: set = set()
         self._stats_lock = threading.Lock()
         self._stats = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
         timeout = float(cfg.get("startup_timeout", 30.0) or 0) or None
@@ -114,8 +196,11 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             logger.warning("peercache: not in the cluster yet (%s); lookups miss until it is", e)
 
     # ----- keys -----
-    def _key(self, h: str) -> str:
-        k = f"{self.model}|{h}|mla" if self.is_mla else f"{self.model}|{h}|tp{self.tp_rank}of{self.tp_size}"
+    def _key(self, h: str, shared: Optional[bool] = None) -> str:
+        """The page key of hash ``h``: shared by every TP rank (MLA-style pools, which hold
+        the same bytes on every rank) or this rank's own."""
+        shared = self.is_mla if shared is None else shared
+        k = f"{self.model}|{h}|mla" if shared else f"{self.model}|{h}|tp{self.tp_rank}of{self.tp_size}"
         if self.pp_size > 1:
             k += f"|pp{self.pp_rank}"
         if self.cp_size > 1:
@@ -134,21 +219,38 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         anchor = getattr(mem_pool_host, "anchor_entry", None)
         self._page_pool = anchor.host_pool if anchor is not None else mem_pool_host
         pools = [e.host_pool for e in getattr(mem_pool_host, "entries", [])] if anchor is not None else [mem_pool_host]
-        registered = 0
-        for pool in pools:
-            buf = getattr(pool, "kv_buffer", None)
-            pl = _ptr_len(buf) if buf is not None else None
-            if pl is not None:
-                self._node.register_host_buffer(*pl)
-                registered += 1
+        registered = sum(self._register_buffers(pool) for pool in pools)
         if registered == 0:
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        self.registered_pools[str(host_pool_name)] = host_pool
+        """Registers one more host pool (Mamba, SWA, DSA indexer, draft, DeepSeek-V4
+        compressed pools…) under its name; its buffers become zero-copy destinations."""
+        self.registered_pools[host_pool_name] = host_pool
+        self._pools_by_name[_pool_name(host_pool_name)] = host_pool
+        self._register_buffers(host_pool)
 
     def on_host_pools_registered(self) -> None:
         return None
+
+    def _register_buffers(self, pool: Any) -> int:
+        """Registers every host tensor of ``pool`` (``kv_buffer``, Mamba's ``temporal_buffer``
+        and ``conv_buffer``, indexer buffers…), each span once. Returns how many it added."""
+        added = 0
+        for t in _host_tensors(pool):
+            try:
+                pl = _ptr_len(t)
+            except ValueError:
+                continue  # a strided view of a buffer registered whole elsewhere
+            if pl is None or pl[1] == 0:
+                continue
+            ptr, n = pl
+            if any(b <= ptr and ptr + n <= b + m for b, m in self._spans):
+                continue
+            self._node.register_host_buffer(ptr, n)
+            self._spans.append((ptr, n))
+            added += 1
+        return added
 
     # ----- v1 zero-copy -----
     def _meta(self, keys: Sequence[str], host_indices: Any) -> Optional[Tuple[List[int], List[int], List[int]]]:
@@ -191,6 +293,163 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if not keys:
             return 0
         return int(self._node.wait_for_full_prefix(self._keys(keys), float(timeout_s)))
+
+    # ----- v2: KV plus sidecar pools (SGLang 0.5.19+) -----
+    def _pool(self, name: str) -> Any:
+        pool = self._pools_by_name.get(name)
+        if pool is None and name == "kv":
+            pool = self._page_pool
+        return pool
+
+    def _pool_shared(self, name: str, pool: Any) -> bool:
+        """Whether a pool's pages are the same on every TP rank (so one key serves all
+        ranks): the KV pool of an MLA model and, in MLA models, its MLA-shaped side pools
+        (DSA indexer, DeepSeek-V4 compressed pools, an MLA draft). Mamba state and MHA-shaped
+        pools (K and V split by head) are per rank."""
+        if name == "kv":
+            return self.is_mla
+        if not self.is_mla or name == "mamba":
+            return False
+        return not (hasattr(pool, "v_buffer") or type(pool).__name__.startswith("MHA"))
+
+    def _pool_key(self, name: str, pool: Any, h: str) -> str:
+        if name == "kv":
+            return self._key(h)
+        return f"{self._key(h, self._pool_shared(name, pool))}|{name}"
+
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(msg, *args)
+
+    def _v2_io(self, transfers: Sequence[Any], write: bool) -> Dict[Any, List[bool]]:
+        """Every pool of the call in one node batch: each page's buffers (2–3 for Mamba and
+        DeepSeek-V4 layouts) are the segments of one key, gathered on write and scattered on
+        read by the transport — no packing copy."""
+        results: Dict[Any, List[bool]] = {}
+        spans: List[Tuple[Any, int, int]] = []
+        keys_all: List[str] = []
+        ptrs: List[int] = []
+        sizes: List[int] = []
+        counts: List[int] = []
+        for t in transfers or []:
+            name = _pool_name(t.name)
+            keys = list(t.keys or [])
+            if not keys:
+                results.setdefault(t.name, [])
+                continue
+            pool = self._pool(name)
+            if pool is None:
+                self._warn_once("pool:" + name, "peercache: pool %r was never registered; its pages miss", name)
+                results.setdefault(t.name, []).extend([False] * len(keys))
+                continue
+            page_size = int(getattr(pool, "page_size", 1) or 1)
+            if _numel(t.host_indices) != len(keys) * page_size:
+                self._warn_once("idx:" + name, "peercache: pool %r got %d host indices for %d pages of %d; refusing the batch",
+                                name, _numel(t.host_indices), len(keys), page_size)
+                results.setdefault(t.name, []).extend([False] * len(keys))
+                continue
+            try:
+                p, sz = pool.get_page_buffer_meta(t.host_indices)
+            except Exception as e:  # e.g. a Mamba pool in a layout with no zero-copy meta
+                self._warn_once("meta:" + name, "peercache: pool %r has no page buffer meta (%s); its pages miss", name, e)
+                results.setdefault(t.name, []).extend([False] * len(keys))
+                continue
+            per, rem = divmod(len(p), len(keys))
+            if rem or per == 0:
+                self._warn_once("segs:" + name, "peercache: pool %r gave %d buffers for %d pages; refusing the batch",
+                                name, len(p), len(keys))
+                results.setdefault(t.name, []).extend([False] * len(keys))
+                continue
+            spans.append((t.name, len(keys_all), len(keys)))
+            keys_all.extend(self._pool_key(name, pool, h) for h in keys)
+            ptrs.extend(map(int, p))
+            sizes.extend(map(int, sz))
+            counts.extend([per] * len(keys))
+        if keys_all:
+            t0 = time.perf_counter()
+            op = self._node.batch_set_ptrs if write else self._node.batch_get_ptrs
+            res = op(keys_all, ptrs, sizes, counts)
+            self._record("backup" if write else "prefetch", sum(res), sum(sizes), time.perf_counter() - t0)
+            for name, start, n in spans:
+                results.setdefault(name, []).extend(res[start:start + n])
+        return results
+
+    def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        """Writes each ``PoolTransfer``'s pages from its host pool; per pool, one flag a page."""
+        return self._v2_io(transfers, write=True)
+
+    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+        """Reads each ``PoolTransfer``'s pages into its host pool; per pool, one flag a page."""
+        return self._v2_io(transfers, write=False)
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None, extra_info: Any = None) -> Any:
+        """The usable prefix over the KV pool and every side pool, by each pool's hit policy
+        (``all_pages``, ``trailing_pages``, ``block_groups``), in one directory fan-out.
+
+        ``kv_hit_pages`` is the longest prefix every gating pool can restore;
+        ``extra_pool_hit_pages`` each pool's own boundary; ``restorable_prefix_pages`` every
+        prefix length that works (a trailing-window pool leaves holes, so SGLang intersects
+        these sets across ranks rather than taking a maximum)."""
+        _, kv_name = _v2_types()
+        n = len(keys)
+        if n == 0:
+            return _transfer_result(0, {}, [])
+        # A logical anchor (DeepSeek-V4 groups) has no KV bytes: the side pools decide.
+        logical = self._page_pool is not None and getattr(self._page_pool, "kv_buffer", None) is None
+        probe: List[str] = [] if logical else [self._key(h) for h in keys]
+        plan: List[Tuple[Any, Optional[int]]] = []
+        for t in pool_transfers or []:
+            name = _pool_name(t.name)
+            policy = _pool_name(getattr(t, "hit_policy", "all_pages"))
+            if policy not in _POLICIES:
+                raise ValueError(f"peercache: unsupported pool hit policy {policy!r} for pool {name!r}")
+            pool = self._pool(name)
+            if pool is None:
+                self._warn_once("pool:" + name, "peercache: pool %r was never registered; its pages miss", name)
+                plan.append((t, None))
+                continue
+            plan.append((t, len(probe)))
+            probe.extend(self._pool_key(name, pool, h) for h in keys)
+        present = self._node.batch_contains(probe) if probe else []
+        kv_pages = n if logical else _leading(present[:n])
+        hits: Dict[Any, int] = {kv_name: kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for t, start in plan:
+            ex = present[start:start + n] if start is not None else [False] * n
+            policy = _pool_name(getattr(t, "hit_policy", "all_pages"))
+            if policy == "block_groups":
+                # Never gates the KV hit: the pool's own verdict is the pages its leading
+                # complete key groups (one per block, from the span start) cover.
+                group = max(1, int(getattr(t, "group_pages", 0) or 1))
+                block = max(1, int(getattr(t, "block_pages", 0) or group))
+                g = 0
+                while g * block + group <= n and all(ex[g * block:g * block + group]):
+                    g += 1
+                covered = min(n, g * block)
+                if covered:
+                    hits[t.name] = covered
+                continue
+            if not restorable:
+                continue
+            if policy == "all_pages":
+                boundary = _leading(ex[:kv_pages])
+                ok = set(range(1, boundary + 1))
+            else:  # trailing_pages
+                window = max(1, len(t.keys) if t.keys else 1)
+                ok = set()
+                missing = 0  # missing pages in the window ending at p
+                for p in range(1, kv_pages + 1):
+                    missing += not ex[p - 1]
+                    if p - window - 1 >= 0:
+                        missing -= not ex[p - window - 1]
+                    if missing == 0:
+                        ok.add(p)
+                boundary = max(ok, default=0)
+            if boundary:
+                hits[t.name] = boundary
+            restorable = [p for p in restorable if p in ok]
+        return _transfer_result(restorable[-1] if restorable else 0, hits, restorable)
 
     # ----- generic (legacy) path -----
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
