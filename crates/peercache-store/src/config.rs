@@ -128,6 +128,9 @@ pub struct PeerCacheConfig {
     pub device_name: String,
     /// Comma-separated RDMA devices, one rail each (overrides `device_name`).
     pub device_names: Vec<String>,
+    /// `device_names` given per local rank (`{"0": "mlx5_0,mlx5_1", "1": "mlx5_2"}`): the one
+    /// SGLang extra config names every rank's NICs; `device_names` is resolved from it.
+    pub device_names_by_rank: BTreeMap<u32, Vec<String>>,
     /// RDMA port.
     pub ib_port: u8,
     /// RDMA GID index (-1: no GRH).
@@ -246,6 +249,7 @@ impl Default for PeerCacheConfig {
             protocol: Protocol::Rdma,
             device_name: String::new(),
             device_names: Vec::new(),
+            device_names_by_rank: BTreeMap::new(),
             ib_port: 1,
             gid_index: 3,
             max_channels_per_peer: 16,
@@ -489,6 +493,21 @@ fn as_bool(key: &'static str, v: &Value) -> Result<bool, ConfigError> {
     }
 }
 
+/// A device list (`"mlx5_0,mlx5_1"` or `["mlx5_0", "mlx5_1"]`) without duplicates; `whole` is
+/// the key's value, for the error.
+fn device_list(whole: &Value, v: &Value) -> Result<Vec<String>, ConfigError> {
+    let list: Vec<String> = match v {
+        Value::Array(items) => items.iter().map(as_str).collect(),
+        _ => as_str(v).split(',').map(|s| s.trim().to_string()).collect(),
+    };
+    let list: Vec<String> = list.into_iter().filter(|s| !s.is_empty()).collect();
+    let mut seen = std::collections::HashSet::new();
+    if !list.iter().all(|d| seen.insert(d.clone())) {
+        return Err(bad("device_names", whole, "duplicate device"));
+    }
+    Ok(list)
+}
+
 fn as_str(v: &Value) -> String {
     text(v).trim().to_string()
 }
@@ -554,18 +573,23 @@ impl PeerCacheConfig {
                 }
             }
             "device_name" => self.device_name = as_str(v),
-            "device_names" => {
-                let list: Vec<String> = as_str(v)
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect();
-                let mut seen = std::collections::HashSet::new();
-                if !list.iter().all(|d| seen.insert(d.clone())) {
-                    return Err(bad("device_names", v, "duplicate device"));
+            "device_names" => match v {
+                Value::Object(per_rank) => {
+                    let mut by_rank = BTreeMap::new();
+                    for (rank, devs) in per_rank {
+                        let r: u32 = rank.trim().parse().map_err(|_| {
+                            bad(
+                                "device_names",
+                                v,
+                                format!("`{rank}` is not a local rank (expected 0, 1, …)"),
+                            )
+                        })?;
+                        by_rank.insert(r, device_list(v, devs)?);
+                    }
+                    self.device_names_by_rank = by_rank;
                 }
-                self.device_names = list;
-            }
+                _ => self.device_names = device_list(v, v)?,
+            },
             "ib_port" => self.ib_port = ranged("ib_port", v, as_u64("ib_port", v)?, 1, 255)? as u8,
             "gid_index" => {
                 self.gid_index = ranged("gid_index", v, as_i64("gid_index", v)?, -1, 255)? as i32
@@ -768,6 +792,18 @@ impl PeerCacheConfig {
                     "unknown config key `{k}` ignored (see docs/configuration.md)"
                 ));
             }
+        }
+        if !cfg.device_names_by_rank.is_empty() {
+            let rank = cfg.local_rank();
+            cfg.device_names = cfg
+                .device_names_by_rank
+                .get(&rank)
+                .cloned()
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: "device_names",
+                    value: format!("{:?}", cfg.device_names_by_rank),
+                    reason: format!("no entry for local rank {rank}"),
+                })?;
         }
         cfg.validate()?;
         Ok((cfg, warnings))
@@ -1047,6 +1083,29 @@ mod tests {
             PeerCacheConfig::from_sources(Some(&json), Some(&file), &env, &over).unwrap();
         assert_eq!(cfg.vnodes, 120, "command-line overrides beat everything");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn device_names_per_local_rank() {
+        let per_rank = serde_json::json!({"0": "mlx5_0,mlx5_1", "3": ["mlx5_6", "mlx5_7"]});
+        let cfg = |tp_rank: u32| {
+            PeerCacheConfig::from_map(&map(serde_json::json!({
+                "discovery_addr": "127.0.0.1:1", "tp_size": 4, "tp_rank": tp_rank,
+                "device_names": per_rank.clone(),
+            })))
+        };
+        assert_eq!(cfg(0).unwrap().0.device_names, ["mlx5_0", "mlx5_1"]);
+        assert_eq!(cfg(3).unwrap().0.device_names, ["mlx5_6", "mlx5_7"]);
+        let e = cfg(1).unwrap_err().to_string();
+        assert!(e.contains("no entry for local rank 1"), "{e}");
+        let bad = PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:1", "device_names": {"gpu0": "mlx5_0"},
+        })));
+        assert!(bad.unwrap_err().to_string().contains("not a local rank"));
+        let dup = PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:1", "device_names": {"0": "mlx5_0,mlx5_0"},
+        })));
+        assert!(dup.unwrap_err().to_string().contains("duplicate device"));
     }
 
     #[test]

@@ -195,6 +195,16 @@ fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::d
     }
 }
 
+/// A configured base port for this rank: 0 stays 0 (any free port), else the base plus the
+/// local rank, so the ranks of one server that share an extra config never collide.
+fn rank_port(base: u16, cfg: &PeerCacheConfig) -> u16 {
+    if base == 0 {
+        0
+    } else {
+        base.saturating_add(cfg.local_rank() as u16)
+    }
+}
+
 fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
     (host, port)
         .to_socket_addrs()
@@ -291,11 +301,7 @@ impl Inner {
         }
         let cell: crate::observe::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
-            let port = if cfg.metrics_port == 0 {
-                0
-            } else {
-                cfg.metrics_port.saturating_add(cfg.local_rank() as u16)
-            };
+            let port = rank_port(cfg.metrics_port, &cfg);
             let bind = bind_addr(&cfg.metrics_bind_host, port)?;
             Some(crate::observe::HttpServer::start(
                 bind,
@@ -323,7 +329,7 @@ impl Inner {
         let pool = Arc::new(Pool::new(PoolConfig::new(pool_bytes))?);
         let transport = Arc::new(TcpTransport::start(
             TransportConfig {
-                bind: bind_addr(&cfg.rdma_bind_host, cfg.rdma_port)?,
+                bind: bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
                 max_channels_per_peer: cfg.max_channels_per_peer,
                 op_timeout: cfg.op_timeout(),
                 suspect_for: Duration::from_secs_f64(cfg.suspect_for),
@@ -391,7 +397,7 @@ impl Inner {
         });
         let control = RpcServer::start(
             ServerConfig {
-                bind: bind_addr(&cfg.control_bind_host, cfg.control_port)?,
+                bind: bind_addr(&cfg.control_bind_host, rank_port(cfg.control_port, &cfg))?,
                 planes: vec![Plane::Control],
                 node: Some(me.clone()),
                 incarnation,
