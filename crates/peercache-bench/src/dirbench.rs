@@ -27,7 +27,7 @@ pub struct DirArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
     /// Seconds per row.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
     pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]

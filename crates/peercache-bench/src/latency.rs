@@ -26,7 +26,7 @@ pub struct LatencyArgs {
     #[arg(long, default_value_t = 2)]
     pub rounds: u64,
     /// Seconds per row.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
     pub secs: f64,
     /// Pages in the read set.
     #[arg(long, default_value_t = 1024)]

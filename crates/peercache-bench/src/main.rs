@@ -1,8 +1,8 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
 use peercache_bench::{
-    alloc, compare, dirbench, diskbench, latency, mainjob, micro, modesbench, poolbench,
-    replicabench, report, saturation, serve, suite,
+    alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, poolbench,
+    replicabench, report, saturation, serve, suite, throughput,
 };
 
 use anyhow::Result;
@@ -23,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Transport micro-benchmark between two processes (raw-tcp, tcp-read, tcp-write).
+    /// Transport (raw-tcp, tcp-read, tcp-write) and, with `--path store|both`, store-get and
+    /// store-set, between two processes.
     Micro(micro::MicroArgs),
     /// Pool publish against memcpy, and metadata-only allocate/evict/lookup rates.
     Pool(poolbench::PoolArgs),
@@ -43,6 +44,13 @@ enum Cmd {
     Saturation(saturation::SaturationArgs),
     /// set and get in each deployment mode (p2p, centralized, hybrid) side by side.
     Modes(modesbench::ModesArgs),
+    /// SGLang-shaped prefetch (exists → get into host slots) and backup throughput: tokens/s.
+    Throughput(throughput::ThroughputArgs),
+    /// The prefetch workload from `--processes N` reader processes (or another host), merged.
+    Drive(drive::DriveArgs),
+    /// Internal: a reader process of `drive`.
+    #[command(hide = true)]
+    DriveReader(drive::ReaderArgs),
     /// One node that publishes `--preload` known pages, then serves until stopped.
     Serve(serve::ServeArgs),
     /// Internal: the serving child of `micro`.
@@ -70,6 +78,12 @@ fn main() -> Result<()> {
         Some(Cmd::Suite(args)) => finish(suite::run(&args)?, args.json.as_deref()),
         Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.json.as_deref()),
         Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Drive(args)) => match drive::run(&args)? {
+            Some(r) => finish(r, args.json.as_deref()),
+            None => Ok(()),
+        },
+        Some(Cmd::DriveReader(args)) => drive::reader(&args),
+        Some(Cmd::Throughput(args)) => finish(throughput::run(&args)?, args.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),

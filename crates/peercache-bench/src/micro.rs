@@ -27,23 +27,44 @@ pub struct MicroArgs {
     #[arg(long, value_delimiter = ',', default_value = "4096,131072,1048576")]
     pub page_sizes: Vec<u64>,
     /// Caller threads.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    #[arg(
+        long,
+        visible_alias = "concurrencies",
+        value_delimiter = ',',
+        default_value = "1,2,4"
+    )]
     pub concurrency: Vec<u64>,
     /// Pages per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
     /// Interleaved rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
     /// Seconds measured per row.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
     pub secs: f64,
     /// Size of the serving region in MiB.
     #[arg(long, default_value_t = 256)]
     pub region_mib: u64,
+    /// Which layer to measure: the bare transport (`raw-tcp`, `tcp-read`, `tcp-write`), the
+    /// store (`store-get`, `store-set`: directory, pool and verification included, against a
+    /// `serve` child process), or both.
+    #[arg(long, value_enum, default_value_t = MicroPath::Transport)]
+    pub path: MicroPath,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+}
+
+/// The layer `micro` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MicroPath {
+    /// The transport alone.
+    Transport,
+    /// The store on top of it.
+    Store,
+    /// Both, interleaved.
+    Both,
 }
 
 /// What the server child announces on its first stdout line.
@@ -118,6 +139,157 @@ fn spawn_server(region_mib: u64) -> Result<ServerChild> {
     Ok(ServerChild { child, info })
 }
 
+/// A `peercache-bench serve` child that published `pages` pages of `page` bytes, and an
+/// in-process node joined to it.
+struct StorePair {
+    child: Child,
+    owner: String,
+    reader: peercache_store::Store,
+    page: u64,
+    pages: usize,
+}
+
+impl Drop for StorePair {
+    fn drop(&mut self) {
+        self.reader.shutdown();
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let seed = format!("127.0.0.1:{port}");
+    let owner = format!("micro-owner-{page}");
+    let pool = (pages as u64 * (page + 4096) * 3 / 2).max(64 << 20);
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--stop-on-stdin-eof", "--discovery-addr", &seed])
+        .args(["--host", "127.0.0.1", "--preload", &pages.to_string()])
+        .args(["--page-bytes", &page.to_string()])
+        .args(["--set", &format!("node_id={owner}")])
+        .args(["--set", &format!("global_segment_size={pool}")])
+        .args(["--set", "metrics_enabled=false"])
+        .args(["--set", "cluster_secret=peercache-bench-cluster-secret"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("spawning the serve child")?;
+    let out = child.stdout.take().context("child stdout")?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    if !line.starts_with(&format!("READY {owner} {pages}")) {
+        bail!("serve child: unexpected first line {line:?}");
+    }
+    let reader = crate::throughput::start_node(
+        "127.0.0.2",
+        &seed,
+        (pages as u64 * (page + 4096) * 4).max(256 << 20),
+        &serde_json::Map::new(),
+    )?;
+    if !reader.wait_members(2, Duration::from_secs(20)) {
+        bail!("the reader did not see the serve child");
+    }
+    Ok(StorePair {
+        child,
+        owner,
+        reader,
+        page,
+        pages,
+    })
+}
+
+/// The `store-get` and `store-set` rows at one page size and concurrency.
+fn store_rows(
+    pair: &StorePair,
+    local: &Arc<StoreBuffers>,
+    args: &MicroArgs,
+    conc: u64,
+    round: u64,
+    timing: &Timing,
+) -> Vec<crate::report::Row> {
+    let (page, pages) = (pair.page, pair.pages);
+    let batch = args.batch as usize;
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..pages)
+            .map(|i| crate::serve::key_for(&pair.owner, i))
+            .collect(),
+    );
+    let get = run_row("store-get", page, args.batch, conc, round, timing, |t| {
+        let (store, keys, local) = (pair.reader.clone(), keys.clone(), local.clone());
+        let mut k = t as u64 * 1000;
+        let mut segs = Vec::with_capacity(batch);
+        let counts = vec![1usize; batch];
+        move || {
+            segs.clear();
+            let ks: Vec<&str> = (0..batch)
+                .map(|i| {
+                    segs.push(local.seg(t, i, page as usize));
+                    k = (k + 1) % keys.len() as u64;
+                    keys[k as usize].as_str()
+                })
+                .collect();
+            // SAFETY: the segments are this caller's own slice of the registered buffer.
+            match unsafe { store.batch_get_raw(&ks, &segs, &counts) } {
+                Ok(r) => {
+                    let hits = r.iter().filter(|&&x| x).count() as u64;
+                    CallOutcome::done(hits, batch as u64 - hits, hits != batch as u64)
+                }
+                Err(_) => CallOutcome::done(0, batch as u64, true),
+            }
+        }
+    });
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let src = Arc::new(rawtcp::prefaulted(
+        batch * page as usize * conc as usize,
+        29,
+    ));
+    let set = run_row("store-set", page, args.batch, conc, round, timing, |t| {
+        crate::workload::set_caller(
+            pair.reader.clone(),
+            src.clone(),
+            format!("micro-set/{page}/r{round}"),
+            next.clone(),
+            page as usize,
+            batch,
+            t,
+        )
+    });
+    vec![get, set]
+}
+
+/// Reader-side destination memory of the store rows, registered with the reader node.
+struct StoreBuffers {
+    ptr: *mut u8,
+    per_caller: usize,
+    _buf: Vec<u8>,
+}
+
+// SAFETY: callers write only their own disjoint slice (`seg(t, …)`), through raw pointers.
+unsafe impl Send for StoreBuffers {}
+// SAFETY: as above.
+unsafe impl Sync for StoreBuffers {}
+
+impl StoreBuffers {
+    fn new(callers: usize, per_caller: usize) -> StoreBuffers {
+        let mut buf = rawtcp::prefaulted(callers * per_caller, 13);
+        StoreBuffers {
+            ptr: buf.as_mut_ptr(),
+            per_caller,
+            _buf: buf,
+        }
+    }
+
+    fn seg(&self, caller: usize, i: usize, page: usize) -> peercache_store::RawSeg {
+        peercache_store::RawSeg {
+            // SAFETY: caller < callers and (i + 1) * page <= per_caller by construction.
+            ptr: unsafe { self.ptr.add(caller * self.per_caller + i * page) },
+            len: page,
+        }
+    }
+}
+
 /// Runs the `micro` subcommand.
 pub fn run(args: &MicroArgs) -> Result<Report> {
     let server = spawn_server(args.region_mib)?;
@@ -138,10 +310,33 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     };
     let mut rows = Vec::new();
     let mut allocs = serde_json::Map::new();
+    let transport = args.path != MicroPath::Store;
+    // Store rows: one serve child per page size (its pages have that size), kept for all rounds.
+    let mut pairs = Vec::new();
+    let store_bufs = Arc::new(StoreBuffers::new(max_conc, slot));
+    if args.path != MicroPath::Transport {
+        for &page in &args.page_sizes {
+            let pages = ((args.region_mib << 20) / page).clamp(args.batch, 4096) as usize;
+            let pair = spawn_store_pair(page, pages)?;
+            // SAFETY: `store_bufs` outlives every pair (the pairs, which shut their reader
+            // down, are dropped first, below).
+            unsafe {
+                pair.reader
+                    .register_host_buffer(store_bufs.ptr, max_conc * slot)
+            }?;
+            pairs.push(pair);
+        }
+    }
     for round in 0..args.rounds {
         for &page in &args.page_sizes {
             let pages_in_region = (info.len / page).max(1);
             for &conc in &args.concurrency {
+                if let Some(pair) = pairs.iter().find(|p| p.page == page) {
+                    rows.extend(store_rows(pair, &store_bufs, args, conc, round, &timing));
+                }
+                if !transport {
+                    continue;
+                }
                 // raw-tcp
                 let raw_addr = info.raw;
                 let row = run_row("raw-tcp", page, args.batch, conc, round, &timing, |t| {
@@ -218,11 +413,35 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
             }
         }
     }
+    drop(pairs);
+    drop(store_bufs);
     drop(handle);
     drop(local);
     let mut summary = serde_json::Map::new();
+    let mut names = Vec::new();
+    if transport {
+        names.extend(["tcp-read", "tcp-write"]);
+    }
+    if args.path != MicroPath::Transport {
+        names.extend(["store-get", "store-set"]);
+    }
     for &page in &args.page_sizes {
-        for name in ["tcp-read", "tcp-write"] {
+        if !transport {
+            for name in &names {
+                let med = report::median(
+                    rows.iter()
+                        .filter(|r| r.name == *name && r.page_bytes == page)
+                        .map(|r| r.pages_per_s)
+                        .collect(),
+                );
+                summary.insert(
+                    format!("{name}_pages_per_s@{page}"),
+                    serde_json::json!(med.round()),
+                );
+            }
+            continue;
+        }
+        for name in &names {
             summary.insert(
                 format!("{name}/raw-tcp@{page}"),
                 serde_json::json!(
@@ -239,7 +458,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
         config: serde_json::json!({
             "page_sizes": args.page_sizes, "concurrency": args.concurrency, "batch": args.batch,
             "rounds": args.rounds, "secs": args.secs, "region_mib": args.region_mib,
-            "processes": 2, "transport": "tcp",
+            "processes": 2, "transport": "tcp", "path": format!("{:?}", args.path).to_lowercase(),
         }),
         results: rows,
         summary: serde_json::Value::Object(summary),

@@ -33,16 +33,21 @@ pub struct ModesArgs {
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
     /// Pages per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
     /// Caller threads per row.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    #[arg(
+        long,
+        visible_alias = "concurrencies",
+        value_delimiter = ',',
+        default_value = "1,2"
+    )]
     pub concurrency: Vec<u64>,
     /// Interleaved rounds.
     #[arg(long, default_value_t = 2)]
     pub rounds: u64,
     /// Seconds per row.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
     pub secs: f64,
     /// Pool of the writer / storage server in MiB.
     #[arg(long, default_value_t = 1024)]

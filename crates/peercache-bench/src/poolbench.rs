@@ -24,13 +24,13 @@ pub struct PoolArgs {
     #[arg(long, default_value_t = 512)]
     pub pool_mib: u64,
     /// Pages per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
     /// Interleaved rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
     /// Seconds per row.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, visible_alias = "duration", default_value_t = 1.0)]
     pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]

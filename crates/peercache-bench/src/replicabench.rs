@@ -27,7 +27,7 @@ pub struct ReplicaArgs {
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
     /// Pages per batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
     /// Pages in the hot set.
     #[arg(long, default_value_t = 64)]
@@ -36,7 +36,7 @@ pub struct ReplicaArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
     /// Seconds per row.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
     pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]

@@ -63,6 +63,37 @@ where
     F: Fn(usize) -> W,
     W: FnMut() -> CallOutcome + Send + 'static,
 {
+    run_row_counts(name, page_bytes, batch, concurrency, round, t, make).0
+}
+
+/// What a row measured, before it is folded into a [`Row`] (for merging across processes).
+pub struct RowCounts {
+    /// Latency of every measured call, µs.
+    pub hist: hdrhistogram::Histogram<u64>,
+    /// Pages moved.
+    pub pages: u64,
+    /// Pages not found.
+    pub misses: u64,
+    /// Failed calls.
+    pub errors: u64,
+    /// Measured time.
+    pub elapsed: Duration,
+}
+
+/// [`run_row`], also returning the raw counts and histogram.
+pub fn run_row_counts<F, W>(
+    name: &str,
+    page_bytes: u64,
+    batch: u64,
+    concurrency: u64,
+    round: u64,
+    t: &Timing,
+    make: F,
+) -> (Row, RowCounts)
+where
+    F: Fn(usize) -> W,
+    W: FnMut() -> CallOutcome + Send + 'static,
+{
     let barrier = Arc::new(Barrier::new(concurrency as usize));
     let (warm, meas) = (t.warmup, t.measure);
     let handles: Vec<_> = (0..concurrency as usize)
@@ -107,8 +138,31 @@ where
         errors += e;
         elapsed = elapsed.max(el);
     }
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let (p50, p95, p99, p999, max) = hist::percentiles(&h);
+    let counts = RowCounts {
+        hist: h,
+        pages,
+        misses,
+        errors,
+        elapsed,
+    };
+    (
+        fold_row(name, page_bytes, batch, concurrency, round, &counts),
+        counts,
+    )
+}
+
+/// Folds counts (of one process, or merged from several) into a [`Row`].
+pub fn fold_row(
+    name: &str,
+    page_bytes: u64,
+    batch: u64,
+    concurrency: u64,
+    round: u64,
+    c: &RowCounts,
+) -> Row {
+    let (h, pages, misses, errors) = (&c.hist, c.pages, c.misses, c.errors);
+    let secs = c.elapsed.as_secs_f64().max(1e-9);
+    let (p50, p95, p99, p999, max) = hist::percentiles(h);
     let looked = pages + misses;
     Row {
         name: name.into(),

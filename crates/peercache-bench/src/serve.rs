@@ -145,8 +145,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             while stdin.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
                 line.clear();
             }
-            // SAFETY: raising a signal at our own process.
-            unsafe { libc::raise(libc::SIGTERM) };
+            // SAFETY: sending SIGTERM to our own process (process-directed, so the thread that
+            // waits for signals receives it).
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
         });
     }
     peercache_store::cli::wait_for_signal();

@@ -20,7 +20,7 @@ pub struct SuiteArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "main,latency,saturation,modes,replicas,compare,pool,directory,disk"
+        default_value = "main,throughput,drive,latency,saturation,modes,replicas,compare,micro,pool,directory,disk"
     )]
     pub only: Vec<String>,
     /// Where each bench's results go.
@@ -44,6 +44,9 @@ fn flags(bench: &str, quick: bool) -> Vec<&'static str> {
             "pool" => "pool",
             "directory" => "directory",
             "disk" => "disk",
+            "throughput" => "throughput",
+            "drive" => "drive",
+            "micro" => "micro",
             _ => "",
         }],
     };
@@ -54,6 +57,12 @@ fn flags(bench: &str, quick: bool) -> Vec<&'static str> {
         )
     {
         f.extend(["--rounds", "1", "--secs", "0.2"]);
+    }
+    if bench == "micro" {
+        f.extend(["--path", "both"]);
+    }
+    if quick && matches!(bench, "throughput" | "drive" | "micro") {
+        f.extend(["--rounds", "1", "--duration", "0.2"]);
     }
     f
 }

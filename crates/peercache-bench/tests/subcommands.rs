@@ -157,3 +157,111 @@ fn suite_runs_each_bench_in_its_own_process() {
     assert!(names.iter().any(|n| n.starts_with("latency:")));
     assert!(names.iter().any(|n| n.starts_with("saturation:")));
 }
+
+#[test]
+fn throughput_runs_the_sglang_shaped_prefetch_and_backup() {
+    for (layout, host) in [("mha", "layer-first"), ("mla", "page-first")] {
+        let v = run(&[
+            "throughput",
+            "--layout",
+            layout,
+            "--host-layout",
+            host,
+            "--tokens-per-page",
+            "4",
+            "--layers",
+            "4",
+            "--working-set",
+            "128",
+            "--batch-size",
+            "8",
+            "--concurrencies",
+            "1,2",
+            "--rounds",
+            "1",
+            "--duration",
+            "0.1",
+            "--warmup",
+            "0",
+            "--reader-pool-mib",
+            "64",
+        ]);
+        let s = &v["summary"];
+        assert_eq!(s["wrong_pages"], 0, "{v}");
+        assert_eq!(
+            s["staged_reads"], 0,
+            "registered host pools: no staging copy: {v}"
+        );
+        assert_eq!(s["prefetch_hit_pct_median"], 100.0, "{v}");
+        assert!(s["prefetch_tokens_per_s/c2"].as_f64().unwrap() > 0.0);
+        assert!(s["backup_tokens_per_s/c1"].as_f64().unwrap() > 0.0);
+        let segs = if layout == "mha" { 8 } else { 1 };
+        assert_eq!(v["config"]["segments_per_page"], segs);
+        let rows = v["results"].as_array().unwrap();
+        assert!(
+            rows.iter()
+                .all(|r| r["tokens_per_s"].as_f64().unwrap() > 0.0 && r["errors"] == 0),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn drive_merges_reader_processes() {
+    let v = run(&[
+        "drive",
+        "--processes",
+        "2",
+        "--concurrencies",
+        "1",
+        "--rounds",
+        "1",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--working-set",
+        "64",
+        "--batch-size",
+        "8",
+        "--layers",
+        "4",
+    ]);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    // Two processes × one thread each, merged into one row.
+    assert_eq!(rows[0]["concurrency"], 2);
+    assert!(rows[0]["pages_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[0]["hit_pct"], 100.0, "{v}");
+    assert_eq!(v["summary"]["wrong_pages"], 0);
+    assert_eq!(v["config"]["processes"], 2);
+}
+
+#[test]
+fn micro_store_path_adds_store_rows() {
+    let v = run(&[
+        "micro",
+        "--path",
+        "store",
+        "--page-sizes",
+        "4096",
+        "--concurrency",
+        "1",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.1",
+        "--region-mib",
+        "16",
+    ]);
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["store-get", "store-set"]);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows[0]["hit_pct"], 100.0, "{v}");
+    assert!(v["summary"]["store-get_pages_per_s@4096"].as_f64().unwrap() > 0.0);
+}

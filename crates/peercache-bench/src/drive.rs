@@ -1,0 +1,501 @@
+//! `drive`: the SGLang-shaped prefetch workload across processes (or hosts).
+//!
+//! One owner process backs up the working set; `--processes N` reader processes, each its own
+//! node on its own loopback address, run the prefetch path (exists → get into registered host
+//! slots) in lock-step steps — the parent sends `GO`, every reader measures for `--duration`
+//! and answers with its counts and its raw latency histogram — and the parent merges them into
+//! one row per step. Across hosts: start `drive --owner-only --host <ip>` on one host and
+//! `drive --discovery-addr <ip>:<port>` with the same shape options on another.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::report::{self, Host, Report};
+use crate::runner::{RowCounts, Timing, fold_row, run_row_counts};
+use crate::sglwork::{self, Checks, HostPool, ShapeArgs};
+use crate::throughput::{ClusterArgs, owner_pool_bytes, start_node};
+
+/// Options every drive process shares (they must agree for the keys to match).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DriveCommon {
+    /// Model and host-pool shape.
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// Cluster options.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Pages per request (one prefetch call).
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Pages in the working set (rounded up to whole requests).
+    #[arg(long, default_value_t = 1024)]
+    pub working_set: u64,
+}
+
+/// Options of `drive`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DriveArgs {
+    /// Shared options.
+    #[command(flatten)]
+    pub common: DriveCommon,
+    /// Reader processes.
+    #[arg(long, default_value_t = 2)]
+    pub processes: usize,
+    /// Caller threads per reader process, one step each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub concurrencies: Vec<u64>,
+    /// Seconds measured per step.
+    #[arg(long, default_value_t = 1.0)]
+    pub duration: f64,
+    /// Seconds of warm-up per step.
+    #[arg(long, default_value_t = 0.2)]
+    pub warmup: f64,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u64,
+    /// Join this cluster (whose owner runs `drive --owner-only`) instead of starting an owner.
+    #[arg(long)]
+    pub discovery_addr: Option<String>,
+    /// Run only the owner: join or seed at `--host`, back up the working set, serve until
+    /// standard input closes or a signal arrives.
+    #[arg(long)]
+    pub owner_only: bool,
+    /// This process's address (owner: the seed address; readers: the first of 127.0.0.N+…).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The owner's discovery port (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Write the report here as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// Options of the hidden reader child.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReaderArgs {
+    /// Shared options.
+    #[command(flatten)]
+    pub common: DriveCommon,
+    /// Seed list.
+    #[arg(long)]
+    pub seed: String,
+    /// This reader's address.
+    #[arg(long)]
+    pub host: String,
+    /// Seconds of warm-up per step.
+    #[arg(long)]
+    pub warmup: f64,
+    /// Seconds measured per step.
+    #[arg(long)]
+    pub duration: f64,
+}
+
+/// What a reader prints after each step.
+#[derive(Debug, Serialize, Deserialize)]
+struct StepResult {
+    pages: u64,
+    misses: u64,
+    errors: u64,
+    secs: f64,
+    wrong: u64,
+    staged: u64,
+    /// (µs, count) of every recorded latency bucket.
+    hist: Vec<(u64, u64)>,
+}
+
+fn requests(c: &DriveCommon) -> u64 {
+    c.working_set.div_ceil(c.batch_size as u64).max(1)
+}
+
+/// Starts the owner node at `host:port` (its own seed unless `seed` is given) and backs up the
+/// working set. Returns the node, its host pool (which must outlive it) and the seed address.
+fn start_owner(
+    c: &DriveCommon,
+    host: &str,
+    port: u16,
+    seed: Option<&str>,
+) -> Result<(peercache_store::Store, HostPool, String)> {
+    c.shape.validate()?;
+    let port = if port == 0 {
+        std::net::TcpListener::bind((host, 0))?.local_addr()?.port()
+    } else {
+        port
+    };
+    let seed = seed.map_or_else(|| format!("{host}:{port}"), str::to_string);
+    let page = c.shape.page_bytes();
+    let n = requests(c);
+    let store = start_node(
+        host,
+        &seed,
+        owner_pool_bytes(n * c.batch_size as u64, page),
+        &c.cluster.settings(page),
+    )
+    .context("starting the owner")?;
+    let mut pool = HostPool::new(&c.shape, c.batch_size);
+    // SAFETY: the caller keeps the pool until after the node is shut down.
+    unsafe { pool.register(&store) }?;
+    let set = sglwork::working_set(&c.shape, n, c.batch_size);
+    sglwork::backup_all(&store, &mut pool, &set)?;
+    Ok((store, pool, seed))
+}
+
+/// The reader child: joins, waits for the working set, then runs one step per `GO <threads>`
+/// line on stdin and answers each with a [`StepResult`] line.
+pub fn reader(args: &ReaderArgs) -> Result<()> {
+    let c = &args.common;
+    c.shape.validate()?;
+    let page = c.shape.page_bytes();
+    let store = start_node(&args.host, &args.seed, 64 << 20, &c.cluster.settings(page))
+        .context("starting a reader")?;
+    let set = sglwork::working_set(&c.shape, requests(c), c.batch_size);
+    // Ready when the last request is fully visible (it was backed up last).
+    let last = set.last().context("empty working set")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.batch_exists(last)? < last.len() {
+        if std::time::Instant::now() > deadline {
+            bail!("the working set did not appear within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "JOINED {}", store.node_id())?;
+    out.flush()?;
+    let timing = Timing {
+        warmup: Duration::from_secs_f64(args.warmup),
+        measure: Duration::from_secs_f64(args.duration),
+    };
+    let mut pools: Vec<Arc<HostPool>> = Vec::new();
+    let checks = Arc::new(Checks::default());
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    let mut step = 0u64;
+    while stdin.lock().read_line(&mut line)? > 0 {
+        let threads: usize = match line.trim().strip_prefix("GO ") {
+            Some(t) => t.parse().context("GO <threads>")?,
+            None => break,
+        };
+        line.clear();
+        while pools.len() < threads {
+            let p = Arc::new(HostPool::new(&c.shape, c.batch_size));
+            // SAFETY: the pools are dropped after the node is shut down, below.
+            unsafe { p.register(&store) }?;
+            pools.push(p);
+        }
+        let wrong0 = checks.wrong.load(Ordering::Relaxed);
+        let staged0 = store.stats().staged_reads;
+        let (_, counts) = run_row_counts(
+            "prefetch",
+            page,
+            c.batch_size as u64,
+            threads as u64,
+            0,
+            &timing,
+            |t| {
+                // SAFETY: pool `t` is registered, used by this caller only and outlives the node.
+                unsafe {
+                    sglwork::prefetch_caller(
+                        store.clone(),
+                        pools[t].clone(),
+                        set.clone(),
+                        t as u64 * 7919 + step * 31 + u64::from(std::process::id()),
+                        checks.clone(),
+                    )
+                }
+            },
+        );
+        step += 1;
+        let r = StepResult {
+            pages: counts.pages,
+            misses: counts.misses,
+            errors: counts.errors,
+            secs: counts.elapsed.as_secs_f64(),
+            wrong: checks.wrong.load(Ordering::Relaxed) - wrong0,
+            staged: store.stats().staged_reads - staged0,
+            hist: counts
+                .hist
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+        };
+        writeln!(out, "{}", serde_json::to_string(&r)?)?;
+        out.flush()?;
+    }
+    store.shutdown();
+    drop(pools);
+    Ok(())
+}
+
+/// One child process with a line reader on its stdout.
+struct ChildProc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    name: String,
+}
+
+impl ChildProc {
+    fn spawn(name: String, args: &[String]) -> Result<ChildProc> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawning {name}"))?;
+        let out = child.stdout.take().context("child stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(ChildProc {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            name,
+        })
+    }
+
+    /// The next stdout line, waiting at most `t`.
+    fn line(&self, t: Duration) -> Result<String> {
+        self.lines
+            .recv_timeout(t)
+            .with_context(|| format!("{} did not answer within {t:?}", self.name))
+    }
+
+    fn send(&mut self, s: &str) -> Result<()> {
+        let w = self.stdin.as_mut().context("child stdin closed")?;
+        writeln!(w, "{s}")?;
+        w.flush()?;
+        Ok(())
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        drop(self.stdin.take()); // the child stops at end of input
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The flags that rebuild `c` in a child.
+fn common_flags(c: &DriveCommon) -> Vec<String> {
+    let s = &c.shape;
+    let layout = match s.layout {
+        sglwork::Layout::Mla => "mla",
+        sglwork::Layout::Mha => "mha",
+    };
+    let host_layout = match s.host_layout {
+        sglwork::HostLayout::PageFirst => "page-first",
+        sglwork::HostLayout::LayerFirst => "layer-first",
+    };
+    let mode = match c.cluster.mode {
+        crate::throughput::BenchMode::P2p => "p2p",
+        crate::throughput::BenchMode::Slotmap => "slotmap",
+    };
+    let mut v: Vec<String> = [
+        ("--layout", layout.to_string()),
+        ("--host-layout", host_layout.to_string()),
+        ("--tokens-per-page", s.tokens_per_page.to_string()),
+        ("--layers", s.layers.to_string()),
+        ("--kv-heads", s.kv_heads.to_string()),
+        ("--head-dim", s.head_dim.to_string()),
+        ("--mla-dim", s.mla_dim.to_string()),
+        ("--dtype-bytes", s.dtype_bytes.to_string()),
+        ("--model", s.model.clone()),
+        ("--mode", mode.to_string()),
+        ("--protocol", c.cluster.protocol.clone()),
+        ("--batch-size", c.batch_size.to_string()),
+        ("--working-set", c.working_set.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect();
+    if !c.cluster.devices.is_empty() {
+        v.extend(["--devices".to_string(), c.cluster.devices.clone()]);
+    }
+    v
+}
+
+fn next_host(host: &str, i: usize) -> Result<String> {
+    let ip: std::net::Ipv4Addr = host.parse().context("--host must be an IPv4 address")?;
+    let o = ip.octets();
+    let last = u16::from(o[3]) + i as u16;
+    if last > 254 {
+        bail!("too many processes for addresses after {host}");
+    }
+    Ok(format!("{}.{}.{}.{last}", o[0], o[1], o[2]))
+}
+
+/// Runs `drive` (or, with `--owner-only`, its owner).
+pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
+    let c = &args.common;
+    c.shape.validate()?;
+    if args.owner_only {
+        peercache_store::cli::block_signals();
+        let (store, pool, seed) =
+            start_owner(c, &args.host, args.port, args.discovery_addr.as_deref())?;
+        println!("OWNER {} {seed}", store.node_id());
+        std::io::stdout().flush()?;
+        std::thread::spawn(|| {
+            let mut sink = String::new();
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {
+                sink.clear();
+            }
+            // SAFETY: sending SIGTERM to our own process (process-directed, so the thread that
+            // waits for signals receives it).
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+        });
+        peercache_store::cli::wait_for_signal();
+        store.shutdown();
+        drop(pool);
+        return Ok(None);
+    }
+    if args.processes == 0 || args.concurrencies.is_empty() {
+        bail!("--processes and --concurrencies must be positive");
+    }
+    // The owner: a child process, unless we join a cluster that has one.
+    let mut owner = None;
+    let seed = match &args.discovery_addr {
+        Some(s) => s.clone(),
+        None => {
+            let mut flags = vec!["drive".to_string(), "--owner-only".into()];
+            flags.extend(["--host".into(), args.host.clone()]);
+            flags.extend(common_flags(c));
+            let p = ChildProc::spawn("the owner".into(), &flags)?;
+            let l = p.line(Duration::from_secs(120))?;
+            let seed = l
+                .split_whitespace()
+                .nth(2)
+                .filter(|_| l.starts_with("OWNER "))
+                .with_context(|| format!("unexpected owner line {l:?}"))?
+                .to_string();
+            owner = Some(p);
+            seed
+        }
+    };
+    let first_reader = if args.discovery_addr.is_some() { 0 } else { 1 };
+    let mut readers = Vec::new();
+    for i in 0..args.processes {
+        let host = next_host(&args.host, first_reader + i)?;
+        let mut flags = vec!["drive-reader".to_string()];
+        flags.extend(["--seed".into(), seed.clone(), "--host".into(), host.clone()]);
+        flags.extend(["--warmup".into(), args.warmup.to_string()]);
+        flags.extend(["--duration".into(), args.duration.to_string()]);
+        flags.extend(common_flags(c));
+        readers.push(ChildProc::spawn(format!("reader {host}"), &flags)?);
+    }
+    for r in &readers {
+        let l = r.line(Duration::from_secs(60))?;
+        if !l.starts_with("JOINED ") {
+            bail!("{}: unexpected line {l:?}", r.name);
+        }
+    }
+    let page = c.shape.page_bytes();
+    let tokens = c.shape.tokens_per_page as f64;
+    let step_wait = Duration::from_secs_f64(args.warmup + args.duration + 60.0);
+    let mut rows = Vec::new();
+    let (mut wrong, mut staged) = (0u64, 0u64);
+    let mut progress =
+        crate::progress::Progress::new("drive", (args.rounds as usize) * args.concurrencies.len());
+    for round in 0..args.rounds {
+        for &threads in &args.concurrencies {
+            for r in readers.iter_mut() {
+                r.send(&format!("GO {threads}"))?;
+            }
+            let mut merged = RowCounts {
+                hist: crate::hist::new(),
+                pages: 0,
+                misses: 0,
+                errors: 0,
+                elapsed: Duration::ZERO,
+            };
+            for r in &readers {
+                let l = r.line(step_wait)?;
+                let s: StepResult = serde_json::from_str(&l)
+                    .with_context(|| format!("{}: bad step line {l:?}", r.name))?;
+                for (v, n) in s.hist {
+                    merged.hist.record_n(v.clamp(1, 60_000_000), n)?;
+                }
+                merged.pages += s.pages;
+                merged.misses += s.misses;
+                merged.errors += s.errors;
+                merged.elapsed = merged.elapsed.max(Duration::from_secs_f64(s.secs));
+                wrong += s.wrong;
+                staged += s.staged;
+            }
+            let mut row = fold_row(
+                "drive-prefetch",
+                page,
+                c.batch_size as u64,
+                threads * args.processes as u64,
+                round,
+                &merged,
+            );
+            row.tokens_per_s = row.pages_per_s * tokens;
+            rows.push(row);
+            progress.step(&format!(
+                "round {round}, {} process(es) × {threads} thread(s) (load {:.2})",
+                args.processes,
+                report::load_1m()
+            ));
+        }
+    }
+    drop(readers);
+    drop(owner);
+    if wrong > 0 {
+        bail!("{wrong} pages read back with another page's stamp");
+    }
+    let mut summary = serde_json::Map::new();
+    for &t in &args.concurrencies {
+        let c_all = t * args.processes as u64;
+        let med = report::median(
+            rows.iter()
+                .filter(|r| r.concurrency == c_all)
+                .map(|r| r.tokens_per_s)
+                .collect(),
+        );
+        summary.insert(format!("tokens_per_s/c{c_all}"), json!(med.round()));
+    }
+    summary.insert("wrong_pages".into(), json!(wrong));
+    summary.insert("staged_reads".into(), json!(staged));
+    Ok(Some(Report {
+        bench: "drive".into(),
+        host: Host::detect(),
+        config: json!({
+            "shape": c.shape, "cluster": c.cluster, "processes": args.processes,
+            "owner": if args.discovery_addr.is_some() { "external" } else { "child process" },
+            "page_bytes": page, "segments_per_page": c.shape.segments_per_page(),
+            "batch_size": c.batch_size, "threads_per_process": args.concurrencies,
+            "duration": args.duration, "warmup": args.warmup, "rounds": args.rounds,
+            "working_set_pages": requests(c) * c.batch_size as u64,
+        }),
+        summary: serde_json::Value::Object(summary),
+        results: rows,
+    }))
+}
