@@ -216,6 +216,11 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         bail!("the two nodes did not see each other");
     }
     b.sync_membership();
+    // The reader's destination: registered memory, as Mooncake's batch_get_into uses.
+    let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
+    let dst = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
+    // SAFETY: `b` is shut down before `dst` is dropped (end of this function).
+    unsafe { dst.register(&b) }?;
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("cmp/{i}")).collect());
     let src = rawtcp::prefaulted(page * batch, 17);
     crate::workload::publish(&a, &keys, &src, page, batch)?;
@@ -276,11 +281,13 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 round,
                 &timing,
                 |t| {
-                    crate::workload::get_caller(
+                    crate::workload::registered_get_caller(
                         b.clone(),
                         keys.clone(),
+                        dst.clone(),
                         page,
                         batch,
+                        t,
                         t as u64 * 613,
                     )
                 },

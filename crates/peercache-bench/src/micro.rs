@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::rawtcp::{self, RawClient};
 use crate::report::{self, Host, Report};
 use crate::runner::{CallOutcome, Timing, run_row};
+use crate::workload::CallerBuffers;
 
 /// Options of the `micro` subcommand.
 #[derive(Debug, Clone, clap::Args)]
@@ -203,7 +204,7 @@ fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
 /// The `store-get` and `store-set` rows at one page size and concurrency.
 fn store_rows(
     pair: &StorePair,
-    local: &Arc<StoreBuffers>,
+    local: &Arc<CallerBuffers>,
     args: &MicroArgs,
     conc: u64,
     round: u64,
@@ -217,28 +218,15 @@ fn store_rows(
             .collect(),
     );
     let get = run_row("store-get", page, args.batch, conc, round, timing, |t| {
-        let (store, keys, local) = (pair.reader.clone(), keys.clone(), local.clone());
-        let mut k = t as u64 * 1000;
-        let mut segs = Vec::with_capacity(batch);
-        let counts = vec![1usize; batch];
-        move || {
-            segs.clear();
-            let ks: Vec<&str> = (0..batch)
-                .map(|i| {
-                    segs.push(local.seg(t, i, page as usize));
-                    k = (k + 1) % keys.len() as u64;
-                    keys[k as usize].as_str()
-                })
-                .collect();
-            // SAFETY: the segments are this caller's own slice of the registered buffer.
-            match unsafe { store.batch_get_raw(&ks, &segs, &counts) } {
-                Ok(r) => {
-                    let hits = r.iter().filter(|&&x| x).count() as u64;
-                    CallOutcome::done(hits, batch as u64 - hits, hits != batch as u64)
-                }
-                Err(_) => CallOutcome::done(0, batch as u64, true),
-            }
-        }
+        crate::workload::registered_get_caller(
+            pair.reader.clone(),
+            keys.clone(),
+            local.clone(),
+            page as usize,
+            batch,
+            t,
+            t as u64 * 1000,
+        )
     });
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let src = Arc::new(rawtcp::prefaulted(
@@ -257,37 +245,6 @@ fn store_rows(
         )
     });
     vec![get, set]
-}
-
-/// Reader-side destination memory of the store rows, registered with the reader node.
-struct StoreBuffers {
-    ptr: *mut u8,
-    per_caller: usize,
-    _buf: Vec<u8>,
-}
-
-// SAFETY: callers write only their own disjoint slice (`seg(t, …)`), through raw pointers.
-unsafe impl Send for StoreBuffers {}
-// SAFETY: as above.
-unsafe impl Sync for StoreBuffers {}
-
-impl StoreBuffers {
-    fn new(callers: usize, per_caller: usize) -> StoreBuffers {
-        let mut buf = rawtcp::prefaulted(callers * per_caller, 13);
-        StoreBuffers {
-            ptr: buf.as_mut_ptr(),
-            per_caller,
-            _buf: buf,
-        }
-    }
-
-    fn seg(&self, caller: usize, i: usize, page: usize) -> peercache_store::RawSeg {
-        peercache_store::RawSeg {
-            // SAFETY: caller < callers and (i + 1) * page <= per_caller by construction.
-            ptr: unsafe { self.ptr.add(caller * self.per_caller + i * page) },
-            len: page,
-        }
-    }
 }
 
 /// Runs the `micro` subcommand.
@@ -313,17 +270,14 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let transport = args.path != MicroPath::Store;
     // Store rows: one serve child per page size (its pages have that size), kept for all rounds.
     let mut pairs = Vec::new();
-    let store_bufs = Arc::new(StoreBuffers::new(max_conc, slot));
+    let store_bufs = Arc::new(CallerBuffers::new(max_conc, slot));
     if args.path != MicroPath::Transport {
         for &page in &args.page_sizes {
             let pages = ((args.region_mib << 20) / page).clamp(args.batch, 4096) as usize;
             let pair = spawn_store_pair(page, pages)?;
             // SAFETY: `store_bufs` outlives every pair (the pairs, which shut their reader
             // down, are dropped first, below).
-            unsafe {
-                pair.reader
-                    .register_host_buffer(store_bufs.ptr, max_conc * slot)
-            }?;
+            unsafe { store_bufs.register(&pair.reader) }?;
             pairs.push(pair);
         }
     }

@@ -128,3 +128,87 @@ pub fn set_caller(
         }
     }
 }
+
+/// Destination memory for store reads, one disjoint slice per caller thread, registered with
+/// the reading node — SGLang's registered host pool, in the simplest shape.
+pub struct CallerBuffers {
+    ptr: *mut u8,
+    len: usize,
+    per_caller: usize,
+}
+
+// SAFETY: the buffers own their allocation and are only accessed through raw pointers; each
+// caller writes its own disjoint slice (`seg(t, …)`).
+unsafe impl Send for CallerBuffers {}
+// SAFETY: as above.
+unsafe impl Sync for CallerBuffers {}
+
+impl Drop for CallerBuffers {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice in `new`.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+impl CallerBuffers {
+    /// `callers` slices of `per_caller` bytes, pre-faulted.
+    pub fn new(callers: usize, per_caller: usize) -> CallerBuffers {
+        let len = callers * per_caller;
+        let buf = rawtcp::prefaulted(len, 13).into_boxed_slice();
+        CallerBuffers {
+            ptr: Box::into_raw(buf) as *mut u8,
+            len,
+            per_caller,
+        }
+    }
+
+    /// Registers every slice with `store` as a zero-copy destination.
+    ///
+    /// # Safety
+    /// The buffers must outlive the store (shut it down before dropping them).
+    pub unsafe fn register(&self, store: &Store) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { store.register_host_buffer(self.ptr, self.len) }?;
+        Ok(())
+    }
+
+    /// Page `i` (of `page` bytes) of caller `caller`'s slice.
+    pub fn seg(&self, caller: usize, i: usize, page: usize) -> peercache_store::RawSeg {
+        let off = caller * self.per_caller + i * page;
+        assert!(
+            off + page <= self.len,
+            "page {i} of caller {caller} is outside the buffers"
+        );
+        peercache_store::RawSeg {
+            // SAFETY: in bounds (checked above).
+            ptr: unsafe { self.ptr.add(off) },
+            len: page,
+        }
+    }
+}
+
+/// One caller of a `get` row into registered memory: `batch_get` of the next `batch` keys
+/// straight into caller `t`'s slice of `bufs`, which must be registered with `store`.
+pub fn registered_get_caller(
+    store: Store,
+    keys: Arc<Vec<String>>,
+    bufs: Arc<CallerBuffers>,
+    page: usize,
+    batch: usize,
+    t: usize,
+    start: u64,
+) -> impl FnMut() -> CallOutcome + Send + 'static {
+    let mut k = start;
+    let mut segs = Vec::with_capacity(batch);
+    let counts = vec![1usize; batch];
+    move || {
+        segs.clear();
+        segs.extend((0..batch).map(|i| bufs.seg(t, i, page)));
+        let ks = next_keys(&keys, &mut k, batch);
+        // SAFETY: the segments are this caller's own slice of the registered buffers.
+        let found = unsafe { store.batch_get_raw(&ks, &segs, &counts) }
+            .map(|r| r.iter().filter(|&&x| x).count() as u64)
+            .unwrap_or(0);
+        CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+    }
+}
