@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::report::{self, Host, Report};
 use crate::runner::{RowCounts, Timing, fold_row, run_row_counts};
 use crate::sglwork::{self, Checks, HostPool, ShapeArgs};
-use crate::throughput::{ClusterArgs, owner_pool_bytes, start_node};
+use crate::throughput::{ClusterArgs, Op, owner_pool_bytes, start_node};
 
 /// Options every drive process shares (they must agree for the keys to match).
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +32,9 @@ pub struct DriveCommon {
     /// Cluster options.
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// What readers do per request: prefetch (exists → get), get, or exists.
+    #[arg(long, value_enum, default_value_t = Op::Prefetch)]
+    pub op: Op,
     /// Pages per request (one prefetch call).
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
@@ -153,6 +156,12 @@ fn start_owner(
 pub fn reader(args: &ReaderArgs) -> Result<()> {
     let c = &args.common;
     c.shape.validate()?;
+    let kind = match c.op {
+        Op::Prefetch => sglwork::ReadKind::Prefetch,
+        Op::Get => sglwork::ReadKind::Get,
+        Op::Exists => sglwork::ReadKind::Exists,
+        Op::Backup => bail!("drive measures reads: --op prefetch, get or exists"),
+    };
     let page = c.shape.page_bytes();
     let store = start_node(&args.host, &args.seed, 64 << 20, &c.cluster.settings(page))
         .context("starting a reader")?;
@@ -202,7 +211,8 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             |t| {
                 // SAFETY: pool `t` is registered, used by this caller only and outlives the node.
                 unsafe {
-                    sglwork::prefetch_caller(
+                    sglwork::read_caller(
+                        kind,
                         store.clone(),
                         pools[t].clone(),
                         set.clone(),
@@ -335,6 +345,10 @@ fn common_flags(c: &DriveCommon) -> Vec<String> {
     if !c.cluster.devices.is_empty() {
         v.extend(["--devices".to_string(), c.cluster.devices.clone()]);
     }
+    v.extend(["--op".to_string(), c.op.name().to_string()]);
+    for kv in &c.cluster.set {
+        v.extend(["--set".to_string(), kv.clone()]);
+    }
     v
 }
 
@@ -352,6 +366,10 @@ fn next_host(host: &str, i: usize) -> Result<String> {
 pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     let c = &args.common;
     c.shape.validate()?;
+    c.cluster.validate()?;
+    if c.op == Op::Backup {
+        bail!("drive measures reads: --op prefetch, get or exists");
+    }
     if args.owner_only {
         peercache_store::cli::block_signals();
         let (store, pool, seed) =
@@ -450,7 +468,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 staged += s.staged;
             }
             let mut row = fold_row(
-                "drive-prefetch",
+                &format!("drive-{}", c.op.name()),
                 page,
                 c.batch_size as u64,
                 threads * args.processes as u64,
@@ -458,6 +476,9 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 &merged,
             );
             row.tokens_per_s = row.pages_per_s * tokens;
+            if c.op == Op::Exists {
+                row.gb_per_s = 0.0; // no payload moves
+            }
             rows.push(row);
             progress.step(&format!(
                 "round {round}, {} process(es) × {threads} thread(s) (load {:.2})",
@@ -488,7 +509,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         bench: "drive".into(),
         host: Host::detect(),
         config: json!({
-            "shape": c.shape, "cluster": c.cluster, "processes": args.processes,
+            "shape": c.shape, "cluster": c.cluster, "op": c.op, "processes": args.processes,
             "owner": if args.discovery_addr.is_some() { "external" } else { "child process" },
             "page_bytes": page, "segments_per_page": c.shape.segments_per_page(),
             "batch_size": c.batch_size, "threads_per_process": args.concurrencies,

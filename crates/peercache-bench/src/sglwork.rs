@@ -306,13 +306,27 @@ pub struct Checks {
     pub wrong: std::sync::atomic::AtomicU64,
 }
 
-/// One prefetch caller: for the next request, `batch_exists` then `batch_get` of the leading
-/// run into this caller's own host pool (registered with `store`), then a stamp check.
+/// What a read caller does per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadKind {
+    /// exists, then get of the leading run (HiCache's prefetch).
+    Prefetch,
+    /// get of every page, no exists first.
+    Get,
+    /// exists only.
+    Exists,
+}
+
+/// One read caller: for the next request, `batch_exists` then `batch_get` of the leading run
+/// ([`ReadKind::Prefetch`]), `batch_get` of every page ([`ReadKind::Get`]) or `batch_exists`
+/// alone ([`ReadKind::Exists`]), into this caller's own host pool (registered with `store`),
+/// then a stamp check of every page read.
 ///
 /// # Safety
 /// `pool` must stay registered with `store` and alive while the caller runs; each caller gets
 /// its own pool.
-pub unsafe fn prefetch_caller(
+pub unsafe fn read_caller(
+    kind: ReadKind,
     store: Store,
     pool: Arc<HostPool>,
     set: Arc<Vec<Vec<String>>>,
@@ -326,10 +340,16 @@ pub unsafe fn prefetch_caller(
     move || {
         r = (r + 1) % set.len() as u64;
         let keys = &set[r as usize];
-        let n = match store.batch_exists(keys) {
-            Ok(n) => n,
-            Err(_) => return CallOutcome::done(0, keys.len() as u64, true),
+        let n = match kind {
+            ReadKind::Get => keys.len(),
+            ReadKind::Prefetch | ReadKind::Exists => match store.batch_exists(keys) {
+                Ok(n) => n,
+                Err(_) => return CallOutcome::done(0, keys.len() as u64, true),
+            },
         };
+        if kind == ReadKind::Exists {
+            return CallOutcome::done(n as u64, (keys.len() - n) as u64, false);
+        }
         segs.clear();
         for slot in 0..n {
             pool.segments(slot, &mut segs);

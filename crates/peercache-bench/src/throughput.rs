@@ -40,6 +40,10 @@ pub struct ClusterArgs {
     /// RDMA devices, comma-separated (one rail each).
     #[arg(long, default_value = "")]
     pub devices: String,
+    /// Any other node setting: `--set key=value`, repeatable (e.g. `directory_read_cache_ttl=5`,
+    /// `max_channels_per_peer=32`, `disk_path=/nvme/pc`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 impl ClusterArgs {
@@ -57,7 +61,46 @@ impl ClusterArgs {
                 json!(page_bytes.next_power_of_two()),
             );
         }
+        for kv in &self.set {
+            if let Some((k, v)) = kv.split_once('=') {
+                m.insert(k.trim().to_string(), json!(v.trim()));
+            }
+        }
         m
+    }
+
+    /// Checks the `--set` items are `key=value`.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(bad) = self.set.iter().find(|kv| !kv.contains('=')) {
+            bail!("--set {bad:?}: expected key=value");
+        }
+        Ok(())
+    }
+}
+
+/// One kind of row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// HiCache's prefetch: exists, then get of the leading run.
+    Prefetch,
+    /// get of the whole request, without the exists before it.
+    Get,
+    /// exists alone (no payload).
+    Exists,
+    /// HiCache's backup: set of fresh pages.
+    Backup,
+}
+
+impl Op {
+    /// The row name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Prefetch => "prefetch",
+            Op::Get => "get",
+            Op::Exists => "exists",
+            Op::Backup => "backup",
+        }
     }
 }
 
@@ -73,6 +116,9 @@ pub struct ThroughputArgs {
     /// Nodes in the cluster (all but the last own the working set; the last reads).
     #[arg(long, default_value_t = 2)]
     pub nodes: u8,
+    /// Rows to run: prefetch (exists → get), get (get alone), exists, backup (set).
+    #[arg(long, value_delimiter = ',', default_value = "prefetch,backup")]
+    pub ops: Vec<Op>,
     /// Pages per request (one prefetch or backup call).
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
@@ -129,9 +175,60 @@ pub fn owner_pool_bytes(pages: u64, page_bytes: u64) -> u64 {
     pages * (page_bytes + 4096) * 3 / 2
 }
 
+/// One `backup` row: every caller writes fresh requests from its own host pool to `reader`.
+fn backup_row(
+    reader: &Store,
+    shape: &ShapeArgs,
+    args: &ThroughputArgs,
+    c: u64,
+    round: u64,
+    timing: &Timing,
+    next_backup: &Arc<AtomicU64>,
+) -> Row {
+    let mut row = run_row(
+        "backup",
+        shape.page_bytes(),
+        args.batch_size as u64,
+        c,
+        round,
+        timing,
+        |_| {
+            let mut pool = HostPool::new(shape, args.batch_size);
+            let (reader, next, shape) = (reader.clone(), next_backup.clone(), shape.clone());
+            let per = shape.segments_per_page() as usize;
+            let counts = vec![per; args.batch_size];
+            let batch = args.batch_size;
+            let mut segs = Vec::new();
+            move || {
+                let r = next.fetch_add(1, Ordering::Relaxed);
+                let keys = shape.request_keys(r, batch);
+                segs.clear();
+                for (slot, k) in keys.iter().enumerate() {
+                    pool.stamp(slot, k);
+                    pool.segments(slot, &mut segs);
+                }
+                // SAFETY: the segments point into this caller's own pool.
+                match unsafe { reader.batch_set_raw(&keys, &segs, &counts) } {
+                    Ok(v) => {
+                        let ok = v.iter().filter(|&&x| x).count() as u64;
+                        CallOutcome::done(ok, 0, ok != batch as u64)
+                    }
+                    Err(_) => CallOutcome::done(0, 0, true),
+                }
+            }
+        },
+    );
+    row.tokens_per_s = row.pages_per_s * shape.tokens_per_page as f64;
+    row
+}
+
 /// Runs `throughput`.
 pub fn run(args: &ThroughputArgs) -> Result<Report> {
     args.shape.validate()?;
+    args.cluster.validate()?;
+    if args.ops.is_empty() {
+        bail!("--ops must name at least one row");
+    }
     if args.nodes < 2 {
         bail!("--nodes must be at least 2 (owners plus one reader)");
     }
@@ -209,67 +306,53 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     );
     for round in 0..args.rounds {
         for &c in &args.concurrencies {
-            let mut row = run_row(
-                "prefetch",
-                page_bytes,
-                args.batch_size as u64,
-                c,
-                round,
-                &timing,
-                |t| {
-                    // SAFETY: pool `t` is registered with the reader and used by this caller
-                    // only; it outlives the reader (dropped after shutdown).
-                    unsafe {
-                        sglwork::prefetch_caller(
-                            reader.clone(),
-                            reader_pools[t].clone(),
-                            set.clone(),
-                            t as u64 * 7919 + round * 31,
-                            checks.clone(),
-                        )
+            for &op in &args.ops {
+                let kind = match op {
+                    Op::Prefetch => sglwork::ReadKind::Prefetch,
+                    Op::Get => sglwork::ReadKind::Get,
+                    Op::Exists => sglwork::ReadKind::Exists,
+                    Op::Backup => {
+                        rows.push(backup_row(
+                            &reader,
+                            shape,
+                            args,
+                            c,
+                            round,
+                            &timing,
+                            &next_backup,
+                        ));
+                        continue;
                     }
-                },
-            );
-            row.tokens_per_s = row.pages_per_s * tokens;
-            rows.push(row);
-            let mut row = run_row(
-                "backup",
-                page_bytes,
-                args.batch_size as u64,
-                c,
-                round,
-                &timing,
-                |_| {
-                    let pool = HostPool::new(shape, args.batch_size);
-                    let (reader, next, shape) =
-                        (reader.clone(), next_backup.clone(), shape.clone());
-                    let per = shape.segments_per_page() as usize;
-                    let counts = vec![per; args.batch_size];
-                    let batch = args.batch_size;
-                    let mut pool = pool;
-                    let mut segs = Vec::new();
-                    move || {
-                        let r = next.fetch_add(1, Ordering::Relaxed);
-                        let keys = shape.request_keys(r, batch);
-                        segs.clear();
-                        for (slot, k) in keys.iter().enumerate() {
-                            pool.stamp(slot, k);
-                            pool.segments(slot, &mut segs);
+                };
+                let mut row = run_row(
+                    op.name(),
+                    page_bytes,
+                    args.batch_size as u64,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        // SAFETY: pool `t` is registered with the reader and used by this
+                        // caller only; it outlives the reader (dropped after shutdown).
+                        unsafe {
+                            sglwork::read_caller(
+                                kind,
+                                reader.clone(),
+                                reader_pools[t].clone(),
+                                set.clone(),
+                                t as u64 * 7919 + round * 31,
+                                checks.clone(),
+                            )
                         }
-                        // SAFETY: the segments point into this caller's own pool.
-                        match unsafe { reader.batch_set_raw(&keys, &segs, &counts) } {
-                            Ok(v) => {
-                                let ok = v.iter().filter(|&&x| x).count() as u64;
-                                CallOutcome::done(ok, 0, ok != batch as u64)
-                            }
-                            Err(_) => CallOutcome::done(0, 0, true),
-                        }
-                    }
-                },
-            );
-            row.tokens_per_s = row.pages_per_s * tokens;
-            rows.push(row);
-            if args.cluster.mode == BenchMode::Slotmap {
+                    },
+                );
+                row.tokens_per_s = row.pages_per_s * tokens;
+                if op == Op::Exists {
+                    row.gb_per_s = 0.0; // no payload moves
+                }
+                rows.push(row);
+            }
+            if args.cluster.mode == BenchMode::Slotmap && args.ops.contains(&Op::Backup) {
                 // Slotmap overwrites the oldest way of a full bucket: the backup row's fresh
                 // pages displaced part of the working set. Restore it (not measured).
                 back_up_working_set(&mut owner_pools)?;
@@ -290,7 +373,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     drop(reader_pools);
     let mut summary = serde_json::Map::new();
     for &c in &args.concurrencies {
-        for name in ["prefetch", "backup"] {
+        for name in args.ops.iter().map(|o| o.name()) {
             let med = report::median(
                 rows.iter()
                     .filter(|r| r.name == name && r.concurrency == c)
@@ -302,11 +385,11 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     }
     let hit = report::median(
         rows.iter()
-            .filter(|r| r.name == "prefetch")
+            .filter(|r| r.name != "backup")
             .map(|r| r.hit_pct)
             .collect(),
     );
-    summary.insert("prefetch_hit_pct_median".into(), json!(hit));
+    summary.insert("read_hit_pct_median".into(), json!(hit));
     summary.insert("wrong_pages".into(), json!(wrong));
     summary.insert("staged_reads".into(), json!(staged));
     if wrong > 0 {
@@ -318,7 +401,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
         config: json!({
             "shape": shape, "cluster": args.cluster, "nodes": args.nodes,
             "page_bytes": page_bytes, "segments_per_page": shape.segments_per_page(),
-            "batch_size": args.batch_size, "concurrencies": args.concurrencies,
+            "batch_size": args.batch_size, "concurrencies": args.concurrencies, "ops": args.ops,
             "duration": args.duration, "warmup": args.warmup, "rounds": args.rounds,
             "working_set_pages": requests * args.batch_size as u64,
             "reader_pool_mib": args.reader_pool_mib,

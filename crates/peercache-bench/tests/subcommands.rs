@@ -185,6 +185,10 @@ fn throughput_runs_the_sglang_shaped_prefetch_and_backup() {
             "0",
             "--reader-pool-mib",
             "64",
+            "--ops",
+            "prefetch,get,exists,backup",
+            "--set",
+            "directory_read_cache_ttl=1",
         ]);
         let s = &v["summary"];
         assert_eq!(s["wrong_pages"], 0, "{v}");
@@ -192,9 +196,11 @@ fn throughput_runs_the_sglang_shaped_prefetch_and_backup() {
             s["staged_reads"], 0,
             "registered host pools: no staging copy: {v}"
         );
-        assert_eq!(s["prefetch_hit_pct_median"], 100.0, "{v}");
+        assert_eq!(s["read_hit_pct_median"], 100.0, "{v}");
         assert!(s["prefetch_tokens_per_s/c2"].as_f64().unwrap() > 0.0);
         assert!(s["backup_tokens_per_s/c1"].as_f64().unwrap() > 0.0);
+        assert!(s["get_tokens_per_s/c1"].as_f64().unwrap() > 0.0);
+        assert!(s["exists_tokens_per_s/c1"].as_f64().unwrap() > 0.0);
         let segs = if layout == "mha" { 8 } else { 1 };
         assert_eq!(v["config"]["segments_per_page"], segs);
         let rows = v["results"].as_array().unwrap();
