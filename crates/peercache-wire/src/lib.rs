@@ -19,6 +19,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod ids;
+pub mod qp;
 pub mod rpc;
 
 pub use auth::Auth;

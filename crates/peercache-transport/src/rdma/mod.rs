@@ -11,13 +11,26 @@
 //! * [`soft`] — a software backend of that interface (memory-to-memory, with injectable stalls
 //!   and work-completion errors), so `cargo test` exercises the engine without a NIC.
 //!
-//! The sideway (rdma-core) backend of that interface — RC queue pairs bootstrapped over the
-//! TCP handshake — is not in this release; callers use [`probe`] to log why they run on TCP.
+//! * [`bootstrap`] — the RC queue-pair exchange over a TCP connection that first passes the
+//!   authenticated `peercache-wire` handshake (plane `RdmaBootstrap`): QPN, PSN, LID/GID, the
+//!   negotiated path MTU; the server's queue pair lives as long as the client's socket.
+//! * `verbs` (feature `rdma`) — the sideway (rdma-core) backend of the engine's interface:
+//!   per-rail device contexts and protection domains, memory regions on every rail with access
+//!   flags mapped from the region's access, RC queue pairs with private completion queues
+//!   (INIT → RTR → RTS), posting with SGE lists, polling, moving to the error state.
+//!
+//! Not yet in this release: the transport that puts these together behind the TCP
+//! transport's API (regions announced with per-rail rkeys, the bootstrap plane served on the
+//! data port, `protocol = "rdma"` switching to it). Until then callers use [`probe`] to log why
+//! they run on TCP.
 
 use std::fmt;
 
+pub mod bootstrap;
 pub mod engine;
 pub mod soft;
+#[cfg(feature = "rdma")]
+pub mod verbs;
 
 /// Why RDMA cannot be used on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,243 @@
+//! RC queue-pair bootstrap over TCP: before two hosts can use a reliable-connected queue pair,
+//! each must learn the other's queue-pair number, packet sequence number, address (LID and
+//! GID) and MTU. This module exchanges them on a TCP connection that first runs the
+//! `peercache-wire` handshake on the [`Plane::RdmaBootstrap`] plane — so only a node that
+//! proves the cluster secret gets a queue pair into this host's memory.
+//!
+//! * The client sends one [`QpInfo`] for a rail; the server's [`Responder`] creates a queue
+//!   pair connected to it and answers with its own [`QpInfo`] (or a reason it cannot).
+//! * The path MTU is negotiated: both sides use the smaller of the two active MTUs.
+//! * The responder's queue pair lives exactly as long as the TCP connection: the client keeps
+//!   the socket with its queue pair and closes it when the queue pair is dropped; the server
+//!   then releases its side. A client host that vanishes without closing is noticed by TCP
+//!   keepalive (probes after 30 s idle, every 10 s, 3 tries).
+//!
+//! The verbs calls themselves sit behind [`Responder`] (the server side) and the caller of
+//! [`connect`] (the client side), so the exchange is tested with a software responder.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use peercache_wire::auth::Auth;
+use peercache_wire::envelope;
+use peercache_wire::handshake::{self, Acceptor, Hello, Plane};
+pub use peercache_wire::qp::{QpInfo, QpReply};
+use peercache_wire::{Incarnation, NodeId, WireError};
+
+/// Largest bootstrap frame.
+const MAX_FRAME: usize = 1024;
+
+/// Errors of the bootstrap.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The handshake or a frame failed (includes authentication and deadlines).
+    #[error("rdma bootstrap: {0}")]
+    Wire(#[from] WireError),
+    /// The server refused to connect a queue pair.
+    #[error("rdma bootstrap refused by the peer: {0}")]
+    Refused(String),
+    /// The peer's queue-pair information makes no sense.
+    #[error("rdma bootstrap: bad queue-pair information: {0}")]
+    Invalid(String),
+}
+
+/// The path MTU both sides use: the smaller of the two (verbs enum values 1..=5).
+pub fn negotiate_mtu(a: u8, b: u8) -> u8 {
+    a.min(b).clamp(1, 5)
+}
+
+/// Checks a peer's [`QpInfo`].
+pub fn validate(info: &QpInfo, rails: usize) -> Result<(), BootstrapError> {
+    if usize::from(info.rail) >= rails {
+        return Err(BootstrapError::Invalid(format!(
+            "rail {} of {rails}",
+            info.rail
+        )));
+    }
+    if !(1..=5).contains(&info.mtu) {
+        return Err(BootstrapError::Invalid(format!("mtu code {}", info.mtu)));
+    }
+    if info.psn > 0x00ff_ffff {
+        return Err(BootstrapError::Invalid(format!("psn {:#x}", info.psn)));
+    }
+    if info.qpn == 0 || info.qpn > 0x00ff_ffff {
+        return Err(BootstrapError::Invalid(format!("qpn {:#x}", info.qpn)));
+    }
+    Ok(())
+}
+
+/// The server side's queue-pair factory.
+pub trait Responder: Send + Sync {
+    /// The server's half of a connected queue pair, kept while the connection lives.
+    type Held: Send;
+    /// Rails this host has.
+    fn rails(&self) -> usize;
+    /// Creates a queue pair on `remote.rail` connected to `remote` (path MTU: the smaller of
+    /// its own and `remote.mtu`, [`negotiate_mtu`]) and returns its information.
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, Self::Held), String>;
+}
+
+/// A client's connected bootstrap: the peer's queue pair, and the socket that keeps the
+/// peer's side alive (drop it after the local queue pair).
+#[derive(Debug)]
+pub struct Bootstrapped {
+    /// The peer's queue pair.
+    pub remote: QpInfo,
+    /// The path MTU both sides use.
+    pub mtu: u8,
+    /// Keeps the peer's queue pair alive; closing it releases that queue pair.
+    pub keepalive: TcpStream,
+}
+
+/// Client: connects to `peer`'s bootstrap plane, sends `local` and returns the peer's queue
+/// pair, all within `timeout`.
+pub fn connect(
+    peer: SocketAddr,
+    node: Option<NodeId>,
+    auth: &Auth,
+    local: &QpInfo,
+    timeout: Duration,
+) -> Result<Bootstrapped, BootstrapError> {
+    let deadline = Instant::now() + timeout;
+    let mut s = TcpStream::connect_timeout(&peer, timeout).map_err(WireError::Io)?;
+    s.set_nodelay(true).map_err(WireError::Io)?;
+    let hello = Hello {
+        min_version: envelope::MIN_WIRE_VERSION,
+        max_version: envelope::WIRE_VERSION,
+        plane: Plane::RdmaBootstrap,
+        node,
+        incarnation: Incarnation(0),
+        features: 0,
+    };
+    handshake::client_sync(&mut s, &hello, auth, left(deadline)?)?;
+    let frame = envelope::encode(local, &[])?;
+    s.set_write_timeout(Some(left(deadline)?))
+        .map_err(WireError::Io)?;
+    peercache_wire::frame::write_frame(&mut s, &frame)?;
+    s.set_read_timeout(Some(left(deadline)?))
+        .map_err(WireError::Io)?;
+    let mut buf = Vec::with_capacity(128);
+    peercache_wire::frame::read_frame(&mut s, MAX_FRAME, &mut buf)?;
+    s.set_read_timeout(None).map_err(WireError::Io)?;
+    s.set_write_timeout(None).map_err(WireError::Io)?;
+    match envelope::decode::<QpReply>(&buf)? {
+        QpReply::Accept(remote) => {
+            validate(&remote, usize::from(local.rail) + 1)?;
+            if remote.rail != local.rail {
+                return Err(BootstrapError::Invalid(format!(
+                    "asked for rail {}, got rail {}",
+                    local.rail, remote.rail
+                )));
+            }
+            Ok(Bootstrapped {
+                remote,
+                mtu: negotiate_mtu(local.mtu, remote.mtu),
+                keepalive: s,
+            })
+        }
+        QpReply::Reject(why) => Err(BootstrapError::Refused(why)),
+    }
+}
+
+fn left(deadline: Instant) -> Result<Duration, WireError> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(WireError::Timeout(Duration::ZERO));
+    }
+    Ok(deadline - now)
+}
+
+/// Server: runs one bootstrap connection to its end — the handshake (refusing strangers),
+/// one queue pair from `responder`, then holding it until the client closes the socket.
+/// Returns when the connection is over.
+pub fn serve<R: Responder>(
+    mut s: TcpStream,
+    acceptor: &Acceptor,
+    responder: &R,
+    timeout: Duration,
+) -> Result<(), BootstrapError> {
+    let hello = handshake::server_sync(&mut s, acceptor, timeout)?;
+    if hello.plane != Plane::RdmaBootstrap {
+        return Err(BootstrapError::Invalid(format!(
+            "plane {:?} on the bootstrap path",
+            hello.plane
+        )));
+    }
+    s.set_read_timeout(Some(timeout)).map_err(WireError::Io)?;
+    s.set_write_timeout(Some(timeout)).map_err(WireError::Io)?;
+    let mut buf = Vec::with_capacity(128);
+    peercache_wire::frame::read_frame(&mut s, MAX_FRAME, &mut buf)?;
+    let remote: QpInfo = envelope::decode(&buf)?;
+    let reply = match validate(&remote, responder.rails()) {
+        Err(e) => Err(e.to_string()),
+        Ok(()) => responder.accept(&remote),
+    };
+    let (msg, held) = match reply {
+        Ok((mine, held)) => (QpReply::Accept(mine), Some(held)),
+        Err(why) => (QpReply::Reject(why), None),
+    };
+    peercache_wire::frame::write_frame(&mut s, &envelope::encode(&msg, &[])?)?;
+    let Some(held) = held else {
+        return Ok(());
+    };
+    // Hold the queue pair until the client goes away (EOF, reset, or any byte: the client
+    // never sends more); keepalive notices a client host that vanished.
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(3);
+    socket2::SockRef::from(&s)
+        .set_tcp_keepalive(&ka)
+        .map_err(WireError::Io)?;
+    s.set_read_timeout(None).map_err(WireError::Io)?;
+    let mut one = [0u8; 1];
+    let _ = s.read(&mut one);
+    drop(held);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(rail: u8, mtu: u8) -> QpInfo {
+        QpInfo {
+            rail,
+            qpn: 0x11,
+            psn: 0x123456,
+            lid: 0,
+            gid: [7; 16],
+            mtu,
+            rd_atomic: 16,
+        }
+    }
+
+    #[test]
+    fn mtu_is_the_smaller_and_codes_are_checked() {
+        assert_eq!(negotiate_mtu(5, 3), 3);
+        assert_eq!(negotiate_mtu(2, 5), 2);
+        assert!(validate(&info(0, 5), 1).is_ok());
+        assert!(validate(&info(1, 5), 1).is_err(), "rail out of range");
+        assert!(validate(&info(0, 0), 1).is_err(), "mtu code 0");
+        assert!(validate(&info(0, 6), 1).is_err(), "mtu code 6");
+        let mut bad = info(0, 5);
+        bad.psn = 1 << 24;
+        assert!(validate(&bad, 1).is_err(), "psn wider than 24 bits");
+        bad = info(0, 5);
+        bad.qpn = 0;
+        assert!(validate(&bad, 1).is_err(), "qpn 0");
+    }
+
+    #[test]
+    fn messages_round_trip_through_the_envelope() {
+        let i = info(1, 4);
+        let f = envelope::encode(&i, &[]).unwrap();
+        assert_eq!(envelope::decode::<QpInfo>(&f).unwrap(), i);
+        let r = QpReply::Reject("no rail 3".into());
+        let f = envelope::encode(&r, &[]).unwrap();
+        assert_eq!(envelope::decode::<QpReply>(&f).unwrap(), r);
+        // A reply is not a QpInfo.
+        assert!(envelope::decode::<QpInfo>(&f).is_err());
+    }
+}
