@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use peercache_transport::rdma::engine::{Engine, EngineOp, RdmaOp, RdmaOpError, Sge};
+use peercache_transport::rdma::engine::{Engine, EngineOp, LocalSge, RdmaOp, RdmaOpError};
 use peercache_transport::rdma::soft::{Fabric, SoftVerbs};
 use smallvec::smallvec;
 
@@ -21,20 +21,20 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A read of `len` bytes at `remote` into `dst`, as `pieces` equal local segments.
-fn read_op(remote: u64, rkey: u32, dst: &mut [u8], pieces: usize) -> EngineOp {
+/// A read of `len` bytes at `remote` into `dst`, as `pieces` equal local segments, whose
+/// memory has local key `lkeys[r]` on rail `r`.
+fn read_op(remote: u64, rkey: u32, dst: &mut [u8], pieces: usize, lkeys: &[u32]) -> EngineOp {
     let step = dst.len() / pieces;
     EngineOp {
         op: RdmaOp::Read,
         local: (0..pieces)
-            .map(|p| Sge {
-                addr: dst.as_mut_ptr() as u64 + (p * step) as u64,
-                len: if p + 1 == pieces {
+            .map(|p| {
+                let len = if p + 1 == pieces {
                     (dst.len() - p * step) as u32
                 } else {
                     step as u32
-                },
-                lkey: 1,
+                };
+                LocalSge::new(dst.as_mut_ptr() as u64 + (p * step) as u64, len, lkeys)
             })
             .collect(),
         remote_addr: remote,
@@ -52,10 +52,11 @@ fn ops_stripe_over_rails_and_land_byte_exact() {
     let connects = verbs.connects.clone();
     let engine = Engine::new(verbs, 4);
     let mut local = vec![0u8; 8 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
     let ops: Vec<EngineOp> = local
         .chunks_mut(4096)
         .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
         .collect();
     let r = engine.execute("peer-a", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
@@ -76,11 +77,12 @@ fn sge_lists_are_chunked_and_posting_goes_beyond_the_queue_depth() {
     // Two SGEs per request, four requests in flight, one rail.
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 2, 4), 4);
     let mut local = vec![0u8; 10 * 5000];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
     // Five segments per op: three requests each, thirty in all.
     let ops: Vec<EngineOp> = local
         .chunks_mut(5000)
         .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 5000) as u64, rkey, d, 5))
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 5000) as u64, rkey, d, 5, &lk))
         .collect();
     let r = engine.execute("peer-b", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
@@ -98,10 +100,11 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     let connects = verbs.connects.clone();
     let engine = Engine::new(verbs, 4);
     let mut local = vec![0u8; 4 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
     let ops: Vec<EngineOp> = local
         .chunks_mut(4096)
         .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
         .collect();
     fabric.stall.store(true, Ordering::Release);
     let t0 = Instant::now();
@@ -123,7 +126,7 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     let ops: Vec<EngineOp> = local
         .chunks_mut(4096)
         .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1))
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
         .collect();
     let r = engine.execute("peer-c", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
@@ -139,10 +142,11 @@ fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
     let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4);
     let mut local = vec![0u8; 6 * 1024];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
     let ops: Vec<EngineOp> = local
         .chunks_mut(1024)
         .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 1024) as u64, rkey, d, 1))
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 1024) as u64, rkey, d, 1, &lk))
         .collect();
     fabric.fail_at.store(3, Ordering::Release);
     let r = engine.execute("peer-d", &ops, Duration::from_secs(1));
@@ -173,13 +177,10 @@ fn writes_need_a_writable_remote_region() {
     };
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4);
     let mut src = pattern(4096, 5);
+    let lk = fabric.register_local(src.as_ptr(), src.len(), 1);
     let op = |rkey: u32, addr: u64, src: &mut [u8]| EngineOp {
         op: RdmaOp::Write,
-        local: smallvec![Sge {
-            addr: src.as_mut_ptr() as u64,
-            len: 4096,
-            lkey: 1
-        }],
+        local: smallvec![LocalSge::new(src.as_mut_ptr() as u64, 4096, &lk)],
         remote_addr: addr,
         rkeys: smallvec![rkey],
     };
@@ -197,4 +198,49 @@ fn writes_need_a_writable_remote_region() {
     );
     assert_eq!(r, vec![Err(RdmaOpError::Wc(10))]);
     assert!(read_only.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn each_rail_posts_its_own_local_keys() {
+    // Two rails are two devices: a local buffer has a different key on each. The engine must
+    // post rail r's key on rail r; a key from the other rail is a local protection error.
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 7);
+    // SAFETY: `remote` outlives every request (the engine drains before returning).
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 2, 4, 16), 4);
+    let mut local = vec![0u8; 4 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
+    assert_ne!(lk[0], lk[1]);
+    let base = remote.as_ptr() as u64;
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(base + (i * 4096) as u64, rkey, d, 2, &lk))
+        .collect();
+    let r = engine.execute("peer-k", &ops, Duration::from_secs(1));
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(local, remote);
+    // Rail 0's key everywhere: the ops striped onto rail 1 fail, rail 0's succeed.
+    local.fill(0);
+    let wrong = [lk[0], lk[0]];
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(base + (i * 4096) as u64, rkey, d, 1, &wrong))
+        .collect();
+    let r = engine.execute("peer-k2", &ops, Duration::from_secs(1));
+    assert_eq!(r[0], Ok(()));
+    assert_eq!(r[2], Ok(()));
+    assert_eq!(r[1], Err(RdmaOpError::Wc(4)));
+    assert_eq!(
+        r[3],
+        Err(RdmaOpError::Flushed),
+        "the rest of the failed rail is flushed"
+    );
+    assert_eq!(&local[..4096], &remote[..4096]);
+    assert!(
+        local[4096..8192].iter().all(|&b| b == 0),
+        "nothing landed under a wrong key"
+    );
 }

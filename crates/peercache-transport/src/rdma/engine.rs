@@ -111,13 +111,43 @@ pub trait Verbs: Send + Sync {
     fn connect(&self, peer: &str, rail: usize) -> Result<Self::Qp, PostError>;
 }
 
+/// Most rails the engine drives (the largest hosts carry eight NICs).
+pub const MAX_RAILS: usize = 8;
+
+/// A local segment of an op: its memory is registered on every rail, each registration with
+/// its own local key (rails are separate devices and protection domains).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalSge {
+    /// Local address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Local key on each rail (index = rail; unused entries 0).
+    pub lkeys: [u32; MAX_RAILS],
+}
+
+impl LocalSge {
+    /// A segment whose local keys are `lkeys` on rails 0, 1, … in order.
+    pub fn new(addr: u64, len: u32, lkeys: &[u32]) -> LocalSge {
+        let mut k = [0u32; MAX_RAILS];
+        for (d, s) in k.iter_mut().zip(lkeys) {
+            *d = *s;
+        }
+        LocalSge {
+            addr,
+            len,
+            lkeys: k,
+        }
+    }
+}
+
 /// One op of a batch.
 #[derive(Clone, Debug)]
 pub struct EngineOp {
     /// Read or write.
     pub op: RdmaOp,
     /// Local segments in order.
-    pub local: SmallVec<[Sge; 4]>,
+    pub local: SmallVec<[LocalSge; 4]>,
     /// Remote start address.
     pub remote_addr: u64,
     /// Remote key on each rail (rails pair by index).
@@ -199,7 +229,7 @@ impl<V: Verbs> Engine<V> {
         timeout: Duration,
     ) -> Vec<Result<(), RdmaOpError>> {
         let deadline = Instant::now() + timeout;
-        let rails = self.verbs.rails().max(1);
+        let rails = self.verbs.rails().clamp(1, MAX_RAILS);
         let mut results: Vec<Result<(), RdmaOpError>> = vec![Ok(()); ops.len()];
         // Stripe by op index; each rail's share runs on its own channel. (Rails run one after
         // another here; their work overlaps on the wire because each window is posted before
@@ -274,7 +304,14 @@ impl<V: Verbs> Engine<V> {
                 wrs.push(WorkRequest {
                     wr_id: wrs.len() as u64,
                     op: op.op,
-                    sges: chunk.iter().copied().collect(),
+                    sges: chunk
+                        .iter()
+                        .map(|l| Sge {
+                            addr: l.addr,
+                            len: l.len,
+                            lkey: l.lkeys[rail],
+                        })
+                        .collect(),
                     remote_addr: remote,
                     rkey,
                     signaled: false,

@@ -21,10 +21,20 @@ struct Mr {
     writable: bool,
 }
 
-/// The shared "fabric": remote regions by rkey, and fault switches.
+/// A local registration: (rail, base, len) by lkey.
+#[derive(Clone, Copy, Debug)]
+struct LocalMr {
+    rail: usize,
+    base: u64,
+    len: u64,
+}
+
+/// The shared "fabric": remote regions by rkey, local registrations by lkey, and fault
+/// switches.
 #[derive(Debug, Default)]
 pub struct Fabric {
     mrs: Mutex<HashMap<u32, Mr>>,
+    lmrs: Mutex<HashMap<u32, LocalMr>>,
     next_rkey: AtomicU64,
     /// While set, posted requests do not execute (a stalled peer or link).
     pub stall: AtomicBool,
@@ -59,6 +69,26 @@ impl Fabric {
             },
         );
         rkey
+    }
+
+    /// Registers `len` bytes at `base` as local memory on each of `rails` rails; returns the
+    /// local key of each rail (distinct keys, as separate devices would give).
+    pub fn register_local(&self, base: *const u8, len: usize, rails: usize) -> Vec<u32> {
+        let mut lmrs = self.lmrs.lock();
+        (0..rails)
+            .map(|rail| {
+                let lkey = self.next_rkey.fetch_add(1, Ordering::Relaxed) as u32 + 1;
+                lmrs.insert(
+                    lkey,
+                    LocalMr {
+                        rail,
+                        base: base as u64,
+                        len: len as u64,
+                    },
+                );
+                lkey
+            })
+            .collect()
     }
 }
 
@@ -165,6 +195,21 @@ impl SoftQp {
     }
 
     fn execute(&self, wr: &WorkRequest) -> WcStatus {
+        // Every local segment must lie in memory registered on this queue pair's rail, under
+        // the key given (IBV_WC_LOC_PROT_ERR otherwise).
+        {
+            let lmrs = self.fabric.lmrs.lock();
+            let ok = wr.sges.iter().all(|s| {
+                lmrs.get(&s.lkey).is_some_and(|m| {
+                    m.rail == self.rail
+                        && s.addr >= m.base
+                        && s.addr + u64::from(s.len) <= m.base + m.len
+                })
+            });
+            if !ok {
+                return WcStatus::Error(4);
+            }
+        }
         let total: u64 = wr.sges.iter().map(|s| s.len as u64).sum();
         let Some(mr) = self.fabric.mrs.lock().get(&wr.rkey).copied() else {
             return WcStatus::Error(10); // remote access error
