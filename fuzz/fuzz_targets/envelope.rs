@@ -22,6 +22,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = env.decode::<peercache_wire::rpc::RpcError>();
     let _ = env.decode::<peercache_wire::qp::QpInfo>();
     let _ = env.decode::<peercache_wire::qp::QpReply>();
+    let _ = env.decode::<peercache_wire::qp::BootstrapRequest>();
+    let _ = env.decode::<peercache_wire::qp::RegionTable>();
     let _ = env.decode::<peercache_directory::DirRequest<'static>>();
     let _ = env.decode::<peercache_directory::DirReply>();
     let _ = env.decode::<peercache_discovery::DiscRequest>();

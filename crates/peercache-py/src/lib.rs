@@ -264,6 +264,7 @@ impl Node {
             "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,
             "members": s.members, "primed": s.primed,
             "verify_rejects": s.verify_rejects, "staged_reads": s.staged_reads,
+            "rdma_read_bytes": s.rdma_read_bytes, "rdma_fallbacks": s.rdma_fallbacks,
         })
         .to_string()
     }

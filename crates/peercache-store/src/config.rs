@@ -80,6 +80,15 @@ pub enum Protocol {
     Tcp,
 }
 
+/// Which RDMA backend `protocol = "rdma"` uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RdmaBackend {
+    /// rdma-core devices (feature `rdma`).
+    Verbs,
+    /// The in-process software fabric (tests, demos).
+    Soft,
+}
+
 /// The shared cluster secret. `Debug` prints `<redacted>`, and errors never echo it.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
@@ -131,6 +140,9 @@ pub struct PeerCacheConfig {
     /// `device_names` given per local rank (`{"0": "mlx5_0,mlx5_1", "1": "mlx5_2"}`): the one
     /// SGLang extra config names every rank's NICs; `device_names` is resolved from it.
     pub device_names_by_rank: BTreeMap<u32, Vec<String>>,
+    /// RDMA backend: `verbs` (rdma-core NICs) or `soft` (an in-process software fabric that
+    /// every node of this process shares — for tests and demos of the RDMA path).
+    pub rdma_backend: RdmaBackend,
     /// RDMA port.
     pub ib_port: u8,
     /// RDMA GID index (-1: no GRH).
@@ -250,6 +262,7 @@ impl Default for PeerCacheConfig {
             device_name: String::new(),
             device_names: Vec::new(),
             device_names_by_rank: BTreeMap::new(),
+            rdma_backend: RdmaBackend::Verbs,
             ib_port: 1,
             gid_index: 3,
             max_channels_per_peer: 16,
@@ -315,6 +328,7 @@ pub const KEYS: &[&str] = &[
     "protocol",
     "device_name",
     "device_names",
+    "rdma_backend",
     "ib_port",
     "gid_index",
     "max_channels_per_peer",
@@ -590,6 +604,13 @@ impl PeerCacheConfig {
                 }
                 _ => self.device_names = device_list(v, v)?,
             },
+            "rdma_backend" => {
+                self.rdma_backend = match as_str(v).to_ascii_lowercase().as_str() {
+                    "verbs" => RdmaBackend::Verbs,
+                    "soft" => RdmaBackend::Soft,
+                    _ => return Err(bad("rdma_backend", v, "expected verbs or soft")),
+                }
+            }
             "ib_port" => self.ib_port = ranged("ib_port", v, as_u64("ib_port", v)?, 1, 255)? as u8,
             "gid_index" => {
                 self.gid_index = ranged("gid_index", v, as_i64("gid_index", v)?, -1, 255)? as i32

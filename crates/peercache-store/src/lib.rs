@@ -32,7 +32,7 @@ mod slotmode;
 pub mod status;
 mod store;
 
-pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, Role, WritePolicy};
+pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, RdmaBackend, Role, WritePolicy};
 pub use error::StoreError;
 pub use keys::Keyspace;
 pub use store::{RawSeg, Store, StoreStats};

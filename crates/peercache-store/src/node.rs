@@ -195,6 +195,89 @@ fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::d
     }
 }
 
+/// The RDMA devices `cfg` names (`device_names`, else `device_name`; empty = the first found).
+fn wanted_devices(cfg: &PeerCacheConfig) -> Vec<String> {
+    if cfg.device_names.is_empty() {
+        [cfg.device_name.clone()]
+            .into_iter()
+            .filter(|d| !d.is_empty())
+            .collect()
+    } else {
+        cfg.device_names.clone()
+    }
+}
+
+/// The RDMA path for `cfg`'s backend, or None (logged) when it cannot open.
+fn rdma_plane(
+    cfg: &PeerCacheConfig,
+    me: &NodeId,
+    auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    use peercache_transport::rdma::path::RdmaPath;
+    let timeout = cfg.op_timeout();
+    match cfg.rdma_backend {
+        crate::RdmaBackend::Soft => {
+            use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+            static FABRIC: std::sync::OnceLock<Arc<Fabric>> = std::sync::OnceLock::new();
+            let fabric = FABRIC.get_or_init(Fabric::new).clone();
+            let rails = cfg.device_names.len().max(1);
+            let mut verbs = SoftVerbs::new(fabric, rails, 16, 64);
+            verbs.bootstrap = Some(SoftBootstrap {
+                node: Some(me.clone()),
+                auth: auth.clone(),
+                timeout,
+            });
+            Some(RdmaPath::new(
+                verbs,
+                Some(me.clone()),
+                auth.clone(),
+                timeout,
+            ))
+        }
+        crate::RdmaBackend::Verbs => verbs_plane(cfg, me, auth),
+    }
+}
+
+#[cfg(feature = "rdma")]
+fn verbs_plane(
+    cfg: &PeerCacheConfig,
+    me: &NodeId,
+    auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
+    let vc = VerbsConfig {
+        devices: wanted_devices(cfg),
+        ib_port: cfg.ib_port,
+        gid_index: cfg.gid_index,
+        sq_depth: 128,
+        max_sge: 16,
+        node: Some(me.clone()),
+        auth: auth.clone(),
+        bootstrap_timeout: cfg.op_timeout(),
+    };
+    match SidewayVerbs::open(vc) {
+        Ok(v) => Some(peercache_transport::rdma::path::RdmaPath::new(
+            v,
+            Some(me.clone()),
+            auth.clone(),
+            cfg.op_timeout(),
+        )),
+        Err(why) => {
+            tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn verbs_plane(
+    _cfg: &PeerCacheConfig,
+    _me: &NodeId,
+    _auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    None
+}
+
 /// A configured base port for this rank: 0 stays 0 (any free port), else the base plus the
 /// local rank, so the ranks of one server that share an extra config never collide.
 fn rank_port(base: u16, cfg: &PeerCacheConfig) -> u16 {
@@ -231,25 +314,29 @@ impl Inner {
                 "role storage needs mode centralized or hybrid".into(),
             ));
         }
-        let transport_why: String = match cfg.protocol {
-            Protocol::Tcp => "protocol=tcp".into(),
-            Protocol::Rdma => {
-                let wanted: Vec<String> = if cfg.device_names.is_empty() {
-                    [cfg.device_name.clone()]
-                        .into_iter()
-                        .filter(|d| !d.is_empty())
-                        .collect()
-                } else {
-                    cfg.device_names.clone()
-                };
-                let why = match peercache_transport::rdma::probe(&wanted) {
-                    Ok(devices) => {
-                        peercache_transport::rdma::RdmaUnavailable::DataPathNotInRelease { devices }
+        let transport_why: String = match (cfg.protocol, cfg.rdma_backend) {
+            (Protocol::Tcp, _) => "protocol=tcp".into(),
+            (Protocol::Rdma, crate::RdmaBackend::Soft) => "rdma (software fabric)".into(),
+            (Protocol::Rdma, crate::RdmaBackend::Verbs) => {
+                match peercache_transport::rdma::probe(&wanted_devices(&cfg)) {
+                    Ok(devices) if cfg!(feature = "rdma") => {
+                        format!("rdma (devices {devices:?}; tcp to peers without)")
                     }
-                    Err(why) => why,
-                };
-                tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
-                format!("tcp (rdma fallback: {why})")
+                    r => {
+                        let why = match r {
+                            Ok(devices) => {
+                                peercache_transport::rdma::RdmaUnavailable::DataPathNotInRelease {
+                                    devices,
+                                }
+                            }
+                            Err(why) => why,
+                        };
+                        tracing::warn!(
+                            "protocol=rdma requested but {why}; using the TCP transport"
+                        );
+                        format!("tcp (rdma fallback: {why})")
+                    }
+                }
             }
         };
         let seeds =
@@ -327,7 +414,17 @@ impl Inner {
                 cfg.pool_bytes() as usize
             };
         let pool = Arc::new(Pool::new(PoolConfig::new(pool_bytes))?);
-        let transport = Arc::new(TcpTransport::start(
+        let rdma = if transport_why.starts_with("rdma") {
+            rdma_plane(&cfg, &me, &auth)
+        } else {
+            None
+        };
+        let transport_why = if rdma.is_none() && transport_why.starts_with("rdma") {
+            "tcp (rdma fallback: the RDMA backend did not open)".to_string()
+        } else {
+            transport_why
+        };
+        let transport = Arc::new(TcpTransport::start_with_rdma(
             TransportConfig {
                 bind: bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
                 max_channels_per_peer: cfg.max_channels_per_peer,
@@ -339,6 +436,7 @@ impl Inner {
                 ..TransportConfig::default()
             },
             Some(me.clone()),
+            rdma,
         )?);
         // Storage servers accept remote writes, only into reserved slots and only from the
         // node that reserved them; every other pool is remote-read only.

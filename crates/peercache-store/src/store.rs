@@ -124,6 +124,10 @@ pub struct StoreStats {
     /// the caller's destination lies outside every registered host buffer (or the mode reads
     /// into staging to verify first, as slotmap does). 0 on the zero-copy paths.
     pub staged_reads: u64,
+    /// Bytes read over the RDMA path (0 on TCP).
+    pub rdma_read_bytes: u64,
+    /// Read batches the RDMA path handed to TCP (peers without RDMA).
+    pub rdma_fallbacks: u64,
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -1243,6 +1247,7 @@ impl Store {
         let inner = &*self.inner;
         let p = inner.pool.stats();
         let d = inner.dir.stats();
+        let t = inner.transport.stats();
         let (q, nfd) = inner
             .evictions
             .lock()
@@ -1262,7 +1267,9 @@ impl Store {
             directory_rpcs: d.rpcs,
             directory_local_calls: d.local_calls,
             shard_entries: inner.dir_service.with_shard(|s, _| s.len() as u64),
-            transport_read_bytes: inner.transport.stats().read_bytes,
+            transport_read_bytes: t.read_bytes,
+            rdma_read_bytes: t.rdma_read_bytes,
+            rdma_fallbacks: t.rdma_fallbacks,
             members: inner.discovery.members().len() as u64,
             primed: inner.primed.lock().len() as u64,
             verify_rejects: inner.verify_rejects.load(Ordering::Relaxed),

@@ -143,6 +143,8 @@ pub struct RegionHandle {
     pub(crate) base: u64,
     pub(crate) len: u64,
     pub(crate) access: Access,
+    /// The RDMA path that also registered it (deregistered first on drop).
+    pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
 }
 
 impl RegionHandle {
@@ -174,6 +176,9 @@ impl RegionHandle {
 
 impl Drop for RegionHandle {
     fn drop(&mut self) {
+        if let Some(r) = &self.rdma {
+            r.deregister(self.key);
+        }
         self.table.remove(self.key);
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct ServerShared {
     pub(crate) conns: Mutex<HashMap<u64, TcpStream>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) metrics: crate::metrics::Handles,
+    /// The RDMA path whose bootstrap plane this port also serves.
+    pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
 }
 
 /// Binds the listener and starts the accept thread. Returns the bound address.
@@ -132,13 +134,23 @@ struct ConnBufs {
 }
 
 fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError> {
+    let mut planes = vec![Plane::Data];
+    if sh.rdma.is_some() {
+        planes.push(Plane::RdmaBootstrap);
+    }
     let acceptor = Acceptor {
-        planes: vec![Plane::Data],
+        planes,
         node: None,
         incarnation: sh.incarnation,
         auth: sh.cfg.auth.clone(),
     };
     let hello = handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
+    if hello.plane == Plane::RdmaBootstrap {
+        if let Some(r) = &sh.rdma {
+            r.serve(stream);
+        }
+        return Ok(());
+    }
     let mut bufs = ConnBufs {
         peer: hello.node,
         ops: Vec::new(),

@@ -33,6 +33,12 @@ pub struct TransportStats {
     pub served_errors: u64,
     /// Inbound connections closed because the stream could not be trusted.
     pub server_desyncs: u64,
+    /// Of `read_ops`: ops carried over RDMA.
+    pub rdma_read_ops: u64,
+    /// Of `read_bytes`: bytes read over RDMA.
+    pub rdma_read_bytes: u64,
+    /// Read batches the RDMA path handed to TCP (peer without RDMA, unknown region…).
+    pub rdma_fallbacks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +83,7 @@ impl Counters {
             served_bytes: g(&self.served_bytes),
             served_errors: g(&self.served_errors),
             server_desyncs: g(&self.server_desyncs),
+            ..TransportStats::default()
         }
     }
 }

@@ -9,6 +9,7 @@ use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::{Incarnation, NodeId};
 
 use crate::client::Client;
+use crate::rdma::path::RdmaPlane;
 use crate::region::RegionTable;
 use crate::server::{self, ServerShared};
 use crate::stats::Counters;
@@ -24,6 +25,7 @@ pub struct TcpTransport {
     server: Arc<ServerShared>,
     endpoint: SocketAddr,
     accept: Mutex<Option<std::thread::JoinHandle<()>>>,
+    rdma: Option<Arc<dyn RdmaPlane>>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -37,6 +39,17 @@ impl std::fmt::Debug for TcpTransport {
 impl TcpTransport {
     /// Binds the data server and returns the running transport.
     pub fn start(cfg: TransportConfig, node: Option<NodeId>) -> Result<Self, TransportError> {
+        Self::start_with_rdma(cfg, node, None)
+    }
+
+    /// [`TcpTransport::start`] with an RDMA path: regions are registered on it too, reads go
+    /// over it when the peer has one (else over TCP), and the data port also serves its
+    /// bootstrap plane.
+    pub fn start_with_rdma(
+        cfg: TransportConfig,
+        node: Option<NodeId>,
+        rdma: Option<Arc<dyn RdmaPlane>>,
+    ) -> Result<Self, TransportError> {
         let table = Arc::new(RegionTable::new());
         let counters = Arc::new(Counters::default());
         let incarnation = Incarnation::fresh();
@@ -51,6 +64,7 @@ impl TcpTransport {
             conns: Mutex::new(Default::default()),
             next_conn: AtomicU64::new(0),
             metrics: metrics.clone(),
+            rdma: rdma.clone(),
         });
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
         let hello = Hello::new(Plane::Data, node, incarnation);
@@ -62,6 +76,7 @@ impl TcpTransport {
             server,
             endpoint,
             accept: Mutex::new(Some(accept)),
+            rdma,
         })
     }
 
@@ -84,12 +99,15 @@ impl TcpTransport {
         access: Access,
     ) -> Result<RegionHandle, TransportError> {
         let key = self.table.insert(ptr as u64, len as u64, access, None)?;
+        // SAFETY: forwarded from the caller (the handle deregisters before the memory goes).
+        let rdma = unsafe { self.rdma_register(key, ptr, len, access) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
             base: ptr as u64,
             len: len as u64,
             access,
+            rdma,
         })
     }
 
@@ -108,18 +126,50 @@ impl TcpTransport {
         let key = self
             .table
             .insert(ptr as u64, len as u64, access, Some(guard))?;
+        // Guarded regions are read over RDMA like any other; writes into them always go over
+        // TCP, where the guard runs.
+        // SAFETY: forwarded from the caller.
+        let rdma = unsafe { self.rdma_register(key, ptr, len, Access::RemoteRead) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
             base: ptr as u64,
             len: len as u64,
             access,
+            rdma,
         })
+    }
+
+    /// Registers a region on the RDMA path too; on failure the region stays TCP-only.
+    ///
+    /// # Safety
+    /// As [`TcpTransport::register`].
+    unsafe fn rdma_register(
+        &self,
+        key: crate::RegionKey,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Option<Arc<dyn RdmaPlane>> {
+        let r = self.rdma.as_ref()?;
+        // SAFETY: forwarded from the caller.
+        match unsafe { r.register(key, ptr, len, access) } {
+            Ok(()) => Some(r.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, len, "RDMA registration failed; region served over TCP only");
+                None
+            }
+        }
     }
 
     /// Reads every op's remote range from `peer` into its local segments.
     pub fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Result<OpResults, TransportError> {
         self.check_open()?;
+        if let Some(r) = &self.rdma
+            && let Some(res) = r.read_batch(peer, batch)
+        {
+            return Ok(res);
+        }
         self.client.read_batch(peer, batch)
     }
 
@@ -145,7 +195,17 @@ impl TcpTransport {
 
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
-        self.server.counters.snapshot()
+        let mut s = self.server.counters.snapshot();
+        if let Some(r) = &self.rdma {
+            let x = r.stats();
+            s.read_ops += x.read_ops;
+            s.read_bytes += x.read_bytes;
+            s.op_errors += x.op_errors;
+            s.rdma_read_ops = x.read_ops;
+            s.rdma_read_bytes = x.read_bytes;
+            s.rdma_fallbacks = x.fallbacks;
+        }
+        s
     }
 
     fn check_open(&self) -> Result<(), TransportError> {

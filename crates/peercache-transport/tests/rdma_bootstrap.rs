@@ -75,7 +75,16 @@ fn server(secret: Option<&[u8]>) -> (SocketAddr, Arc<SoftResponder>) {
             let Ok(s) = s else { break };
             let (a, r) = (acceptor.clone(), r.clone());
             std::thread::spawn(move || {
-                let _ = bootstrap::serve(s, &a, &*r, Duration::from_secs(2));
+                let table = || {
+                    vec![bootstrap::RegionRkeys {
+                        key: 7,
+                        base: 0x1000,
+                        len: 4096,
+                        rkeys: vec![11, 12],
+                        writable: false,
+                    }]
+                };
+                let _ = bootstrap::serve(s, &a, &*r, &table, Duration::from_secs(2));
             });
         }
     });
@@ -133,6 +142,17 @@ fn a_member_gets_a_queue_pair_with_the_smaller_mtu_held_while_its_socket_lives()
     wait_for("the second queue pair's release", || {
         r.live.load(Ordering::SeqCst) == 0
     });
+}
+
+#[test]
+fn members_can_list_the_regions_with_their_rkeys_and_strangers_cannot() {
+    let (addr, _r) = server(Some(SECRET));
+    let auth = Auth::from_secret(SECRET).unwrap();
+    let t = bootstrap::fetch_regions(addr, None, &auth, Duration::from_secs(2)).unwrap();
+    assert_eq!(t.len(), 1);
+    assert_eq!((t[0].key, t[0].rkeys.clone()), (7, vec![11, 12]));
+    let e = bootstrap::fetch_regions(addr, None, &Auth::none(), Duration::from_secs(2));
+    assert!(e.is_err());
 }
 
 #[test]

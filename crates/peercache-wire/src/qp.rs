@@ -42,3 +42,46 @@ impl Message for QpReply {
     const KIND: u16 = 0x0402;
     const NAME: &'static str = "QpReply";
 }
+
+/// Client → server on the bootstrap plane: connect a queue pair, or list the regions peers may
+/// target with their per-rail remote keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BootstrapRequest {
+    /// Connect a queue pair to this one.
+    Qp(QpInfo),
+    /// Send [`RegionTable`].
+    Regions,
+}
+
+impl Message for BootstrapRequest {
+    const KIND: u16 = 0x0403;
+    const NAME: &'static str = "BootstrapRequest";
+}
+
+/// One remotely accessible region: the transport's region key, its range, and its remote key
+/// on each rail.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionRkeys {
+    /// The transport's region key (what locations name).
+    pub key: u64,
+    /// Start address.
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key per rail.
+    pub rkeys: Vec<u32>,
+    /// Whether peers may write it.
+    pub writable: bool,
+}
+
+/// Server → client: every region peers may read (or write) over RDMA.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionTable {
+    /// The regions.
+    pub regions: Vec<RegionRkeys>,
+}
+
+impl Message for RegionTable {
+    const KIND: u16 = 0x0404;
+    const NAME: &'static str = "RegionTable";
+}

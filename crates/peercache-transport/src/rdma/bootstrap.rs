@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use peercache_wire::auth::Auth;
 use peercache_wire::envelope;
 use peercache_wire::handshake::{self, Acceptor, Hello, Plane};
-pub use peercache_wire::qp::{QpInfo, QpReply};
+pub use peercache_wire::qp::{BootstrapRequest, QpInfo, QpReply, RegionRkeys, RegionTable};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
-/// Largest bootstrap frame.
-const MAX_FRAME: usize = 1024;
+/// Largest bootstrap frame (a region table of a few hundred regions fits).
+const MAX_FRAME: usize = 64 << 10;
 
 /// Errors of the bootstrap.
 #[derive(Debug, thiserror::Error)]
@@ -101,26 +101,7 @@ pub fn connect(
 ) -> Result<Bootstrapped, BootstrapError> {
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&peer, timeout).map_err(WireError::Io)?;
-    s.set_nodelay(true).map_err(WireError::Io)?;
-    let hello = Hello {
-        min_version: envelope::MIN_WIRE_VERSION,
-        max_version: envelope::WIRE_VERSION,
-        plane: Plane::RdmaBootstrap,
-        node,
-        incarnation: Incarnation(0),
-        features: 0,
-    };
-    handshake::client_sync(&mut s, &hello, auth, left(deadline)?)?;
-    let frame = envelope::encode(local, &[])?;
-    s.set_write_timeout(Some(left(deadline)?))
-        .map_err(WireError::Io)?;
-    peercache_wire::frame::write_frame(&mut s, &frame)?;
-    s.set_read_timeout(Some(left(deadline)?))
-        .map_err(WireError::Io)?;
-    let mut buf = Vec::with_capacity(128);
-    peercache_wire::frame::read_frame(&mut s, MAX_FRAME, &mut buf)?;
-    s.set_read_timeout(None).map_err(WireError::Io)?;
-    s.set_write_timeout(None).map_err(WireError::Io)?;
+    let buf = exchange(&mut s, node, auth, &BootstrapRequest::Qp(*local), deadline)?;
     match envelope::decode::<QpReply>(&buf)? {
         QpReply::Accept(remote) => {
             validate(&remote, usize::from(local.rail) + 1)?;
@@ -140,6 +121,50 @@ pub fn connect(
     }
 }
 
+/// Client: the regions `peer` lets members target over RDMA, with their per-rail rkeys.
+pub fn fetch_regions(
+    peer: SocketAddr,
+    node: Option<NodeId>,
+    auth: &Auth,
+    timeout: Duration,
+) -> Result<Vec<RegionRkeys>, BootstrapError> {
+    let deadline = Instant::now() + timeout;
+    let mut s = TcpStream::connect_timeout(&peer, timeout).map_err(WireError::Io)?;
+    let buf = exchange(&mut s, node, auth, &BootstrapRequest::Regions, deadline)?;
+    Ok(envelope::decode::<RegionTable>(&buf)?.regions)
+}
+
+/// Handshake on the bootstrap plane, one request, one reply frame (returned), all by
+/// `deadline`; the socket is left without timeouts.
+fn exchange(
+    s: &mut TcpStream,
+    node: Option<NodeId>,
+    auth: &Auth,
+    req: &BootstrapRequest,
+    deadline: Instant,
+) -> Result<Vec<u8>, BootstrapError> {
+    s.set_nodelay(true).map_err(WireError::Io)?;
+    let hello = Hello {
+        min_version: envelope::MIN_WIRE_VERSION,
+        max_version: envelope::WIRE_VERSION,
+        plane: Plane::RdmaBootstrap,
+        node,
+        incarnation: Incarnation(0),
+        features: 0,
+    };
+    handshake::client_sync(s, &hello, auth, left(deadline)?)?;
+    s.set_write_timeout(Some(left(deadline)?))
+        .map_err(WireError::Io)?;
+    peercache_wire::frame::write_frame(s, &envelope::encode(req, &[])?)?;
+    s.set_read_timeout(Some(left(deadline)?))
+        .map_err(WireError::Io)?;
+    let mut buf = Vec::with_capacity(256);
+    peercache_wire::frame::read_frame(s, MAX_FRAME, &mut buf)?;
+    s.set_read_timeout(None).map_err(WireError::Io)?;
+    s.set_write_timeout(None).map_err(WireError::Io)?;
+    Ok(buf)
+}
+
 fn left(deadline: Instant) -> Result<Duration, WireError> {
     let now = Instant::now();
     if now >= deadline {
@@ -149,12 +174,12 @@ fn left(deadline: Instant) -> Result<Duration, WireError> {
 }
 
 /// Server: runs one bootstrap connection to its end — the handshake (refusing strangers),
-/// one queue pair from `responder`, then holding it until the client closes the socket.
-/// Returns when the connection is over.
+/// then [`serve_request`]. Returns when the connection is over.
 pub fn serve<R: Responder>(
     mut s: TcpStream,
     acceptor: &Acceptor,
     responder: &R,
+    regions: &dyn Fn() -> Vec<RegionRkeys>,
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
     let hello = handshake::server_sync(&mut s, acceptor, timeout)?;
@@ -164,11 +189,29 @@ pub fn serve<R: Responder>(
             hello.plane
         )));
     }
+    serve_request(s, responder, regions, timeout)
+}
+
+/// Server, after an accepted handshake on the bootstrap plane: one request — a queue pair
+/// from `responder` (then held until the client closes the socket) or the region table.
+pub fn serve_request<R: Responder + ?Sized>(
+    mut s: TcpStream,
+    responder: &R,
+    regions: &dyn Fn() -> Vec<RegionRkeys>,
+    timeout: Duration,
+) -> Result<(), BootstrapError> {
     s.set_read_timeout(Some(timeout)).map_err(WireError::Io)?;
     s.set_write_timeout(Some(timeout)).map_err(WireError::Io)?;
     let mut buf = Vec::with_capacity(128);
     peercache_wire::frame::read_frame(&mut s, MAX_FRAME, &mut buf)?;
-    let remote: QpInfo = envelope::decode(&buf)?;
+    let remote = match envelope::decode::<BootstrapRequest>(&buf)? {
+        BootstrapRequest::Regions => {
+            let table = RegionTable { regions: regions() };
+            peercache_wire::frame::write_frame(&mut s, &envelope::encode(&table, &[])?)?;
+            return Ok(());
+        }
+        BootstrapRequest::Qp(remote) => remote,
+    };
     let reply = match validate(&remote, responder.rails()) {
         Err(e) => Err(e.to_string()),
         Ok(()) => responder.accept(&remote),
@@ -234,6 +277,9 @@ mod tests {
         let i = info(1, 4);
         let f = envelope::encode(&i, &[]).unwrap();
         assert_eq!(envelope::decode::<QpInfo>(&f).unwrap(), i);
+        let q = BootstrapRequest::Qp(i);
+        let f = envelope::encode(&q, &[]).unwrap();
+        assert_eq!(envelope::decode::<BootstrapRequest>(&f).unwrap(), q);
         let r = QpReply::Reject("no rail 3".into());
         let f = envelope::encode(&r, &[]).unwrap();
         assert_eq!(envelope::decode::<QpReply>(&f).unwrap(), r);

@@ -261,6 +261,11 @@ impl<V: Verbs> Engine<V> {
         results
     }
 
+    /// The backend.
+    pub fn verbs(&self) -> &V {
+        &self.verbs
+    }
+
     fn lease(&self, peer: &str, rail: usize) -> Result<V::Qp, PostError> {
         if let Some(q) = self
             .pools

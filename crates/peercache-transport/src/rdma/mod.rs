@@ -28,6 +28,7 @@ use std::fmt;
 
 pub mod bootstrap;
 pub mod engine;
+pub mod path;
 pub mod soft;
 #[cfg(feature = "rdma")]
 pub mod verbs;

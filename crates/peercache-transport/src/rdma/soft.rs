@@ -11,7 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::engine::{Completion, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest};
+use super::bootstrap::{self, QpInfo, Responder};
+use super::engine::{
+    Completion, MAX_RAILS, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest,
+};
+use super::path::{RailKeys, Registrar};
+use crate::Access;
 
 /// A registered remote region: its rkey maps to (base, len, writable).
 #[derive(Clone, Copy, Debug)]
@@ -92,9 +97,23 @@ impl Fabric {
     }
 }
 
+/// How a software queue pair is connected: directly, or through a real bootstrap exchange with
+/// the peer's transport (so its bootstrap plane is exercised).
+#[derive(Debug, Clone)]
+pub struct SoftBootstrap {
+    /// This node.
+    pub node: Option<peercache_wire::NodeId>,
+    /// Cluster authentication.
+    pub auth: peercache_wire::auth::Auth,
+    /// Deadline of one exchange.
+    pub timeout: std::time::Duration,
+}
+
 /// The software verbs: `rails` rails over one fabric, queue pairs of the given geometry.
 #[derive(Debug, Clone)]
 pub struct SoftVerbs {
+    /// Connect through the peer's bootstrap plane (peer strings are then `host:port`).
+    pub bootstrap: Option<SoftBootstrap>,
     /// The fabric.
     pub fabric: Arc<Fabric>,
     /// Rails.
@@ -111,6 +130,7 @@ impl SoftVerbs {
     /// Software verbs over `fabric`.
     pub fn new(fabric: Arc<Fabric>, rails: usize, max_sge: usize, sq_depth: usize) -> Self {
         SoftVerbs {
+            bootstrap: None,
             fabric,
             rails,
             max_sge,
@@ -127,12 +147,33 @@ impl Verbs for SoftVerbs {
         self.rails
     }
 
-    fn connect(&self, _peer: &str, rail: usize) -> Result<SoftQp, PostError> {
+    fn connect(&self, peer: &str, rail: usize) -> Result<SoftQp, PostError> {
         if rail >= self.rails {
             return Err(PostError(format!("no rail {rail}")));
         }
+        let keepalive = match &self.bootstrap {
+            None => None,
+            Some(b) => {
+                let addr = peer
+                    .parse()
+                    .map_err(|e| PostError(format!("bootstrap address {peer:?}: {e}")))?;
+                let local = QpInfo {
+                    rail: rail as u8,
+                    qpn: 1 + self.connects.lock().iter().sum::<u64>() as u32,
+                    psn: 1,
+                    lid: 0,
+                    gid: [0; 16],
+                    mtu: 5,
+                    rd_atomic: 16,
+                };
+                let done = bootstrap::connect(addr, b.node.clone(), &b.auth, &local, b.timeout)
+                    .map_err(|e| PostError(e.to_string()))?;
+                Some(done.keepalive)
+            }
+        };
         self.connects.lock()[rail] += 1;
         Ok(SoftQp {
+            _keepalive: keepalive,
             fabric: self.fabric.clone(),
             rail,
             max_sge: self.max_sge,
@@ -147,6 +188,7 @@ impl Verbs for SoftVerbs {
 /// A software queue pair with its private completion queue.
 #[derive(Debug)]
 pub struct SoftQp {
+    _keepalive: Option<std::net::TcpStream>,
     fabric: Arc<Fabric>,
     /// The rail it was connected on.
     pub rail: usize,
@@ -288,5 +330,65 @@ impl QueuePair for SoftQp {
 
     fn sq_depth(&self) -> usize {
         self.sq_depth
+    }
+}
+
+impl Registrar for SoftVerbs {
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        let rkey = match access {
+            Access::LocalOnly => 0,
+            // SAFETY: forwarded from the caller.
+            a => unsafe { self.fabric.register(ptr, len, a == Access::RemoteReadWrite) },
+        };
+        let mut keys = RailKeys {
+            lkeys: [0; MAX_RAILS],
+            rkeys: [0; MAX_RAILS],
+        };
+        for (rail, l) in self
+            .fabric
+            .register_local(ptr, len, self.rails.min(MAX_RAILS))
+            .into_iter()
+            .enumerate()
+        {
+            keys.lkeys[rail] = l;
+            keys.rkeys[rail] = rkey;
+        }
+        Ok(keys)
+    }
+
+    fn deregister(&self, keys: &RailKeys) {
+        let mut lmrs = self.fabric.lmrs.lock();
+        for l in keys.lkeys.iter().filter(|l| **l != 0) {
+            lmrs.remove(l);
+        }
+        if keys.rkeys[0] != 0 {
+            self.fabric.mrs.lock().remove(&keys.rkeys[0]);
+        }
+    }
+}
+
+impl Responder for SoftVerbs {
+    type Held = ();
+
+    fn rails(&self) -> usize {
+        self.rails
+    }
+
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, ()), String> {
+        let mine = QpInfo {
+            rail: remote.rail,
+            qpn: 0x100 + remote.qpn,
+            psn: 1,
+            lid: 0,
+            gid: [0; 16],
+            mtu: bootstrap::negotiate_mtu(5, remote.mtu),
+            rd_atomic: 16,
+        };
+        Ok((mine, ()))
     }
 }

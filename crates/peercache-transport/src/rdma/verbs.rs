@@ -35,7 +35,10 @@ use peercache_wire::auth::Auth;
 
 use super::RdmaUnavailable;
 use super::bootstrap::{self, QpInfo, Responder};
-use super::engine::{Completion, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest};
+use super::engine::{
+    Completion, MAX_RAILS, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest,
+};
+use super::path::{RailKeys, Registrar};
 use crate::region::Access;
 
 /// Settings of the verbs backend.
@@ -74,6 +77,8 @@ struct Rail {
 pub struct SidewayVerbs {
     rails: Vec<Rail>,
     cfg: VerbsConfig,
+    /// Registrations made through [`Registrar`], by their rail-0 lkey.
+    held: parking_lot::Mutex<std::collections::HashMap<u32, RailRegions>>,
 }
 
 impl std::fmt::Debug for SidewayVerbs {
@@ -159,7 +164,11 @@ impl SidewayVerbs {
                 ctx,
             });
         }
-        Ok(SidewayVerbs { rails, cfg })
+        Ok(SidewayVerbs {
+            rails,
+            cfg,
+            held: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        })
     }
 
     /// Registers `len` bytes at `ptr` on every rail with the access `access` grants.
@@ -167,7 +176,7 @@ impl SidewayVerbs {
     /// # Safety
     /// The memory must stay valid (and not be unmapped) until the returned regions are dropped,
     /// and no queue pair may target it after that.
-    pub unsafe fn register(
+    pub unsafe fn register_rails(
         &self,
         ptr: *mut u8,
         len: usize,
@@ -402,6 +411,38 @@ impl Verbs for SidewayVerbs {
         self.connect_to(rail, &mut qp, psn, &b.remote)
             .map_err(PostError)?;
         Ok(self.wrap(rail, qp, cq, Some(b.keepalive)))
+    }
+}
+
+impl Registrar for SidewayVerbs {
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        // SAFETY: forwarded from the caller.
+        let regions =
+            unsafe { self.register_rails(ptr, len, access) }.map_err(|e| e.to_string())?;
+        let mut keys = RailKeys {
+            lkeys: [0; MAX_RAILS],
+            rkeys: [0; MAX_RAILS],
+        };
+        for rail in 0..regions.rails().min(MAX_RAILS) {
+            keys.lkeys[rail] = regions.lkey(rail);
+            keys.rkeys[rail] = if access == Access::LocalOnly {
+                0
+            } else {
+                regions.rkey(rail)
+            };
+        }
+        self.held.lock().insert(keys.lkeys[0], regions);
+        Ok(keys)
+    }
+
+    fn deregister(&self, keys: &RailKeys) {
+        // Dropping the memory regions deregisters them on every rail.
+        self.held.lock().remove(&keys.lkeys[0]);
     }
 }
 

@@ -1,0 +1,355 @@
+//! One-sided RDMA reads behind the TCP transport's API: [`RdmaPath`] registers every region on
+//! every rail as the transport registers it, serves the bootstrap plane on the data port (queue
+//! pairs and the region table), and turns a read batch into engine ops — remote rkeys from the
+//! peer's region table, local keys from this node's registrations. A batch it cannot carry
+//! (the peer has no RDMA, a region it does not know, a local segment outside registered memory)
+//! goes over TCP instead; so does every write, because only the TCP server checks a write
+//! against the writer's reservation (a one-sided write would bypass that guard).
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use peercache_wire::NodeId;
+use peercache_wire::auth::Auth;
+use smallvec::SmallVec;
+
+use super::bootstrap::{self, RegionRkeys, Responder};
+use super::engine::{Engine, EngineOp, LocalSge, MAX_RAILS, RdmaOp, RdmaOpError, Verbs};
+use crate::{Access, Batch, OpError, OpResults, RegionKey};
+
+/// Keys of one registration on every rail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RailKeys {
+    /// Local key per rail.
+    pub lkeys: [u32; MAX_RAILS],
+    /// Remote key per rail (0 for local-only memory).
+    pub rkeys: [u32; MAX_RAILS],
+}
+
+/// A backend that registers memory on every rail.
+pub trait Registrar: Send + Sync {
+    /// Registers `len` bytes at `ptr` on every rail with the access `access` grants.
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`Registrar::deregister`] is called with the result.
+    unsafe fn register(&self, ptr: *mut u8, len: usize, access: Access)
+    -> Result<RailKeys, String>;
+    /// Releases a registration (no queue pair targets it any more).
+    fn deregister(&self, keys: &RailKeys);
+}
+
+/// What the TCP transport needs from an RDMA path (object-safe).
+pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
+    /// Registers a region the transport just registered under `key`.
+    ///
+    /// # Safety
+    /// As [`Registrar::register`]; the transport calls [`RdmaPlane::deregister`] before the
+    /// memory may go away.
+    unsafe fn register(
+        &self,
+        key: RegionKey,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<(), String>;
+    /// Forgets a region (its handle was dropped).
+    fn deregister(&self, key: RegionKey);
+    /// Reads the batch over RDMA, or `None` when it must go over TCP.
+    fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults>;
+    /// Serves one accepted connection on the bootstrap plane.
+    fn serve(&self, stream: TcpStream);
+    /// Counters.
+    fn stats(&self) -> RdmaStats;
+}
+
+/// Counters of the RDMA path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RdmaStats {
+    /// Read ops carried over RDMA that succeeded.
+    pub read_ops: u64,
+    /// Bytes read over RDMA.
+    pub read_bytes: u64,
+    /// Read ops that failed over RDMA.
+    pub op_errors: u64,
+    /// Batches handed to TCP instead.
+    pub fallbacks: u64,
+    /// Region tables fetched from peers.
+    pub table_fetches: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    read_ops: AtomicU64,
+    read_bytes: AtomicU64,
+    op_errors: AtomicU64,
+    fallbacks: AtomicU64,
+    table_fetches: AtomicU64,
+}
+
+struct LocalRegion {
+    base: u64,
+    len: u64,
+    access: Access,
+    keys: RailKeys,
+}
+
+/// A peer's RDMA state.
+enum Peer {
+    /// Its region table, by region key.
+    Ready(HashMap<u64, RegionRkeys>),
+    /// No RDMA there (or the fetch failed); retry after this instant.
+    Unavailable(Instant),
+}
+
+/// How long a peer without RDMA is left on TCP before asking again.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The RDMA path over a verbs backend `V`.
+pub struct RdmaPath<V: Verbs + Registrar + Responder> {
+    engine: Engine<V>,
+    local: RwLock<HashMap<u64, LocalRegion>>,
+    peers: Mutex<HashMap<SocketAddr, Peer>>,
+    node: Option<NodeId>,
+    auth: Auth,
+    timeout: Duration,
+    counters: Counters,
+}
+
+impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaPath")
+            .field("rails", &Verbs::rails(self.engine.verbs()))
+            .field("regions", &self.local.read().len())
+            .finish()
+    }
+}
+
+impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
+    /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`.
+    pub fn new(verbs: V, node: Option<NodeId>, auth: Auth, timeout: Duration) -> Arc<Self> {
+        Arc::new(RdmaPath {
+            engine: Engine::new(verbs, 8),
+            local: RwLock::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            node,
+            auth,
+            timeout,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The engine (its counters).
+    pub fn engine(&self) -> &Engine<V> {
+        &self.engine
+    }
+
+    fn table(&self) -> Vec<RegionRkeys> {
+        let rails = Verbs::rails(self.engine.verbs()).min(MAX_RAILS);
+        self.local
+            .read()
+            .iter()
+            .filter(|(_, r)| r.access != Access::LocalOnly)
+            .map(|(k, r)| RegionRkeys {
+                key: *k,
+                base: r.base,
+                len: r.len,
+                rkeys: r.keys.rkeys[..rails].to_vec(),
+                writable: r.access == Access::RemoteReadWrite,
+            })
+            .collect()
+    }
+
+    /// The peer's region table, fetching it when unknown (or when `refresh`).
+    fn peer_regions(&self, peer: SocketAddr, refresh: bool) -> Option<HashMap<u64, RegionRkeys>> {
+        {
+            let peers = self.peers.lock();
+            match peers.get(&peer) {
+                Some(Peer::Ready(t)) if !refresh => return Some(t.clone()),
+                Some(Peer::Unavailable(until)) if Instant::now() < *until => return None,
+                _ => {}
+            }
+        }
+        self.counters.table_fetches.fetch_add(1, Ordering::Relaxed);
+        match bootstrap::fetch_regions(peer, self.node.clone(), &self.auth, self.timeout) {
+            Ok(regions) => {
+                let t: HashMap<u64, RegionRkeys> =
+                    regions.into_iter().map(|r| (r.key, r)).collect();
+                self.peers.lock().insert(peer, Peer::Ready(t.clone()));
+                Some(t)
+            }
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "no RDMA to this peer; reading over TCP");
+                self.peers
+                    .lock()
+                    .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
+                None
+            }
+        }
+    }
+
+    /// Engine ops for `batch`, or None when some op cannot go over RDMA.
+    fn build(&self, batch: &Batch, remote: &HashMap<u64, RegionRkeys>) -> Option<Vec<EngineOp>> {
+        let local = self.local.read();
+        let mut ops = Vec::with_capacity(batch.len());
+        for op in batch.ops() {
+            let r = remote.get(&op.remote.region.0)?;
+            let mut rkeys: SmallVec<[u32; 2]> = SmallVec::new();
+            rkeys.extend(r.rkeys.iter().copied());
+            let mut segs: SmallVec<[LocalSge; 4]> = SmallVec::new();
+            for s in batch.op_segments(op) {
+                let l = local.get(&s.region.0)?;
+                if s.addr < l.base || s.addr + u64::from(s.len) > l.base + l.len {
+                    return None;
+                }
+                segs.push(LocalSge {
+                    addr: s.addr,
+                    len: s.len,
+                    lkeys: l.keys.lkeys,
+                });
+            }
+            ops.push(EngineOp {
+                op: RdmaOp::Read,
+                local: segs,
+                remote_addr: op.remote.addr,
+                rkeys,
+            });
+        }
+        Some(ops)
+    }
+}
+
+/// The per-op checks the TCP server would make, done here against the peer's table (the NIC
+/// would only say "remote access error").
+fn check_op(batch: &Batch, i: usize, remote: &HashMap<u64, RegionRkeys>) -> Result<(), OpError> {
+    let op = &batch.ops()[i];
+    let key = op.remote.region;
+    let r = remote.get(&key.0).ok_or(OpError::UnknownRegion(key))?;
+    let len = u64::from(op.remote.len);
+    if op.remote.addr < r.base || op.remote.addr + len > r.base + r.len {
+        return Err(OpError::OutOfRegion {
+            region: key,
+            addr: op.remote.addr,
+            len,
+            region_len: r.len,
+        });
+    }
+    let segs: u64 = batch.op_segments(op).iter().map(|s| u64::from(s.len)).sum();
+    if segs != len {
+        return Err(OpError::LengthMismatch {
+            segments: segs,
+            remote: len,
+        });
+    }
+    Ok(())
+}
+
+impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
+    unsafe fn register(
+        &self,
+        key: RegionKey,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from the caller.
+        let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, len, access) }?;
+        self.local.write().insert(
+            key.0,
+            LocalRegion {
+                base: ptr as u64,
+                len: len as u64,
+                access,
+                keys,
+            },
+        );
+        Ok(())
+    }
+
+    fn deregister(&self, key: RegionKey) {
+        if let Some(r) = self.local.write().remove(&key.0) {
+            Registrar::deregister(self.engine.verbs(), &r.keys);
+        }
+    }
+
+    fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults> {
+        let fallback = || {
+            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+            None
+        };
+        let Some(mut remote) = self.peer_regions(peer, false) else {
+            return fallback();
+        };
+        if batch
+            .ops()
+            .iter()
+            .any(|o| !remote.contains_key(&o.remote.region.0))
+        {
+            // A region registered after our last fetch (or the peer restarted): ask again.
+            match self.peer_regions(peer, true) {
+                Some(t) => remote = t,
+                None => return fallback(),
+            }
+        }
+        // Ops the peer's table rejects fail here with the TCP server's typed errors; the rest
+        // go over RDMA.
+        let mut results: OpResults = (0..batch.len())
+            .map(|i| check_op(batch, i, &remote))
+            .collect();
+        let Some(all) = self.build(batch, &remote) else {
+            return fallback();
+        };
+        let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
+        let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
+        let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
+        if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
+            // No queue pair could be connected: leave this peer on TCP for a while.
+            tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
+            self.peers
+                .lock()
+                .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
+            return fallback();
+        }
+        for (&i, r) in idx.iter().zip(done) {
+            let len = u64::from(batch.ops()[i].remote.len);
+            results[i] = match r {
+                Ok(()) => {
+                    self.counters.read_ops.fetch_add(1, Ordering::Relaxed);
+                    self.counters.read_bytes.fetch_add(len, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.counters.op_errors.fetch_add(1, Ordering::Relaxed);
+                    Err(match e {
+                        RdmaOpError::Wc(10) => OpError::AccessDenied(batch.ops()[i].remote.region),
+                        other => OpError::Batch(format!("rdma: {other}")),
+                    })
+                }
+            };
+        }
+        Some(results)
+    }
+
+    fn serve(&self, stream: TcpStream) {
+        let table = || self.table();
+        if let Err(e) = bootstrap::serve_request(stream, self.engine.verbs(), &table, self.timeout)
+        {
+            tracing::debug!(error = %e, "rdma bootstrap connection ended with an error");
+        }
+    }
+
+    fn stats(&self) -> RdmaStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        RdmaStats {
+            read_ops: g(&c.read_ops),
+            read_bytes: g(&c.read_bytes),
+            op_errors: g(&c.op_errors),
+            fallbacks: g(&c.fallbacks),
+            table_fetches: g(&c.table_fetches),
+        }
+    }
+}

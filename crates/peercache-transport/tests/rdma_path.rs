@@ -1,0 +1,191 @@
+//! The RDMA path behind the TCP transport's API, on the software backend: two transports share
+//! a software fabric; queue pairs are bootstrapped over the owner's real data port (after the
+//! authenticated handshake) and the region table with its rkeys comes from there too. Reads go
+//! one-sided through the engine (the owner's TCP server serves nothing), bad ops get the same
+//! typed errors as over TCP, and peers without RDMA are read over TCP.
+// Every unsafe block in this file registers a test buffer that outlives its handle.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
+use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::{
+    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport, TransportConfig,
+};
+use peercache_wire::auth::Auth;
+
+const SECRET: &[u8] = b"a-cluster-secret-of-enough-bytes";
+
+fn auth() -> Auth {
+    Auth::from_secret(SECRET).unwrap()
+}
+
+fn cfg() -> TransportConfig {
+    TransportConfig {
+        op_timeout: Duration::from_secs(2),
+        auth: auth(),
+        ..TransportConfig::default()
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A transport with an RDMA path over `fabric` (two rails).
+fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
+    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+    verbs.bootstrap = Some(SoftBootstrap {
+        node: None,
+        auth: auth(),
+        timeout: Duration::from_secs(2),
+    });
+    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
+    TcpTransport::start_with_rdma(cfg(), None, Some(path)).unwrap()
+}
+
+struct Region {
+    h: RegionHandle,
+    mem: Vec<u8>,
+}
+
+fn region(t: &TcpTransport, len: usize, access: Access, seed: u64) -> Region {
+    let mut mem = pattern(seed, len);
+    let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+    Region { h, mem }
+}
+
+fn remote(h: &RegionHandle, off: u64, len: u32) -> RemoteRange {
+    RemoteRange {
+        region: h.key(),
+        addr: h.addr(off),
+        len,
+    }
+}
+
+fn seg(h: &RegionHandle, off: u64, len: u32) -> Segment {
+    Segment {
+        region: h.key(),
+        addr: h.addr(off),
+        len,
+    }
+}
+
+#[test]
+fn reads_go_one_sided_byte_exact_with_tcp_typed_errors() {
+    let fabric = Fabric::new();
+    let owner = rdma_transport(&fabric);
+    let reader = rdma_transport(&fabric);
+    let src = region(&owner, 1 << 20, Access::RemoteRead, 1);
+    let mut dst = region(&reader, 1 << 20, Access::LocalOnly, 2);
+    let mut b = Batch::new();
+    for i in 0..8u64 {
+        // Each op scatters into two local segments (header + payload, as the store does).
+        b.push(
+            remote(&src.h, i * 65536, 65536),
+            &[
+                seg(&dst.h, i * 65536, 64),
+                seg(&dst.h, i * 65536 + 64, 65536 - 64),
+            ],
+        );
+    }
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(&dst.mem[..8 * 65536], &src.mem[..8 * 65536]);
+    let s = reader.stats();
+    assert_eq!((s.rdma_read_ops, s.rdma_read_bytes), (8, 8 * 65536));
+    assert_eq!(s.rdma_fallbacks, 0);
+    assert_eq!(
+        owner.stats().served_ops,
+        0,
+        "the owner's CPU served no byte"
+    );
+    assert!(fabric.bytes.load(std::sync::atomic::Ordering::Relaxed) >= 8 * 65536);
+
+    // The same per-op errors as over TCP, checked against the owner's table.
+    dst.mem.fill(0);
+    let mut b = Batch::new();
+    b.push(remote(&src.h, 0, 4096), &[seg(&dst.h, 0, 4096)]);
+    b.push(
+        remote(&src.h, (1 << 20) - 100, 4096),
+        &[seg(&dst.h, 4096, 4096)],
+    );
+    b.push(remote(&src.h, 8192, 4096), &[seg(&dst.h, 8192, 100)]);
+    b.push(
+        RemoteRange {
+            region: peercache_transport::RegionKey(0xdead),
+            addr: 0,
+            len: 4096,
+        },
+        &[seg(&dst.h, 12288, 4096)],
+    );
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert_eq!(r[0], Ok(()));
+    assert!(matches!(r[1], Err(OpError::OutOfRegion { .. })), "{r:?}");
+    assert!(matches!(r[2], Err(OpError::LengthMismatch { .. })), "{r:?}");
+    assert!(matches!(r[3], Err(OpError::UnknownRegion(_))), "{r:?}");
+    assert_eq!(&dst.mem[..4096], &src.mem[..4096]);
+    assert!(
+        dst.mem[4096..16384].iter().all(|&x| x == 0),
+        "nothing landed for failed ops"
+    );
+}
+
+#[test]
+fn a_region_dropped_by_its_owner_is_an_error_not_stale_bytes() {
+    let fabric = Fabric::new();
+    let owner = rdma_transport(&fabric);
+    let reader = rdma_transport(&fabric);
+    let src = region(&owner, 65536, Access::RemoteRead, 3);
+    let dst = region(&reader, 65536, Access::LocalOnly, 4);
+    let mut b = Batch::new();
+    b.push(remote(&src.h, 0, 4096), &[seg(&dst.h, 0, 4096)]);
+    assert_eq!(
+        reader.read_batch(owner.local_endpoint(), &b).unwrap(),
+        vec![Ok(())]
+    );
+    let stale = remote(&src.h, 0, 4096);
+    drop(src); // deregistered from the fabric; the reader still caches its rkey
+    let mut b = Batch::new();
+    b.push(stale, &[seg(&dst.h, 0, 4096)]);
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    // The NIC refuses the stale rkey: a typed error (and a counted op error), never bytes.
+    assert_eq!(r, vec![Err(OpError::AccessDenied(stale.region))]);
+    assert_eq!(reader.stats().op_errors, 1);
+}
+
+#[test]
+fn peers_without_rdma_and_unregistered_destinations_are_read_over_tcp() {
+    let fabric = Fabric::new();
+    let reader = rdma_transport(&fabric);
+    let plain = TcpTransport::start(cfg(), None).unwrap();
+    let src = region(&plain, 65536, Access::RemoteRead, 5);
+    let dst = region(&reader, 65536, Access::LocalOnly, 6);
+    let mut b = Batch::new();
+    b.push(remote(&src.h, 0, 8192), &[seg(&dst.h, 0, 8192)]);
+    let r = reader.read_batch(plain.local_endpoint(), &b).unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(&dst.mem[..8192], &src.mem[..8192]);
+    let s = reader.stats();
+    assert_eq!(s.rdma_read_ops, 0);
+    assert_eq!(s.rdma_fallbacks, 1);
+    assert_eq!(
+        plain.stats().served_ops,
+        1,
+        "served by the peer's TCP server"
+    );
+    // A second batch does not ask the plain peer again (it is remembered for a while).
+    let r = reader.read_batch(plain.local_endpoint(), &b).unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(reader.stats().rdma_fallbacks, 2);
+}
