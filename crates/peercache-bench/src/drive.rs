@@ -71,7 +71,8 @@ pub struct DriveArgs {
     /// standard input closes or a signal arrives.
     #[arg(long)]
     pub owner_only: bool,
-    /// This process's address (owner: the seed address; readers: the first of 127.0.0.N+…).
+    /// This process's address (owner: the seed address; readers against a spawned owner:
+    /// 127.0.0.N+1…, one each; readers against `--discovery-addr`: this address, shared).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// The owner's discovery port (0: any free port).
@@ -420,7 +421,13 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     let first_reader = if args.discovery_addr.is_some() { 0 } else { 1 };
     let mut readers = Vec::new();
     for i in 0..args.processes {
-        let host = next_host(&args.host, first_reader + i)?;
+        // Loopback runs give every reader its own 127.0.0.N; against another host's owner all
+        // readers share this host's address (their ports are picked freely).
+        let host = if args.discovery_addr.is_some() {
+            args.host.clone()
+        } else {
+            next_host(&args.host, first_reader + i)?
+        };
         let mut flags = vec!["drive-reader".to_string()];
         flags.extend(["--seed".into(), seed.clone(), "--host".into(), host.clone()]);
         flags.extend(["--warmup".into(), args.warmup.to_string()]);
