@@ -271,3 +271,81 @@ fn micro_store_path_adds_store_rows() {
     assert_eq!(rows[0]["hit_pct"], 100.0, "{v}");
     assert!(v["summary"]["store-get_pages_per_s@4096"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn the_main_job_and_the_component_benches_run_briefly() {
+    let v = run(&[
+        "--read-pages",
+        "64",
+        "--writer-pool-mib",
+        "64",
+        "--concurrency",
+        "1",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+    ]);
+    assert_eq!(v["bench"], "main");
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for row in [
+        "raw-tcp",
+        "set",
+        "set-evicting",
+        "exists",
+        "get",
+        "exists+get",
+    ] {
+        assert!(names.contains(&row), "main job lacks {row}: {names:?}");
+    }
+    assert_eq!(v["summary"]["stale_directory_entries"], 0);
+    let v = run(&[
+        "pool",
+        "--source-mib",
+        "16",
+        "--pool-mib",
+        "32",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+    ]);
+    assert_eq!(v["bench"], "pool");
+    let v = run(&[
+        "directory",
+        "--entries",
+        "2000",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+    ]);
+    assert_eq!(v["bench"], "directory");
+    let v = run(&["disk", "--pages", "64", "--rounds", "1"]);
+    assert_eq!(v["bench"], "disk");
+    let v = run(&[
+        "micro",
+        "--page-sizes",
+        "4096",
+        "--concurrency",
+        "1",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.05",
+        "--region-mib",
+        "16",
+    ]);
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["raw-tcp", "tcp-read", "tcp-write"]);
+}
