@@ -291,6 +291,12 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
                  "verify_rejects": pool.verify_rejects},
         "transport": {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes, "timeouts": t.timeouts,
                       "suspect_marks": t.suspect_marks, "served_bytes": t.served_bytes},
+        "rdma": inner.transport.rdma_stats().map(|r| serde_json::json!({
+            "read_ops": r.read_ops, "read_bytes": r.read_bytes, "fallbacks": r.fallbacks,
+            "op_errors": r.op_errors, "wc_errors": r.wc_errors, "last_wc_status": r.last_wc_status,
+            "timeouts": r.timeouts, "channel_discards": r.channel_discards,
+            "post_failures": r.post_failures, "table_fetches": r.table_fetches,
+        })),
         "directory": {"rpcs": d.rpcs, "local_calls": d.local_calls, "errors": d.rpc_errors, "fallbacks": d.fallbacks},
         "peers": peers,
     })

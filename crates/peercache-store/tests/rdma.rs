@@ -56,6 +56,18 @@ fn pages_are_read_over_rdma_verified_and_tcp_only_peers_still_serve() {
         st.rdma_read_bytes
     );
     assert_eq!(st.verify_rejects, 0);
+    // The /cluster view reports the path's counters (no completion errors, no timeouts).
+    let v = b.cluster_view();
+    assert!(
+        v["rdma"]["read_bytes"].as_u64().unwrap() >= 24 * len as u64,
+        "{v}"
+    );
+    assert_eq!(v["rdma"]["wc_errors"], 0);
+    assert_eq!(v["rdma"]["timeouts"], 0);
+    assert!(
+        c.cluster_view()["rdma"].is_null(),
+        "a TCP node has no RDMA path"
+    );
     // C speaks only TCP: its pages still arrive, over TCP.
     let (got, out) = get(&b, &c_keys, len);
     assert!(got.iter().all(|&x| x), "{got:?}");

@@ -193,6 +193,11 @@ impl TcpTransport {
         self.client.peer_stats()
     }
 
+    /// The RDMA path's counters (None without one).
+    pub fn rdma_stats(&self) -> Option<crate::rdma::path::RdmaStats> {
+        self.rdma.as_ref().map(|r| r.stats())
+    }
+
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         let mut s = self.server.counters.snapshot();

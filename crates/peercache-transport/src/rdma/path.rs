@@ -79,6 +79,58 @@ pub struct RdmaStats {
     pub fallbacks: u64,
     /// Region tables fetched from peers.
     pub table_fetches: u64,
+    /// Work completions with an error status.
+    pub wc_errors: u64,
+    /// The last error status seen (0: none).
+    pub last_wc_status: u64,
+    /// Windows that missed their deadline (queue pair moved to error and drained).
+    pub timeouts: u64,
+    /// Queue pairs discarded after an error or a timeout.
+    pub channel_discards: u64,
+    /// Failed posts or queue-pair connects.
+    pub post_failures: u64,
+}
+
+/// Metric names of the RDMA path (the store's recorder adds `node`).
+pub mod metric {
+    /// Read ops carried over RDMA.
+    pub const OPS: &str = "peercache_rdma_read_ops_total";
+    /// Bytes read over RDMA.
+    pub const BYTES: &str = "peercache_rdma_read_bytes_total";
+    /// Read batches handed to TCP.
+    pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
+    /// Work completions with an error status.
+    pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
+    /// Windows that missed their deadline.
+    pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
+    /// Queue pairs discarded.
+    pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
+    /// Failed posts or connects.
+    pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
+}
+
+struct Metrics {
+    ops: metrics::Counter,
+    bytes: metrics::Counter,
+    fallbacks: metrics::Counter,
+    wc_errors: metrics::Counter,
+    timeouts: metrics::Counter,
+    discards: metrics::Counter,
+    post_failures: metrics::Counter,
+}
+
+impl Metrics {
+    fn register() -> Self {
+        Metrics {
+            ops: metrics::counter!(metric::OPS),
+            bytes: metrics::counter!(metric::BYTES),
+            fallbacks: metrics::counter!(metric::FALLBACKS),
+            wc_errors: metrics::counter!(metric::WC_ERRORS),
+            timeouts: metrics::counter!(metric::TIMEOUTS),
+            discards: metrics::counter!(metric::DISCARDS),
+            post_failures: metrics::counter!(metric::POST_FAILURES),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -117,6 +169,7 @@ pub struct RdmaPath<V: Verbs + Registrar + Responder> {
     auth: Auth,
     timeout: Duration,
     counters: Counters,
+    metrics: Metrics,
 }
 
 impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
@@ -139,6 +192,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             auth,
             timeout,
             counters: Counters::default(),
+            metrics: Metrics::register(),
         })
     }
 
@@ -278,6 +332,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
     fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults> {
         let fallback = || {
             self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.metrics.fallbacks.increment(1);
             None
         };
         let Some(mut remote) = self.peer_regions(peer, false) else {
@@ -304,7 +359,23 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
         };
         let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
         let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
+        let ec = &self.engine.counters;
+        let before = [
+            ec.wc_errors.load(Ordering::Relaxed),
+            ec.timeouts.load(Ordering::Relaxed),
+            ec.channel_discards.load(Ordering::Relaxed),
+            ec.post_failures.load(Ordering::Relaxed),
+        ];
         let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
+        let delta = |i: usize, c: &AtomicU64| c.load(Ordering::Relaxed) - before[i];
+        self.metrics.wc_errors.increment(delta(0, &ec.wc_errors));
+        self.metrics.timeouts.increment(delta(1, &ec.timeouts));
+        self.metrics
+            .discards
+            .increment(delta(2, &ec.channel_discards));
+        self.metrics
+            .post_failures
+            .increment(delta(3, &ec.post_failures));
         if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
             // No queue pair could be connected: leave this peer on TCP for a while.
             tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
@@ -313,12 +384,13 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
                 .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
             return fallback();
         }
+        let (mut ok_ops, mut ok_bytes) = (0u64, 0u64);
         for (&i, r) in idx.iter().zip(done) {
             let len = u64::from(batch.ops()[i].remote.len);
             results[i] = match r {
                 Ok(()) => {
-                    self.counters.read_ops.fetch_add(1, Ordering::Relaxed);
-                    self.counters.read_bytes.fetch_add(len, Ordering::Relaxed);
+                    ok_ops += 1;
+                    ok_bytes += len;
                     Ok(())
                 }
                 Err(e) => {
@@ -330,6 +402,12 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
                 }
             };
         }
+        self.counters.read_ops.fetch_add(ok_ops, Ordering::Relaxed);
+        self.counters
+            .read_bytes
+            .fetch_add(ok_bytes, Ordering::Relaxed);
+        self.metrics.ops.increment(ok_ops);
+        self.metrics.bytes.increment(ok_bytes);
         Some(results)
     }
 
@@ -350,6 +428,11 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             op_errors: g(&c.op_errors),
             fallbacks: g(&c.fallbacks),
             table_fetches: g(&c.table_fetches),
+            wc_errors: g(&self.engine.counters.wc_errors),
+            last_wc_status: g(&self.engine.counters.last_wc_status),
+            timeouts: g(&self.engine.counters.timeouts),
+            channel_discards: g(&self.engine.counters.channel_discards),
+            post_failures: g(&self.engine.counters.post_failures),
         }
     }
 }
