@@ -54,6 +54,10 @@ pub struct CompareArgs {
     /// Pages in the read set.
     #[arg(long, default_value_t = 2048)]
     pub pages: u64,
+    /// PeerCache deployment modes to compare (`p2p` is the `peercache-get` row; others add
+    /// `peercache-<mode>-get`: centralized, hybrid, slotmap).
+    #[arg(long, value_delimiter = ',', default_value = "p2p")]
+    pub modes: Vec<String>,
     /// A venv with `mooncake-transfer-engine-non-cuda` (its `bin/mooncake_master` and Python).
     #[arg(long)]
     pub mooncake_venv: Option<PathBuf>,
@@ -224,6 +228,18 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("cmp/{i}")).collect());
     let src = rawtcp::prefaulted(page * batch, 17);
     crate::workload::publish(&a, &keys, &src, page, batch)?;
+    // Other modes: their own small cluster each, the same keys written by its writer, read by
+    // its reader into memory registered with that reader.
+    let mut others = Vec::new();
+    for (i, mode) in args.modes.iter().filter(|m| *m != "p2p").enumerate() {
+        let pool_mib = (args.pages * (args.page_bytes + 4096) * 2 >> 20).max(64);
+        let (w, r, all) = crate::modesbench::cluster(mode, 10 + i, pool_mib, args.page_bytes)?;
+        crate::workload::publish(&w, &keys, &src, page, batch)?;
+        let bufs = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
+        // SAFETY: every node of `all` is shut down before `bufs` is dropped (below).
+        unsafe { bufs.register(&r) }?;
+        others.push((format!("peercache-{mode}-get"), r, all, bufs));
+    }
     let raw_buf = Arc::new(rawtcp::prefaulted(n as usize * page, 5));
     let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw.local_addr()?;
@@ -292,6 +308,27 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                     )
                 },
             ));
+            for (name, r, _, bufs) in &others {
+                rows.push(run_row(
+                    name,
+                    args.page_bytes,
+                    args.batch,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        crate::workload::registered_get_caller(
+                            r.clone(),
+                            keys.clone(),
+                            bufs.clone(),
+                            page,
+                            batch,
+                            t,
+                            t as u64 * 613,
+                        )
+                    },
+                ));
+            }
             if let Some(mc) = &mooncake {
                 let v = mc.client(&[
                     "--pages".into(),
@@ -327,6 +364,13 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     }
     a.shutdown();
     b.shutdown();
+    let other_names: Vec<String> = others.iter().map(|o| o.0.clone()).collect();
+    for (_, _, all, bufs) in others {
+        for s in &all {
+            s.shutdown();
+        }
+        drop(bufs);
+    }
     drop(mooncake);
 
     let med = |name: &str, c: Option<u64>| {
@@ -361,12 +405,25 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     if mc_ok {
         summary.insert("peercache-get/mooncake-get".into(), json!(round3(pc / mc)));
     }
+    for name in &other_names {
+        summary.insert(
+            format!("{name}/peercache-get"),
+            json!(round3(med(name, None) / pc)),
+        );
+        if mc_ok {
+            summary.insert(
+                format!("{name}/mooncake-get"),
+                json!(round3(med(name, None) / mc)),
+            );
+        }
+    }
     std::fs::create_dir_all(&args.out_dir)?;
     let svg = args.out_dir.join("compare.svg");
-    let systems: Vec<&str> = ["raw-tcp", "peercache-get", "mooncake-get"]
-        .into_iter()
-        .filter(|s| *s != "mooncake-get" || mc_ok)
-        .collect();
+    let mut systems: Vec<&str> = vec!["raw-tcp", "peercache-get"];
+    systems.extend(other_names.iter().map(|s| s.as_str()));
+    if mc_ok {
+        systems.push("mooncake-get");
+    }
     let bars: Vec<(String, Vec<f64>)> = args
         .concurrency
         .iter()
@@ -384,7 +441,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "page_bytes": args.page_bytes, "batch": args.batch, "concurrency": args.concurrency,
-            "rounds": args.rounds, "secs": args.secs, "pages": args.pages,
+            "rounds": args.rounds, "secs": args.secs, "pages": args.pages, "modes": args.modes,
             "transport": "loopback tcp", "mooncake": "batch_get_into, pure client, one storage process",
         }),
         summary: serde_json::Value::Object(summary),

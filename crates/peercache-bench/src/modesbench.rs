@@ -73,8 +73,8 @@ fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Resul
     Ok(s)
 }
 
-/// One mode's cluster: (writer, reader, nodes to stop).
-fn cluster(
+/// One mode's cluster on 127.0.(20 + `n`).x: (writer, reader, nodes to stop).
+pub(crate) fn cluster(
     mode: &str,
     n: usize,
     pool_mib: u64,

@@ -69,11 +69,26 @@ fn compare_runs_without_mooncake_and_draws_its_chart() {
         "/nonexistent-mooncake-venv",
         "--out-dir",
         out.to_str().unwrap(),
+        "--modes",
+        "p2p,centralized",
     ]);
     assert_eq!(v["summary"]["mooncake_available"], false);
     assert!(v["summary"]["c1/peercache-get/raw-tcp"].as_f64().unwrap() > 0.0);
+    // The other mode's row, read from a storage server.
+    assert!(
+        v["summary"]["peercache-centralized-get/peercache-get"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let rows = v["results"].as_array().unwrap();
+    let central = rows
+        .iter()
+        .find(|r| r["name"] == "peercache-centralized-get")
+        .unwrap();
+    assert_eq!(central["hit_pct"], 100.0, "{v}");
     let svg = std::fs::read_to_string(out.join("compare.svg")).unwrap();
-    assert!(svg.starts_with("<svg"));
+    assert!(svg.starts_with("<svg") && svg.contains("peercache-centralized-get"));
 }
 
 #[test]
