@@ -232,7 +232,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     // its reader into memory registered with that reader.
     let mut others = Vec::new();
     for (i, mode) in args.modes.iter().filter(|m| *m != "p2p").enumerate() {
-        let pool_mib = (args.pages * (args.page_bytes + 4096) * 2 >> 20).max(64);
+        let pool_mib = ((args.pages * (args.page_bytes + 4096) * 2) >> 20).max(64);
         let (w, r, all) = crate::modesbench::cluster(mode, 10 + i, pool_mib, args.page_bytes)?;
         crate::workload::publish(&w, &keys, &src, page, batch)?;
         let bufs = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
