@@ -91,7 +91,8 @@ pub struct PostError(pub String);
 pub trait QueuePair: Send {
     /// Posts a chain of work requests.
     fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError>;
-    /// Appends up to `max` completions to `out`; returns how many.
+    /// Appends completions to `out` (about `max`; a backend may return more when its device
+    /// hands them over in bigger batches — none may be dropped); returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
     /// Moves the queue pair to the error state: outstanding requests are flushed.
     fn to_error(&mut self);

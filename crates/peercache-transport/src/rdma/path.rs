@@ -185,7 +185,8 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`.
     pub fn new(verbs: V, node: Option<NodeId>, auth: Auth, timeout: Duration) -> Arc<Self> {
         Arc::new(RdmaPath {
-            engine: Engine::new(verbs, 8),
+            // Idle queue pairs kept per (peer, rail); each holds a thread on the peer's side.
+            engine: Engine::new(verbs, 4),
             local: RwLock::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             node,

@@ -325,11 +325,13 @@ impl QueuePair for SidewayQp {
         guard.post().map_err(|e| PostError(e.to_string()))
     }
 
-    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+    fn poll(&mut self, out: &mut Vec<Completion>, _max: usize) -> usize {
         let before = out.len();
         match self.cq.start_poll() {
             Ok(poller) => {
-                for wc in poller.take(max) {
+                // Every completion the poller took off the queue is reported: it cannot be
+                // put back, so a `max` below the poll batch would lose completions.
+                for wc in poller {
                     let st = wc.status();
                     let status = if st == WorkCompletionStatus::Success as u32 {
                         WcStatus::Success
