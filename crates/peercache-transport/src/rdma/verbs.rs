@@ -19,7 +19,7 @@ use rdma_mummy_sys::ibv_sge;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{
-    BasicCompletionQueue, GenericCompletionQueue, PollCompletionQueueError, WorkCompletionStatus,
+    ExtendedCompletionQueue, GenericCompletionQueue, PollCompletionQueueError, WorkCompletionStatus,
 };
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
@@ -195,7 +195,7 @@ impl SidewayVerbs {
     fn create(
         &self,
         rail: usize,
-    ) -> Result<(BasicQueuePair, Arc<BasicCompletionQueue>, u32), String> {
+    ) -> Result<(BasicQueuePair, Arc<ExtendedCompletionQueue>, u32), String> {
         let r = self
             .rails
             .get(rail)
@@ -205,7 +205,8 @@ impl SidewayVerbs {
             .ctx
             .create_cq_builder()
             .setup_cqe(depth + 1)
-            .build()
+            // The extended CQ polls without allocating (ibv_start_poll / ibv_next_poll).
+            .build_ex()
             .map_err(|e| e.to_string())?;
         let handle = GenericCompletionQueue::from(Arc::clone(&cq));
         let mut qp =
@@ -290,7 +291,7 @@ impl SidewayVerbs {
 /// A connected queue pair of this backend.
 pub struct SidewayQp {
     qp: BasicQueuePair,
-    cq: Arc<BasicCompletionQueue>,
+    cq: Arc<ExtendedCompletionQueue>,
     max_sge: usize,
     depth: usize,
     /// Client side: keeps the peer's queue pair alive (dropped after `qp`).
@@ -374,7 +375,7 @@ impl SidewayVerbs {
         &self,
         rail: usize,
         qp: BasicQueuePair,
-        cq: Arc<BasicCompletionQueue>,
+        cq: Arc<ExtendedCompletionQueue>,
         keepalive: Option<std::net::TcpStream>,
     ) -> SidewayQp {
         SidewayQp {
