@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Four node processes on 127.0.0.1–4 (docs/multi-node.md; CI runs this script as-is):
-# node-1 publishes 256 pages of 64 KiB; node-2, node-3 and node-4 read all of them from node-1's
-# memory and check every byte; then the cluster view and the metrics that prove the pages
-# crossed nodes. Every process is stopped on exit.
+# Four `peercache-node` processes on 127.0.0.1–4 and a driver (docs/multi-node.md; CI runs this
+# script as-is): the driver writes 256 pages of 64 KiB on node-1 through its client API, reads
+# them back through node-2, node-3 and node-4 (each fetches them from node-1's memory) and checks
+# every byte; then the cluster view and the metrics that prove the pages crossed nodes. Every
+# process is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -q -p peercache-store -p peercache-bench
+cargo build --release --locked -q -p peercache-store
 BIN=target/release
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 META=127.0.0.1:$(free_port)     # the one discovery (meta) port of the cluster
 METRICS_PORT=$(free_port)       # same port on every node; each node has its own address
-PAGES=256
+CLIENT_PORT=$(free_port)        # the client API the driver uses, same port on every node
 work=$(mktemp -d)
 pids=()
 cleanup() { kill -TERM "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -19,42 +20,36 @@ trap cleanup EXIT
 node_flags() {  # $1 = N: the node on 127.0.0.N
   echo --discovery-addr "$META" --host "127.0.0.$1" --set node_id="node-$1" \
     --set protocol=tcp --set global_segment_size=256mb --set metrics_port="$METRICS_PORT" \
+    --set client_enabled=true --set client_port="$CLIENT_PORT" \
     --set heartbeat_interval=0.5 --set member_ttl=2 --set log_level=warn
 }
-wait_for() {  # $1 = file, $2 = pattern, $3 = seconds
-  local deadline=$((SECONDS + $3))
-  until grep -q "$2" "$1" 2>/dev/null; do
-    if [ $SECONDS -ge $deadline ]; then echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1; fi
-    sleep 0.1
-  done
-}
 
-# 1. The writer: joins (hosting the meta server on 127.0.0.1), publishes its pages.
+# 1. node-1 hosts the discovery (meta) server on 127.0.0.1; wait until it answers.
 # shellcheck disable=SC2046
-$BIN/peercache-bench serve $(node_flags 1) --preload $PAGES >"$work/1.out" 2>"$work/1.err" &
+$BIN/peercache-node $(node_flags 1) 2>"$work/1.err" &
 pids+=($!)
-wait_for "$work/1.out" "^READY node-1 $PAGES" 60
-echo "node-1 published $PAGES pages"
+deadline=$((SECONDS + 60))
+until $BIN/peercache-node status --discovery-addr "$META" --timeout 0.5 >/dev/null 2>&1; do
+  if [ $SECONDS -ge $deadline ]; then echo "node-1 did not start" >&2; cat "$work/1.err" >&2; exit 1; fi
+  sleep 0.2
+done
 
-# 2. Three readers: each joins, then reads node-1's pages one-sided and checks every byte.
+# 2. Three more nodes join through it.
 for n in 2 3 4; do
   # shellcheck disable=SC2046
-  $BIN/peercache-bench serve $(node_flags $n) --read-from node-1 --read-count $PAGES \
-    >"$work/$n.out" 2>"$work/$n.err" &
+  $BIN/peercache-node $(node_flags $n) 2>"$work/$n.err" &
   pids+=($!)
 done
-for n in 2 3 4; do
-  wait_for "$work/$n.out" "^READ node-1" 90
-  line=$(grep "^READ node-1" "$work/$n.out")
-  echo "node-$n: $line"
-  [[ "$line" == *"hits=$PAGES/$PAGES wrong=0" ]] || { echo "node-$n did not read every page" >&2; exit 1; }
-done
 
-# 3. What the cluster says about itself.
+# 3. The driver: waits for the four members, writes on node-1, reads through the others.
+$BIN/peercache-node drive --discovery-addr "$META" --members 4 --wait 60 \
+  --write-on node-1 --pages 256 --page-size 64kb
+
+# 4. What the cluster says about itself.
 $BIN/peercache-node status --discovery-addr "$META"
 
-# 4. The metrics that prove the reads crossed nodes: remote hits on the readers, bytes served
-#    by the writer's data server.
+# 5. The metrics that prove the reads crossed nodes: remote hits on the readers, bytes served
+#    by node-1's data server.
 for n in 1 2 3 4; do
   python3 - "$n" "$METRICS_PORT" <<'PY'
 import sys, urllib.request

@@ -15,7 +15,7 @@ use crate::config::{self, PeerCacheConfig, Role};
 #[derive(Debug, Parser)]
 #[command(name = "peercache-node", version, about = "Run one PeerCache node")]
 pub struct NodeArgs {
-    /// `status`: print the cluster view instead of running a node.
+    /// `status` or `drive`: a tool instead of running a node.
     #[command(subcommand)]
     pub command: Option<NodeCommand>,
     /// TOML config file (keys as in docs/configuration.md).
@@ -37,6 +37,9 @@ pub struct NodeArgs {
 pub enum NodeCommand {
     /// Print the cluster view (members, masters, pool and shard use) and exit.
     Status(crate::status::StatusArgs),
+    /// Write pages on one node and read them back through the others (needs nodes started
+    /// with `client_enabled = true`); fails if any page is missing or wrong.
+    Drive(crate::drive::DriveArgs),
 }
 
 /// `peercache-meta`: a standalone discovery server.
@@ -149,8 +152,10 @@ pub fn wait_for_signal() -> i32 {
 
 /// Runs a node until SIGINT/SIGTERM; `role` is the binary's default role.
 pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
-    if let Some(NodeCommand::Status(s)) = args.command {
-        return crate::status::run(s);
+    match args.command {
+        Some(NodeCommand::Status(s)) => return crate::status::run(s),
+        Some(NodeCommand::Drive(d)) => return crate::drive::run(d),
+        None => {}
     }
     block_signals();
     let cfg = node_config(&args, role)?;

@@ -167,6 +167,10 @@ pub struct PeerCacheConfig {
     pub control_bind_host: String,
     /// Control server port (0: any).
     pub control_port: u16,
+    /// Serve the client API (put/get/exists for processes that do not embed a node).
+    pub client_enabled: bool,
+    /// Client API base port on the control bind host (0: any; each rank adds its local rank).
+    pub client_port: u16,
     /// Embedded discovery server bind host.
     pub meta_bind_host: String,
     /// Disk tier on.
@@ -275,6 +279,8 @@ impl Default for PeerCacheConfig {
             rdma_port: 0,
             control_bind_host: "0.0.0.0".into(),
             control_port: 0,
+            client_enabled: false,
+            client_port: 0,
             meta_bind_host: "0.0.0.0".into(),
             disk_enabled: false,
             disk_path: String::new(),
@@ -341,6 +347,8 @@ pub const KEYS: &[&str] = &[
     "rdma_port",
     "control_bind_host",
     "control_port",
+    "client_enabled",
+    "client_port",
     "meta_bind_host",
     "disk_enabled",
     "disk_path",
@@ -651,6 +659,8 @@ impl PeerCacheConfig {
             "rdma_port" => self.rdma_port = port("rdma_port", v)?,
             "control_bind_host" => self.control_bind_host = as_str(v),
             "control_port" => self.control_port = port("control_port", v)?,
+            "client_enabled" => self.client_enabled = as_bool("client_enabled", v)?,
+            "client_port" => self.client_port = port("client_port", v)?,
             "meta_bind_host" => self.meta_bind_host = as_str(v),
             "disk_enabled" => self.disk_enabled = as_bool("disk_enabled", v)?,
             "disk_path" => self.disk_path = as_str(v),

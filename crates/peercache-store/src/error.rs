@@ -26,6 +26,14 @@ pub enum StoreError {
     /// Bad arguments to an API call.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A node refused a client request (see [`crate::client`]); `code` is an RPC error code.
+    #[error("node refused the request (code {code}): {message}")]
+    Remote {
+        /// The `RpcError` code.
+        code: u16,
+        /// The node's reason.
+        message: String,
+    },
     /// The node was shut down.
     #[error("the node is shut down")]
     Shutdown,

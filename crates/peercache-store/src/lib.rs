@@ -18,8 +18,10 @@
 
 mod central;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod control;
+pub mod drive;
 mod error;
 mod evict;
 pub mod keys;

@@ -40,6 +40,9 @@ pub(crate) struct Inner {
     pub(crate) dir: Arc<DirectoryClient>,
     pub(crate) dir_service: Arc<DirectoryService>,
     pub(crate) control: Mutex<Option<RpcServer>>,
+    /// The client API listener (`client_enabled`).
+    pub(crate) client: Mutex<Option<RpcServer>>,
+    pub(crate) client_endpoint: Option<SocketAddr>,
     pub(crate) meta: Mutex<Option<DiscoveryServer>>,
     pub(crate) primed: Mutex<PrimeMap>,
     pub(crate) read_cache: Mutex<PrimeMap>,
@@ -509,6 +512,38 @@ impl Inner {
             handler,
         )?;
         let control_endpoint = advertise(control.local_addr(), host, explicit_host);
+        // The client API: its own listener and threads, so client batches (which may read from
+        // peers) never queue behind directory requests on the control port.
+        let client = if cfg.client_enabled {
+            let node_cell = cell.clone();
+            let handler: rpc::Handler = Arc::new(move |env| {
+                let store = node_cell
+                    .get()
+                    .and_then(|w| w.upgrade())
+                    .map(|inner| crate::Store { inner });
+                crate::client::serve(store, env)
+            });
+            Some(RpcServer::start(
+                ServerConfig {
+                    bind: bind_addr(&cfg.control_bind_host, rank_port(cfg.client_port, &cfg))?,
+                    planes: vec![Plane::Control],
+                    node: Some(me.clone()),
+                    incarnation,
+                    max_frame: crate::client::MAX_CLIENT_BYTES + (1 << 20),
+                    handshake_timeout: cfg.op_timeout(),
+                    max_connections: cfg.max_inbound_connections,
+                    workers: 2,
+                    name: "pc-client",
+                    auth: auth.clone(),
+                },
+                handler,
+            )?)
+        } else {
+            None
+        };
+        let client_endpoint = client
+            .as_ref()
+            .map(|c| advertise(c.local_addr(), host, explicit_host));
         let dir = Arc::new(DirectoryClient::new(
             me.clone(),
             dir_service.clone(),
@@ -558,6 +593,9 @@ impl Inner {
                 if let Some(m) = metrics_endpoint {
                     a.push(("metrics".to_string(), m.to_string()));
                 }
+                if let Some(c) = client_endpoint {
+                    a.push((crate::client::CLIENT_ATTR.to_string(), c.to_string()));
+                }
                 if let Some(l) = &slot_layout {
                     a.push((crate::slotmode::LAYOUT_ATTR.to_string(), l.clone()));
                 }
@@ -593,6 +631,7 @@ impl Inner {
             meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
             incarnation = incarnation.0,
             metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
+            client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
         );
         let inner = Arc::new(Inner {
@@ -606,6 +645,8 @@ impl Inner {
             dir,
             dir_service,
             control: Mutex::new(Some(control)),
+            client: Mutex::new(client),
+            client_endpoint,
             meta: Mutex::new(meta),
             primed: Mutex::new(PrimeMap::default()),
             read_cache: Mutex::new(PrimeMap::default()),
@@ -989,6 +1030,9 @@ impl Inner {
             && t.thread().id() != std::thread::current().id()
         {
             let _ = t.join();
+        }
+        if let Some(mut c) = self.client.lock().take() {
+            c.shutdown();
         }
         if let Some(mut c) = self.control.lock().take() {
             c.shutdown();

@@ -61,16 +61,22 @@ pub fn members(
     Ok(all.into_values().collect())
 }
 
-/// GET `/cluster` of a node's metrics endpoint (best effort).
-fn cluster_of(addr: SocketAddr, timeout: Duration) -> Option<serde_json::Value> {
+/// GET `path` of a node's metrics endpoint: the body, or None (best effort).
+pub(crate) fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
-    write!(s, "GET /cluster HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut out = Vec::new();
     s.take(16 << 20).read_to_end(&mut out).ok()?;
     let text = String::from_utf8(out).ok()?;
     let (_, body) = text.split_once("\r\n\r\n")?;
-    serde_json::from_str(body).ok()
+    Some(body.to_string())
+}
+
+/// GET `/cluster` of a node's metrics endpoint (best effort).
+fn cluster_of(addr: SocketAddr, timeout: Duration) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(addr, "/cluster", timeout)?).ok()
 }
 
 /// Prints the cluster view.

@@ -1294,6 +1294,11 @@ impl Store {
         }
     }
 
+    /// Where this node serves the client API (`client_enabled`), if it does.
+    pub fn client_endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.inner.client_endpoint
+    }
+
     /// Leaves the cluster and releases everything; idempotent.
     pub fn shutdown(&self) {
         self.inner.shutdown();

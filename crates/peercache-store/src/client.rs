@@ -1,0 +1,448 @@
+//! The client API: processes that do not embed a node (a driver, an admin tool, a service
+//! written against a running `peercache-node`) put, get and check pages through one node.
+//!
+//! Off by default (`client_enabled = true` turns it on). A node serves it on its own listener
+//! (`client_port`, on the control bind host), with its own threads, so a slow client never
+//! holds up the directory; the node advertises the address in discovery (attribute
+//! `client`). Connections run the same handshake as every other PeerCache connection,
+//! including the cluster secret. Each request is one batch of the node's own API: a put is
+//! `batch_set` (the pages land in *that* node's pool, or wherever its mode writes), a get is
+//! `batch_get_valid` (local pool or any peer, verified), an exists is `batch_contains`.
+//!
+//! This path copies every page through a frame: it exists for tools and for processes that
+//! cannot share memory with a node. An inference engine embeds [`crate::Store`] (or the
+//! Python `PeerCacheStore`) and reads into registered memory instead.
+//!
+//! Kinds `0x0303` (request) and `0x0304` (reply).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use peercache_wire::envelope::{self, Envelope, Message};
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, Reply, RpcClient, RpcError};
+use peercache_wire::{Auth, Incarnation};
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+use crate::{Store, StoreError};
+
+/// Most keys in one client request.
+pub const MAX_CLIENT_KEYS: usize = 4096;
+/// Most page bytes in one client request or reply (the [`Client`] splits larger batches).
+pub const MAX_CLIENT_BYTES: usize = 32 << 20;
+/// Page bytes the [`Client`] puts in one frame.
+const CHUNK_BYTES: usize = 8 << 20;
+/// Discovery attribute holding a node's client endpoint.
+pub const CLIENT_ATTR: &str = "client";
+
+/// A request to a node's client listener.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientRequest {
+    /// Publish pages of `page_bytes` each: `data` holds `keys.len()` pages back to back.
+    Put {
+        /// Page keys (the node applies its own `prefix`).
+        keys: Vec<String>,
+        /// Size of every page of the batch.
+        page_bytes: u32,
+        /// The pages, concatenated.
+        data: ByteBuf,
+    },
+    /// Read pages of `page_bytes` each.
+    Get {
+        /// Page keys.
+        keys: Vec<String>,
+        /// Size of every page of the batch.
+        page_bytes: u32,
+    },
+    /// Which keys are stored anywhere in the cluster.
+    Exists {
+        /// Page keys.
+        keys: Vec<String>,
+    },
+}
+
+impl Message for ClientRequest {
+    const KIND: u16 = 0x0303;
+    const NAME: &'static str = "ClientRequest";
+}
+
+/// A node's answer to a [`ClientRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientReply {
+    /// One flag per put page: stored (or already stored).
+    Stored(Vec<bool>),
+    /// One entry per requested key: the page's valid length, or None (a miss). `data` holds
+    /// the found pages only, in request order, `page_bytes` each.
+    Pages {
+        /// Valid length per key.
+        valid: Vec<Option<u32>>,
+        /// The found pages, concatenated.
+        data: ByteBuf,
+    },
+    /// One flag per key.
+    Present(Vec<bool>),
+}
+
+impl Message for ClientReply {
+    const KIND: u16 = 0x0304;
+    const NAME: &'static str = "ClientReply";
+}
+
+/// Checks a request's shape before any work is done.
+fn check(keys: usize, page_bytes: u32, data: Option<usize>) -> Result<(), String> {
+    if keys > MAX_CLIENT_KEYS {
+        return Err(format!(
+            "{keys} keys in one request (limit {MAX_CLIENT_KEYS})"
+        ));
+    }
+    if page_bytes == 0 {
+        return Err("page_bytes is 0".into());
+    }
+    let total = keys as u64 * page_bytes as u64;
+    if total > MAX_CLIENT_BYTES as u64 {
+        return Err(format!(
+            "{total} page bytes in one request (limit {MAX_CLIENT_BYTES})"
+        ));
+    }
+    if let Some(d) = data
+        && d as u64 != total
+    {
+        return Err(format!(
+            "{d} data bytes for {keys} pages of {page_bytes} bytes"
+        ));
+    }
+    Ok(())
+}
+
+/// Serves one client request on `store`.
+pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
+    let refuse = |code, message: String, close| Reply::Error {
+        error: RpcError { code, message },
+        close,
+    };
+    if env.kind != ClientRequest::KIND {
+        return refuse(
+            RpcError::CODE_UNKNOWN_KIND,
+            format!("kind {:#06x} is not served on the client port", env.kind),
+            true,
+        );
+    }
+    let req: ClientRequest = match env.decode() {
+        Ok(r) => r,
+        Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
+    };
+    let Some(store) = store else {
+        return refuse(
+            RpcError::CODE_SHUTDOWN,
+            "node is starting or stopping".into(),
+            false,
+        );
+    };
+    let result = match req {
+        ClientRequest::Put {
+            keys,
+            page_bytes,
+            data,
+        } => check(keys.len(), page_bytes, Some(data.len()))
+            .map_err(StoreError::BadRequest)
+            .and_then(|()| {
+                let pages: Vec<&[u8]> = data.chunks_exact(page_bytes as usize).collect();
+                store.batch_set(&keys, &pages).map(ClientReply::Stored)
+            }),
+        ClientRequest::Get { keys, page_bytes } => check(keys.len(), page_bytes, None)
+            .map_err(StoreError::BadRequest)
+            .and_then(|()| get(&store, &keys, page_bytes as usize)),
+        ClientRequest::Exists { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
+            StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
+        ),
+        ClientRequest::Exists { keys } => store.batch_contains(&keys).map(ClientReply::Present),
+    };
+    match result.and_then(|r| envelope::encode(&r, &[]).map_err(StoreError::from)) {
+        Ok(f) => Reply::Frame(f),
+        Err(StoreError::Shutdown) => {
+            refuse(RpcError::CODE_SHUTDOWN, "node is stopping".into(), false)
+        }
+        Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
+    }
+}
+
+/// Reads a batch and packs the found pages.
+fn get(store: &Store, keys: &[String], page_bytes: usize) -> Result<ClientReply, StoreError> {
+    let mut buf = vec![0u8; keys.len() * page_bytes];
+    let valid = {
+        let mut pages: Vec<&mut [u8]> = buf.chunks_exact_mut(page_bytes).collect();
+        store.batch_get_valid(keys, &mut pages)?
+    };
+    // Close the gaps the misses left (in place, front to back).
+    let mut end = 0;
+    for (i, v) in valid.iter().enumerate() {
+        if v.is_some() {
+            if end != i * page_bytes {
+                buf.copy_within(i * page_bytes..(i + 1) * page_bytes, end);
+            }
+            end += page_bytes;
+        }
+    }
+    buf.truncate(end);
+    Ok(ClientReply::Pages {
+        valid,
+        data: ByteBuf::from(buf),
+    })
+}
+
+/// A page read through the client API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientPage {
+    /// The whole page (`page_bytes` long).
+    pub bytes: Vec<u8>,
+    /// Leading bytes that hold data (the page's size unless it was a partial tail page).
+    pub valid: u32,
+}
+
+/// A connection to one node's client listener (blocking; pooled connections; every call has
+/// a deadline). Batches larger than one frame are split.
+pub struct Client {
+    rpc: RpcClient,
+    node: SocketAddr,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("node", &self.node).finish()
+    }
+}
+
+impl Client {
+    /// A client of the node whose client listener is `node`; `timeout` bounds each call.
+    pub fn new(node: SocketAddr, auth: Auth, timeout: Duration) -> Client {
+        Client {
+            rpc: RpcClient::new(rpc::ClientConfig {
+                hello: Hello::new(Plane::Control, None, Incarnation::fresh()),
+                max_idle_per_peer: 1,
+                max_frame: MAX_CLIENT_BYTES + (1 << 20),
+                auth,
+            }),
+            node,
+            timeout,
+        }
+    }
+
+    /// The node this client talks to.
+    pub fn node(&self) -> SocketAddr {
+        self.node
+    }
+
+    fn call(&self, req: &ClientRequest) -> Result<ClientReply, StoreError> {
+        let frame = envelope::encode(req, &[])?;
+        let reply = self.rpc.call(self.node, &frame, self.timeout)?;
+        let env = Envelope::parse(&reply)?;
+        if env.kind == RpcError::KIND {
+            let e: RpcError = env.decode()?;
+            return Err(StoreError::Remote {
+                code: e.code,
+                message: e.message,
+            });
+        }
+        Ok(env.decode()?)
+    }
+
+    /// Keys per request for pages of `page_bytes`.
+    fn per_call(page_bytes: usize) -> usize {
+        (CHUNK_BYTES / page_bytes.max(1)).clamp(1, MAX_CLIENT_KEYS)
+    }
+
+    /// Publishes `pages` (all the same size) on the node. `true` = stored.
+    pub fn put<K: AsRef<str>>(&self, keys: &[K], pages: &[&[u8]]) -> Result<Vec<bool>, StoreError> {
+        if keys.len() != pages.len() {
+            return Err(StoreError::BadRequest(format!(
+                "{} keys for {} pages",
+                keys.len(),
+                pages.len()
+            )));
+        }
+        let Some(first) = pages.first() else {
+            return Ok(Vec::new());
+        };
+        let page_bytes = first.len();
+        if pages.iter().any(|p| p.len() != page_bytes) || page_bytes == 0 {
+            return Err(StoreError::BadRequest(
+                "every page of a put must have the same, non-zero size".into(),
+            ));
+        }
+        if page_bytes > MAX_CLIENT_BYTES {
+            return Err(StoreError::BadRequest(format!(
+                "a {page_bytes}-byte page exceeds one request ({MAX_CLIENT_BYTES})"
+            )));
+        }
+        let n = Self::per_call(page_bytes);
+        let mut out = Vec::with_capacity(keys.len());
+        for (ks, ps) in keys.chunks(n).zip(pages.chunks(n)) {
+            let mut data = Vec::with_capacity(ps.len() * page_bytes);
+            for p in ps {
+                data.extend_from_slice(p);
+            }
+            let req = ClientRequest::Put {
+                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
+                page_bytes: page_bytes as u32,
+                data: ByteBuf::from(data),
+            };
+            match self.call(&req)? {
+                ClientReply::Stored(s) if s.len() == ks.len() => out.extend(s),
+                other => return Err(unexpected("put", &other)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads pages of `page_bytes` each: one entry per key, None = a miss.
+    pub fn get<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        page_bytes: usize,
+    ) -> Result<Vec<Option<ClientPage>>, StoreError> {
+        if page_bytes == 0 || page_bytes > MAX_CLIENT_BYTES {
+            return Err(StoreError::BadRequest(format!(
+                "page_bytes {page_bytes} outside 1..={MAX_CLIENT_BYTES}"
+            )));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for ks in keys.chunks(Self::per_call(page_bytes)) {
+            let req = ClientRequest::Get {
+                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
+                page_bytes: page_bytes as u32,
+            };
+            let reply = self.call(&req)?;
+            let ClientReply::Pages { valid, data } = &reply else {
+                return Err(unexpected("get", &reply));
+            };
+            let found = valid.iter().filter(|v| v.is_some()).count();
+            if valid.len() != ks.len() || data.len() != found * page_bytes {
+                return Err(unexpected("get", &reply));
+            }
+            let mut pages = data.chunks_exact(page_bytes);
+            for v in valid {
+                out.push(v.map(|valid| ClientPage {
+                    bytes: pages.next().map(<[u8]>::to_vec).unwrap_or_default(),
+                    valid,
+                }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Which keys are stored anywhere in the cluster.
+    pub fn exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for ks in keys.chunks(MAX_CLIENT_KEYS) {
+            let req = ClientRequest::Exists {
+                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
+            };
+            match self.call(&req)? {
+                ClientReply::Present(p) if p.len() == ks.len() => out.extend(p),
+                other => return Err(unexpected("exists", &other)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
+    let what = match reply {
+        ClientReply::Stored(s) => format!("Stored with {} flags", s.len()),
+        ClientReply::Pages { valid, data } => {
+            format!(
+                "Pages with {} entries and {} bytes",
+                valid.len(),
+                data.len()
+            )
+        }
+        ClientReply::Present(p) => format!("Present with {} flags", p.len()),
+    };
+    StoreError::Wire(peercache_wire::WireError::Malformed {
+        what: "client reply",
+        detail: format!("{op}: unexpected {what}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_checks_name_the_problem() {
+        assert!(check(4, 4096, Some(4 * 4096)).is_ok());
+        assert!(check(4, 0, None).unwrap_err().contains("page_bytes is 0"));
+        assert!(
+            check(4, 4096, Some(4095))
+                .unwrap_err()
+                .contains("4095 data bytes")
+        );
+        assert!(
+            check(MAX_CLIENT_KEYS + 1, 1, None)
+                .unwrap_err()
+                .contains("limit")
+        );
+        assert!(
+            check(2, (MAX_CLIENT_BYTES / 2 + 1) as u32, None)
+                .unwrap_err()
+                .contains("page bytes")
+        );
+    }
+
+    #[test]
+    fn messages_round_trip_and_hostile_bytes_never_panic() {
+        let req = ClientRequest::Put {
+            keys: vec!["a".into(), "b".into()],
+            page_bytes: 3,
+            data: ByteBuf::from(vec![1, 2, 3, 4, 5, 6]),
+        };
+        let bytes = envelope::encode(&req, &[]).unwrap();
+        assert_eq!(envelope::decode::<ClientRequest>(&bytes).unwrap(), req);
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for cut in 0..bytes.len() {
+            let _ = envelope::decode::<ClientRequest>(&bytes[..cut]);
+        }
+        for _ in 0..20_000 {
+            let mut b = bytes.clone();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x as usize) % b.len();
+            b[i] = (x >> 32) as u8;
+            let _ = envelope::decode::<ClientRequest>(&b);
+            let _ = envelope::decode::<ClientReply>(&b);
+        }
+    }
+
+    #[test]
+    fn requests_of_another_kind_or_malformed_are_refused_with_a_code() {
+        let other = envelope::encode(
+            &RpcError {
+                code: 9,
+                message: "x".into(),
+            },
+            &[],
+        )
+        .unwrap();
+        match serve(None, Envelope::parse(&other).unwrap()) {
+            Reply::Error { error, close } => {
+                assert_eq!(error.code, RpcError::CODE_UNKNOWN_KIND);
+                assert!(close);
+            }
+            Reply::Frame(_) => panic!("served a foreign kind"),
+        }
+        let req = envelope::encode(
+            &ClientRequest::Exists {
+                keys: vec!["k".into()],
+            },
+            &[],
+        )
+        .unwrap();
+        match serve(None, Envelope::parse(&req).unwrap()) {
+            Reply::Error { error, .. } => assert_eq!(error.code, RpcError::CODE_SHUTDOWN),
+            Reply::Frame(_) => panic!("served without a node"),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The client API on loopback: pages put through one node are read back byte-exact through
+//! another (a remote read), bad requests get typed refusals, the API is off unless enabled,
+//! the cluster secret guards it, and `peercache-node drive` (a real process) verifies a cluster.
+
+use std::time::Duration;
+
+use peercache_store::StoreError;
+use peercache_store::client::{Client, ClientRequest, MAX_CLIENT_KEYS};
+use peercache_wire::rpc::{self, RpcClient, RpcError};
+use peercache_wire::{Auth, Incarnation, WireError, envelope};
+use serde_json::json;
+
+mod common;
+
+const SECRET: &str = "client api secret, long enough";
+
+fn auth() -> Auth {
+    Auth::from_secret(SECRET.as_bytes()).unwrap()
+}
+
+#[test]
+fn put_on_one_node_get_through_another_and_bad_requests_are_refused() {
+    let nodes = common::cluster(
+        &[40, 41],
+        json!({"client_enabled": true, "cluster_secret": SECRET}),
+    );
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let timeout = Duration::from_secs(5);
+    let ca = Client::new(a.client_endpoint().unwrap(), auth(), timeout);
+    let cb = Client::new(b.client_endpoint().unwrap(), auth(), timeout);
+    // The endpoints are advertised in discovery.
+    let attrs: Vec<_> = b.members().into_iter().flat_map(|m| m.attrs).collect();
+    assert!(
+        attrs
+            .iter()
+            .any(|(k, v)| k == "client" && *v == ca.node().to_string())
+    );
+
+    // 300 pages of 48 KiB: more than one frame each way.
+    let len = 48 << 10;
+    let keys: Vec<String> = (0..300).map(|i| format!("client/{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..300).map(|i| common::page(i, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    assert!(ca.put(&keys, &refs).unwrap().iter().all(|s| *s));
+    let read_before = b.stats().transport_read_bytes;
+    let got = cb.get(&keys, len).unwrap();
+    assert_eq!(got.len(), 300);
+    for (g, want) in got.iter().zip(&pages) {
+        let g = g.as_ref().expect("every page found");
+        assert_eq!(g.valid as usize, len);
+        assert!(g.bytes == *want, "a page read back differs");
+    }
+    assert!(
+        b.stats().transport_read_bytes - read_before >= 300 * len as u64,
+        "the pages came from a's pool over the data plane"
+    );
+    // A miss among hits keeps its place.
+    let mixed = ["client/0", "never-written", "client/2"];
+    let got = cb.get(&mixed, len).unwrap();
+    assert!(got[0].is_some() && got[1].is_none() && got[2].is_some());
+    assert_eq!(got[2].as_ref().unwrap().bytes, pages[2]);
+    assert_eq!(cb.exists(&mixed).unwrap(), vec![true, false, true]);
+
+    // Bad input: typed errors, never a panic or a truncated page.
+    assert!(matches!(cb.get(&keys, 0), Err(StoreError::BadRequest(_))));
+    let uneven: Vec<&[u8]> = vec![&pages[0], &pages[1][..100]];
+    assert!(matches!(
+        ca.put(&keys[..2], &uneven),
+        Err(StoreError::BadRequest(_))
+    ));
+    assert!(matches!(
+        ca.put(&keys[..1], &refs[..2]),
+        Err(StoreError::BadRequest(_))
+    ));
+    let short = cb.get(&keys[..1], 1024).unwrap();
+    assert!(
+        short[0].is_none(),
+        "a buffer smaller than the page must miss, not truncate"
+    );
+    // A hand-made request whose data does not match its page count is refused by the node.
+    let raw = RpcClient::new(rpc::ClientConfig {
+        hello: peercache_wire::handshake::Hello::new(
+            peercache_wire::handshake::Plane::Control,
+            None,
+            Incarnation::fresh(),
+        ),
+        max_idle_per_peer: 1,
+        max_frame: 64 << 20,
+        auth: auth(),
+    });
+    let bad = ClientRequest::Put {
+        keys: vec!["x".into(), "y".into()],
+        page_bytes: 4096,
+        data: serde_bytes::ByteBuf::from(vec![0u8; 4097]),
+    };
+    let reply = raw
+        .call(
+            a.client_endpoint().unwrap(),
+            &envelope::encode(&bad, &[]).unwrap(),
+            timeout,
+        )
+        .unwrap();
+    let err: RpcError = envelope::decode(&reply).unwrap();
+    assert_eq!(err.code, RpcError::CODE_REFUSED);
+    assert!(err.message.contains("4097 data bytes"), "{}", err.message);
+    let many = ClientRequest::Exists {
+        keys: vec!["k".into(); MAX_CLIENT_KEYS + 1],
+    };
+    let reply = raw
+        .call(
+            a.client_endpoint().unwrap(),
+            &envelope::encode(&many, &[]).unwrap(),
+            timeout,
+        )
+        .unwrap();
+    let err: RpcError = envelope::decode(&reply).unwrap();
+    assert_eq!(err.code, RpcError::CODE_REFUSED);
+
+    // Without the secret: no connection at all.
+    let stranger = Client::new(a.client_endpoint().unwrap(), Auth::none(), timeout);
+    match stranger.exists(&["client/0"]) {
+        Err(StoreError::Wire(WireError::Unauthenticated(_))) => {}
+        other => panic!("a client without the secret got {other:?}"),
+    }
+    for n in &nodes {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn the_client_api_is_off_unless_enabled() {
+    let nodes = common::cluster(&[42], json!({}));
+    assert!(nodes[0].client_endpoint().is_none());
+    assert!(
+        nodes[0]
+            .members()
+            .iter()
+            .all(|m| m.attrs.iter().all(|(k, _)| k != "client"))
+    );
+    nodes[0].shutdown();
+}
+
+#[test]
+fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
+    let port = common::free_port();
+    let extra = json!({"client_enabled": true, "metrics_enabled": true, "metrics_port": 0});
+    let nodes: Vec<_> = [43u8, 44, 45]
+        .iter()
+        .map(|&n| common::node(n, 43, port, extra.clone()))
+        .collect();
+    for n in &nodes {
+        assert!(n.wait_members(3, Duration::from_secs(10)));
+        n.sync_membership();
+    }
+    let exe = env!("CARGO_BIN_EXE_peercache-node");
+    let out = std::process::Command::new(exe)
+        .args(["drive", "--discovery-addr", &format!("127.0.0.43:{port}")])
+        .args(["--write-on", nodes[0].node_id().as_str(), "--members", "3"])
+        .args(["--pages", "64", "--page-size", "16kb", "--wait", "10"])
+        .env_remove("PEERCACHE_CLUSTER_SECRET")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stored=64/64"), "{stdout}");
+    for n in &nodes[1..] {
+        let line = format!("READ {} hits=64/64 wrong=0 remote_hits=+64", n.node_id());
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+    // A reader that does not exist: a clear failure, not a hang.
+    let out = std::process::Command::new(exe)
+        .args(["drive", "--discovery-addr", &format!("127.0.0.43:{port}")])
+        .args([
+            "--write-on",
+            nodes[0].node_id().as_str(),
+            "--read-on",
+            "nobody",
+        ])
+        .args(["--wait", "0.5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("client_enabled"));
+    for n in &nodes {
+        n.shutdown();
+    }
+}
