@@ -321,19 +321,17 @@ impl Inner {
             (Protocol::Tcp, _) => "protocol=tcp".into(),
             (Protocol::Rdma, crate::RdmaBackend::Soft) => "rdma (software fabric)".into(),
             (Protocol::Rdma, crate::RdmaBackend::Verbs) => {
-                match peercache_transport::rdma::probe(&wanted_devices(&cfg)) {
-                    Ok(devices) if cfg!(feature = "rdma") => {
-                        format!("rdma (devices {devices:?}; tcp to peers without)")
-                    }
-                    r => {
-                        let why = match r {
-                            Ok(devices) => {
-                                peercache_transport::rdma::RdmaUnavailable::DataPathNotInRelease {
-                                    devices,
-                                }
-                            }
-                            Err(why) => why,
-                        };
+                use peercache_transport::rdma::{memlock_shortfall, probe};
+                let ready =
+                    probe(&wanted_devices(&cfg)).and_then(|devices| {
+                        match memlock_shortfall(cfg.pool_bytes()) {
+                            Some(why) => Err(why),
+                            None => Ok(devices),
+                        }
+                    });
+                match ready {
+                    Ok(devices) => format!("rdma (devices {devices:?}; tcp to peers without)"),
+                    Err(why) => {
                         tracing::warn!(
                             "protocol=rdma requested but {why}; using the TCP transport"
                         );

@@ -19,10 +19,9 @@
 //!   flags mapped from the region's access, RC queue pairs with private completion queues
 //!   (INIT → RTR → RTS), posting with SGE lists, polling, moving to the error state.
 //!
-//! Not yet in this release: the transport that puts these together behind the TCP
-//! transport's API (regions announced with per-rail rkeys, the bootstrap plane served on the
-//! data port, `protocol = "rdma"` switching to it). Until then callers use [`probe`] to log why
-//! they run on TCP.
+//! * [`path`] — puts these together behind the TCP transport's API: regions registered on every
+//!   rail, the bootstrap plane served on the data port, reads carried one-sided, TCP for peers
+//!   without RDMA. Callers use [`probe`] (and [`memlock_shortfall`]) to log why they run on TCP.
 
 use std::fmt;
 
@@ -51,10 +50,12 @@ pub enum RdmaUnavailable {
         /// The devices present.
         present: Vec<String>,
     },
-    /// Devices exist, but this release's data path is TCP only.
-    DataPathNotInRelease {
-        /// The devices present.
-        devices: Vec<String>,
+    /// Pinning the memory would exceed the locked-memory limit (`ulimit -l`).
+    MemlockLimit {
+        /// Bytes to pin.
+        bytes: u64,
+        /// The limit (RLIMIT_MEMLOCK), bytes.
+        limit: u64,
     },
     /// Another error from rdma-core.
     Other(String),
@@ -78,12 +79,13 @@ impl fmt::Display for RdmaUnavailable {
             RdmaUnavailable::MissingDevice { wanted, present } => {
                 write!(f, "RDMA device {wanted:?} not found (present: {present:?})")
             }
-            RdmaUnavailable::DataPathNotInRelease { devices } => {
-                write!(
-                    f,
-                    "RDMA devices {devices:?} found, but this release's data path is TCP only"
-                )
-            }
+            RdmaUnavailable::MemlockLimit { bytes, limit } => write!(
+                f,
+                "pinning {bytes} bytes for RDMA exceeds the locked-memory limit (ulimit -l = \
+                 {limit} bytes, no CAP_IPC_LOCK); raise it: `ulimit -l unlimited`, `memlock \
+                 unlimited` in /etc/security/limits.conf, `LimitMEMLOCK=infinity` (systemd) or \
+                 `--ulimit memlock=-1` (docker)"
+            ),
             RdmaUnavailable::Other(e) => write!(f, "rdma-core failed: {e}"),
         }
     }
@@ -121,6 +123,45 @@ pub fn probe(wanted: &[String]) -> Result<Vec<String>, RdmaUnavailable> {
     Ok(present)
 }
 
+/// Why pinning `bytes` more for RDMA would fail here: the locked-memory limit is lower and
+/// the process lacks `CAP_IPC_LOCK` (which lifts the limit). None = it fits (or no limit).
+pub fn memlock_shortfall(bytes: u64) -> Option<RdmaUnavailable> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+        && lim.rlim_cur != libc::RLIM_INFINITY
+    {
+        Some(lim.rlim_cur)
+    } else {
+        None
+    };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    memlock_verdict(bytes, limit, has_ipc_lock(&status))
+}
+
+/// The decision of [`memlock_shortfall`] on given facts.
+fn memlock_verdict(bytes: u64, limit: Option<u64>, ipc_lock: bool) -> Option<RdmaUnavailable> {
+    match limit {
+        Some(limit) if !ipc_lock && bytes > limit => {
+            Some(RdmaUnavailable::MemlockLimit { bytes, limit })
+        }
+        _ => None,
+    }
+}
+
+/// Whether the effective capabilities in a `/proc/<pid>/status` text include `CAP_IPC_LOCK`.
+fn has_ipc_lock(status: &str) -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
 /// Without the `rdma` feature there is nothing to probe.
 #[cfg(not(feature = "rdma"))]
 pub fn probe(_wanted: &[String]) -> Result<Vec<String>, RdmaUnavailable> {
@@ -130,6 +171,25 @@ pub fn probe(_wanted: &[String]) -> Result<Vec<String>, RdmaUnavailable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memlock_check_names_ulimit_and_respects_cap_ipc_lock() {
+        let e = memlock_verdict(1 << 30, Some(8 << 20), false).unwrap();
+        let text = e.to_string();
+        assert!(
+            text.contains("ulimit -l = 8388608") && text.contains("LimitMEMLOCK"),
+            "{text}"
+        );
+        assert_eq!(memlock_verdict(1 << 20, Some(8 << 20), false), None);
+        assert_eq!(memlock_verdict(1 << 30, None, false), None);
+        assert_eq!(memlock_verdict(1 << 30, Some(8 << 20), true), None);
+        assert!(has_ipc_lock("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(!has_ipc_lock("CapEff:\t0000000000000000\n"));
+        assert!(has_ipc_lock("CapEff:\t0000000000004000\n"));
+        assert!(!has_ipc_lock("no capabilities line"));
+        // The live check agrees with the verdict on this process's facts.
+        assert_eq!(memlock_shortfall(0), None);
+    }
 
     #[test]
     fn probe_reports_a_reason_on_a_host_without_rdma() {

@@ -186,7 +186,11 @@ impl SidewayVerbs {
         let mut mrs = Vec::with_capacity(self.rails.len());
         for r in &self.rails {
             // SAFETY: forwarded from the caller.
-            mrs.push(unsafe { r.pd.reg_mr(ptr as usize, len, flags) }.map_err(other)?);
+            let mr = unsafe { r.pd.reg_mr(ptr as usize, len, flags) };
+            // A pinning failure under a low `ulimit -l` says so, not just "ENOMEM".
+            mrs.push(
+                mr.map_err(|e| super::memlock_shortfall(len as u64).unwrap_or_else(|| other(e)))?,
+            );
         }
         Ok(RailRegions { mrs })
     }
