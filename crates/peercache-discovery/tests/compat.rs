@@ -5,23 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use peercache_discovery::{DiscReply, DiscRequest, NodeInfo};
-use peercache_wire::envelope::{self, Message};
+use peercache_wire::envelope::Message;
 use peercache_wire::{Incarnation, NodeId};
 
 fn check<M: Message + PartialEq + std::fmt::Debug>(name: &str, msg: M) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/v1")
-        .join(name);
-    if std::env::var_os("PEERCACHE_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, envelope::encode(&msg, &[]).unwrap()).unwrap();
-    }
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
-    assert_eq!(
-        envelope::decode::<M>(&bytes).unwrap(),
-        msg,
-        "fixture {name}"
-    );
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
+    peercache_wire::testkit::check_fixture(&dir, name, &msg);
 }
 
 fn info() -> NodeInfo {

@@ -21,6 +21,8 @@ pub mod handshake;
 pub mod ids;
 pub mod qp;
 pub mod rpc;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use auth::Auth;
 pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};

@@ -1,0 +1,26 @@
+//! Test support for crates that define wire messages (feature `testkit`, for dev-dependencies).
+
+use std::fmt::Debug;
+use std::path::Path;
+
+use crate::envelope::{self, Message};
+
+/// Checks that the committed fixture `dir/name` still decodes to `msg`: the bytes of a released
+/// envelope version must keep decoding. With `PEERCACHE_BLESS` set, (re)writes the fixture first
+/// — do that only when adding a message, never to make a changed encoding pass.
+///
+/// # Panics
+/// When the fixture is missing, does not decode, or decodes to another value (it is a test).
+pub fn check_fixture<M: Message + PartialEq + Debug>(dir: &Path, name: &str, msg: &M) {
+    let path = dir.join(name);
+    if std::env::var_os("PEERCACHE_BLESS").is_some() {
+        std::fs::create_dir_all(dir).expect("creating the fixture folder");
+        let bytes = envelope::encode(msg, &[]).expect("encoding the fixture");
+        std::fs::write(&path, bytes).expect("writing the fixture");
+    }
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+    match envelope::decode::<M>(&bytes) {
+        Ok(got) => assert_eq!(&got, msg, "fixture {name} decodes to another message"),
+        Err(e) => panic!("fixture {name} no longer decodes: {e}"),
+    }
+}
