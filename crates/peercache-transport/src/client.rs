@@ -387,6 +387,9 @@ fn check_local(
         let r = regions
             .get(&s.region)
             .ok_or(OpError::UnknownRegion(s.region))?;
+        if r.device {
+            return Err(OpError::DeviceOnly(s.region));
+        }
         r.check_range(s.region, s.addr, s.len as u64)?;
         sum += s.len as u64;
     }

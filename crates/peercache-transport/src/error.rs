@@ -44,6 +44,10 @@ pub enum OpError {
         /// Remote length.
         remote: u64,
     },
+    /// The region is device memory: only the RDMA path reaches it (sent over TCP as
+    /// [`OpError::AccessDenied`]'s code).
+    #[error("region {0:?} is device memory, reachable only over RDMA")]
+    DeviceOnly(RegionKey),
     /// The batch as a whole failed (see the batch error); reported per op for callers that
     /// only look at per-op results.
     #[error("batch failed: {0}")]
@@ -56,7 +60,7 @@ impl OpError {
         match self {
             OpError::UnknownRegion(_) => 1,
             OpError::OutOfRegion { .. } => 2,
-            OpError::AccessDenied(_) => 3,
+            OpError::AccessDenied(_) | OpError::DeviceOnly(_) => 3,
             OpError::BadLength { .. } => 4,
             OpError::LengthMismatch { .. } => 5,
             OpError::Batch(_) => 6,
@@ -69,6 +73,7 @@ impl OpError {
             OpError::UnknownRegion(_) => "unknown_region",
             OpError::OutOfRegion { .. } => "out_of_region",
             OpError::AccessDenied(_) => "access_denied",
+            OpError::DeviceOnly(_) => "device_only",
             OpError::BadLength { .. } => "bad_length",
             OpError::LengthMismatch { .. } => "length_mismatch",
             OpError::Batch(_) => "batch",
@@ -132,6 +137,9 @@ pub enum TransportError {
     /// Registration failed (null pointer, zero length, overlapping).
     #[error("cannot register region: {0}")]
     Register(&'static str),
+    /// Device memory could not be registered (no RDMA path, or a missing prerequisite, named).
+    #[error("cannot register device memory: {0}")]
+    Device(String),
     /// Binding the data server failed.
     #[error("cannot bind data server: {0}")]
     Bind(#[source] std::io::Error),

@@ -11,10 +11,15 @@
 //! payloads with vectored I/O straight between registered memory and the socket (no
 //! intermediate buffer, no per-page allocation) and bounds every wait with `op_timeout`.
 //! After a timeout the peer is marked suspect for a short time so callers fail fast.
+//!
+//! With an RDMA path ([`rdma::path`]) reads go one-sided through the NIC, and device (GPU)
+//! memory can be registered too ([`DeviceMemory`], [`TcpTransport::register_device`]): the
+//! RDMA path reaches it, the TCP plane refuses it.
 
 mod batch;
 mod client;
 mod config;
+mod device;
 mod error;
 mod iov;
 pub mod metrics;
@@ -27,6 +32,7 @@ mod tcp;
 
 pub use batch::{Batch, OpDesc, RemoteRange, Segment};
 pub use config::TransportConfig;
+pub use device::{DeviceMemory, peermem_loaded};
 pub use error::{OpError, TransportError};
 pub use region::{Access, RegionHandle, RegionKey, WriteGuard};
 pub use stats::{PeerStats, TransportStats};
@@ -61,6 +67,7 @@ pub fn fuzz_request(data: &[u8]) -> usize {
                 len: 1 << 20,
                 access,
                 guard: None,
+                device: false,
             },
         );
     }

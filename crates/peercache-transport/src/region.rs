@@ -47,6 +47,8 @@ pub(crate) struct Region {
     pub(crate) len: u64,
     pub(crate) access: Access,
     pub(crate) guard: Option<Arc<dyn WriteGuard>>,
+    /// Device memory: the TCP plane must never touch it.
+    pub(crate) device: bool,
 }
 
 impl Region {
@@ -98,6 +100,7 @@ impl RegionTable {
         len: u64,
         access: Access,
         guard: Option<Arc<dyn WriteGuard>>,
+        device: bool,
     ) -> Result<RegionKey, TransportError> {
         if base == 0 {
             return Err(TransportError::Register("null pointer"));
@@ -124,6 +127,7 @@ impl RegionTable {
                 len,
                 access,
                 guard,
+                device,
             },
         );
         Ok(key)

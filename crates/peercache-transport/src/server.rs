@@ -37,6 +37,9 @@ pub(crate) fn check_remote_op(
     let region = regions
         .get(&op.region)
         .ok_or(OpError::UnknownRegion(op.region))?;
+    if region.device {
+        return Err(OpError::DeviceOnly(op.region));
+    }
     let allowed = if write {
         region.access.allows_remote_write()
     } else {

@@ -98,7 +98,9 @@ impl TcpTransport {
         len: usize,
         access: Access,
     ) -> Result<RegionHandle, TransportError> {
-        let key = self.table.insert(ptr as u64, len as u64, access, None)?;
+        let key = self
+            .table
+            .insert(ptr as u64, len as u64, access, None, false)?;
         // SAFETY: forwarded from the caller (the handle deregisters before the memory goes).
         let rdma = unsafe { self.rdma_register(key, ptr, len, access) };
         Ok(RegionHandle {
@@ -125,7 +127,7 @@ impl TcpTransport {
         let access = Access::RemoteReadWrite;
         let key = self
             .table
-            .insert(ptr as u64, len as u64, access, Some(guard))?;
+            .insert(ptr as u64, len as u64, access, Some(guard), false)?;
         // Guarded regions are read over RDMA like any other; writes into them always go over
         // TCP, where the guard runs.
         // SAFETY: forwarded from the caller.
@@ -137,6 +139,51 @@ impl TcpTransport {
             len: len as u64,
             access,
             rdma,
+        })
+    }
+
+    /// Registers device (GPU) memory for GPUDirect RDMA. Only the RDMA path reaches it: the
+    /// TCP plane refuses ops that name it ([`crate::OpError::DeviceOnly`]), so a peer without
+    /// RDMA cannot read it and a read into it from such a peer fails per op. `RemoteRead`
+    /// publishes it to RDMA peers; `LocalOnly` makes it a destination of this node's reads.
+    ///
+    /// Errors name the missing prerequisite: no RDMA path (`protocol = "rdma"` on a host with
+    /// a NIC), `nvidia-peermem` for a plain device address, or the NIC's own refusal.
+    ///
+    /// # Safety
+    /// The device memory (and a dma-buf fd) must stay valid until the handle is dropped.
+    pub unsafe fn register_device(
+        &self,
+        mem: crate::DeviceMemory,
+        access: Access,
+    ) -> Result<RegionHandle, TransportError> {
+        let Some(r) = self.rdma.as_ref() else {
+            return Err(TransportError::Device(
+                "device memory is reachable only over RDMA, and this transport runs TCP \
+                 (protocol = \"rdma\" on a host with an RDMA NIC)"
+                    .into(),
+            ));
+        };
+        if access == Access::RemoteReadWrite {
+            return Err(TransportError::Device(
+                "device memory is registered remote-read or local-only (writes go over TCP)".into(),
+            ));
+        }
+        let key = self
+            .table
+            .insert(mem.base(), mem.len() as u64, access, None, true)?;
+        // SAFETY: forwarded from the caller.
+        if let Err(e) = unsafe { r.register_device(key, &mem, access) } {
+            self.table.remove(key);
+            return Err(TransportError::Device(e));
+        }
+        Ok(RegionHandle {
+            table: self.table.clone(),
+            key,
+            base: mem.base(),
+            len: mem.len() as u64,
+            access,
+            rdma: Some(r.clone()),
         })
     }
 

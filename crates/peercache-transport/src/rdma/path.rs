@@ -38,6 +38,18 @@ pub trait Registrar: Send + Sync {
     /// The memory must stay valid until [`Registrar::deregister`] is called with the result.
     unsafe fn register(&self, ptr: *mut u8, len: usize, access: Access)
     -> Result<RailKeys, String>;
+    /// Registers device memory on every rail (GPUDirect); backends without it say so.
+    ///
+    /// # Safety
+    /// As [`Registrar::register`], for the device memory (and dma-buf fd) named.
+    unsafe fn register_device(
+        &self,
+        mem: &crate::DeviceMemory,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        let _ = (mem, access);
+        Err("this RDMA backend cannot register device memory".into())
+    }
     /// Releases a registration (no queue pair targets it any more).
     fn deregister(&self, keys: &RailKeys);
 }
@@ -54,6 +66,16 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
         key: RegionKey,
         ptr: *mut u8,
         len: usize,
+        access: Access,
+    ) -> Result<(), String>;
+    /// Registers device memory the transport just registered under `key` (GPUDirect).
+    ///
+    /// # Safety
+    /// As [`Registrar::register_device`].
+    unsafe fn register_device(
+        &self,
+        key: RegionKey,
+        mem: &crate::DeviceMemory,
         access: Access,
     ) -> Result<(), String>;
     /// Forgets a region (its handle was dropped).
@@ -317,6 +339,26 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             LocalRegion {
                 base: ptr as u64,
                 len: len as u64,
+                access,
+                keys,
+            },
+        );
+        Ok(())
+    }
+
+    unsafe fn register_device(
+        &self,
+        key: RegionKey,
+        mem: &crate::DeviceMemory,
+        access: Access,
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from the caller.
+        let keys = unsafe { Registrar::register_device(self.engine.verbs(), mem, access) }?;
+        self.local.write().insert(
+            key.0,
+            LocalRegion {
+                base: mem.base(),
+                len: mem.len() as u64,
                 access,
                 keys,
             },

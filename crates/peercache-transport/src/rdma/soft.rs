@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use super::bootstrap::{self, QpInfo, Responder};
 use super::engine::{
@@ -18,20 +19,23 @@ use super::engine::{
 use super::path::{RailKeys, Registrar};
 use crate::Access;
 
-/// A registered remote region: its rkey maps to (base, len, writable).
+/// A registered remote region: its rkey maps to (base, len, writable) and the host address
+/// that backs `base` (the same for host memory; the mapping of a device region's dma-buf).
 #[derive(Clone, Copy, Debug)]
 struct Mr {
     base: u64,
     len: u64,
     writable: bool,
+    host: u64,
 }
 
-/// A local registration: (rail, base, len) by lkey.
+/// A local registration: (rail, base, len) by lkey, and the host address backing `base`.
 #[derive(Clone, Copy, Debug)]
 struct LocalMr {
     rail: usize,
     base: u64,
     len: u64,
+    host: u64,
 }
 
 /// The shared "fabric": remote regions by rkey, local registrations by lkey, and fault
@@ -40,6 +44,8 @@ struct LocalMr {
 pub struct Fabric {
     mrs: Mutex<HashMap<u32, Mr>>,
     lmrs: Mutex<HashMap<u32, LocalMr>>,
+    /// Device regions' dma-buf mappings (address, length) by their first lkey.
+    dev_maps: Mutex<HashMap<u32, (usize, usize)>>,
     next_rkey: AtomicU64,
     /// While set, posted requests do not execute (a stalled peer or link).
     pub stall: AtomicBool,
@@ -64,13 +70,19 @@ impl Fabric {
     /// # Safety
     /// The memory must stay valid while any queue pair may execute requests against it.
     pub unsafe fn register(&self, base: *mut u8, len: usize, writable: bool) -> u32 {
+        self.register_at(base as u64, base as u64, len, writable)
+    }
+
+    /// Registers `len` bytes addressed as `base` and backed by host memory at `host`.
+    fn register_at(&self, base: u64, host: u64, len: usize, writable: bool) -> u32 {
         let rkey = self.next_rkey.fetch_add(1, Ordering::Relaxed) as u32 + 1;
         self.mrs.lock().insert(
             rkey,
             Mr {
-                base: base as u64,
+                base,
                 len: len as u64,
                 writable,
+                host,
             },
         );
         rkey
@@ -79,6 +91,10 @@ impl Fabric {
     /// Registers `len` bytes at `base` as local memory on each of `rails` rails; returns the
     /// local key of each rail (distinct keys, as separate devices would give).
     pub fn register_local(&self, base: *const u8, len: usize, rails: usize) -> Vec<u32> {
+        self.register_local_at(base as u64, base as u64, len, rails)
+    }
+
+    fn register_local_at(&self, base: u64, host: u64, len: usize, rails: usize) -> Vec<u32> {
         let mut lmrs = self.lmrs.lock();
         (0..rails)
             .map(|rail| {
@@ -87,8 +103,9 @@ impl Fabric {
                     lkey,
                     LocalMr {
                         rail,
-                        base: base as u64,
+                        base,
                         len: len as u64,
+                        host,
                     },
                 );
                 lkey
@@ -238,18 +255,22 @@ impl SoftQp {
 
     fn execute(&self, wr: &WorkRequest) -> WcStatus {
         // Every local segment must lie in memory registered on this queue pair's rail, under
-        // the key given (IBV_WC_LOC_PROT_ERR otherwise).
+        // the key given (IBV_WC_LOC_PROT_ERR otherwise); each is translated to the host memory
+        // that backs it.
+        let mut local: SmallVec<[u64; 4]> = SmallVec::new();
         {
             let lmrs = self.fabric.lmrs.lock();
-            let ok = wr.sges.iter().all(|s| {
-                lmrs.get(&s.lkey).is_some_and(|m| {
-                    m.rail == self.rail
-                        && s.addr >= m.base
-                        && s.addr + u64::from(s.len) <= m.base + m.len
-                })
-            });
-            if !ok {
-                return WcStatus::Error(4);
+            for s in &wr.sges {
+                match lmrs.get(&s.lkey) {
+                    Some(m)
+                        if m.rail == self.rail
+                            && s.addr >= m.base
+                            && s.addr + u64::from(s.len) <= m.base + m.len =>
+                    {
+                        local.push(m.host + (s.addr - m.base));
+                    }
+                    _ => return WcStatus::Error(4),
+                }
             }
         }
         let total: u64 = wr.sges.iter().map(|s| s.len as u64).sum();
@@ -264,20 +285,21 @@ impl SoftQp {
         if !inside || (wr.op == RdmaOp::Write && !mr.writable) {
             return WcStatus::Error(10);
         }
-        let mut remote = wr.remote_addr;
-        for s in &wr.sges {
-            // SAFETY: the remote range is inside a registered region (checked above); local
-            // segments are the engine caller's registered memory, valid while the request is
-            // outstanding (the engine drains before returning).
+        let mut remote = mr.host + (wr.remote_addr - mr.base);
+        for (s, &l) in wr.sges.iter().zip(&local) {
+            // SAFETY: the remote range is inside a registered region (checked above) and
+            // translated to the host memory backing it; local segments are the engine caller's
+            // registered memory, translated likewise, valid while the request is outstanding
+            // (the engine drains before returning).
             unsafe {
                 match wr.op {
                     RdmaOp::Read => std::ptr::copy_nonoverlapping(
                         remote as *const u8,
-                        s.addr as *mut u8,
+                        l as *mut u8,
                         s.len as usize,
                     ),
                     RdmaOp::Write => std::ptr::copy_nonoverlapping(
-                        s.addr as *const u8,
+                        l as *const u8,
                         remote as *mut u8,
                         s.len as usize,
                     ),
@@ -361,13 +383,79 @@ impl Registrar for SoftVerbs {
         Ok(keys)
     }
 
+    /// Device memory on the software fabric: a dma-buf fd is mapped (any shareable fd, such as
+    /// a memfd, stands in for a GPU driver's export) and the region is addressed by its `iova`,
+    /// an address this process never dereferences — every access goes through the mapping, as
+    /// a NIC's would go through the exporter. A plain device address is taken as host-visible
+    /// (unified addressing).
+    unsafe fn register_device(
+        &self,
+        mem: &crate::DeviceMemory,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        let (host, mapped) = match *mem {
+            crate::DeviceMemory::Dmabuf {
+                fd, offset, len, ..
+            } => {
+                let off = libc::off_t::try_from(offset).map_err(|_| "offset too large")?;
+                // SAFETY: a fresh shared mapping of the caller's fd; unmapped at deregister.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        fd,
+                        off,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    return Err(format!(
+                        "mapping the dma-buf failed: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                (p as u64, Some((p as usize, len)))
+            }
+            crate::DeviceMemory::PeerMem { addr, .. } => (addr, None),
+        };
+        let (base, len) = (mem.base(), mem.len());
+        let rkey = match access {
+            Access::LocalOnly => 0,
+            a => self
+                .fabric
+                .register_at(base, host, len, a == Access::RemoteReadWrite),
+        };
+        let mut keys = RailKeys {
+            lkeys: [0; MAX_RAILS],
+            rkeys: [0; MAX_RAILS],
+        };
+        let lkeys = self
+            .fabric
+            .register_local_at(base, host, len, self.rails.min(MAX_RAILS));
+        for (rail, l) in lkeys.into_iter().enumerate() {
+            keys.lkeys[rail] = l;
+            keys.rkeys[rail] = rkey;
+        }
+        if let Some(m) = mapped {
+            self.fabric.dev_maps.lock().insert(keys.lkeys[0], m);
+        }
+        Ok(keys)
+    }
+
     fn deregister(&self, keys: &RailKeys) {
-        let mut lmrs = self.fabric.lmrs.lock();
-        for l in keys.lkeys.iter().filter(|l| **l != 0) {
-            lmrs.remove(l);
+        {
+            let mut lmrs = self.fabric.lmrs.lock();
+            for l in keys.lkeys.iter().filter(|l| **l != 0) {
+                lmrs.remove(l);
+            }
         }
         if keys.rkeys[0] != 0 {
             self.fabric.mrs.lock().remove(&keys.rkeys[0]);
+        }
+        if let Some((p, len)) = self.fabric.dev_maps.lock().remove(&keys.lkeys[0]) {
+            // SAFETY: the mapping made in `register_device`; no key names it any more.
+            unsafe { libc::munmap(p as *mut libc::c_void, len) };
         }
     }
 }

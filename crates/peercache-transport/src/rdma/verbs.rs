@@ -421,16 +421,52 @@ impl Verbs for SidewayVerbs {
     }
 }
 
-impl Registrar for SidewayVerbs {
-    unsafe fn register(
+impl SidewayVerbs {
+    /// Registers device memory on every rail: a dma-buf with `ibv_reg_dmabuf_mr`, a plain
+    /// device address with `ibv_reg_mr` (only while `nvidia-peermem` is loaded).
+    ///
+    /// # Safety
+    /// The device memory and the dma-buf fd must stay valid until the regions are dropped.
+    unsafe fn register_device_rails(
         &self,
-        ptr: *mut u8,
-        len: usize,
+        mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<RailKeys, String> {
-        // SAFETY: forwarded from the caller.
-        let regions =
-            unsafe { self.register_rails(ptr, len, access) }.map_err(|e| e.to_string())?;
+    ) -> Result<RailRegions, String> {
+        let flags = access_flags(access);
+        let mut mrs = Vec::with_capacity(self.rails.len());
+        for (i, r) in self.rails.iter().enumerate() {
+            let mr = match *mem {
+                crate::DeviceMemory::Dmabuf {
+                    fd,
+                    offset,
+                    len,
+                    iova,
+                } => {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { r.pd.reg_dmabuf_mr(offset, len, iova, fd, flags) }.map_err(|e| {
+                        format!(
+                            "ibv_reg_dmabuf_mr on rail {i} failed: {e} (needs Linux >= 5.12 \
+                             and a NIC driver with dma-buf support, e.g. mlx5 with rdma-core \
+                             >= 34; or use a device address with nvidia-peermem)"
+                        )
+                    })?
+                }
+                crate::DeviceMemory::PeerMem { addr, len } => {
+                    if !crate::peermem_loaded() {
+                        return Err(crate::device::NO_PEERMEM.into());
+                    }
+                    // SAFETY: forwarded from the caller.
+                    unsafe { r.pd.reg_mr(addr as usize, len, flags) }.map_err(|e| {
+                        format!("ibv_reg_mr of device memory on rail {i} failed: {e}")
+                    })?
+                }
+            };
+            mrs.push(mr);
+        }
+        Ok(RailRegions { mrs })
+    }
+
+    fn keys_of(&self, regions: RailRegions, access: Access) -> RailKeys {
         let mut keys = RailKeys {
             lkeys: [0; MAX_RAILS],
             rkeys: [0; MAX_RAILS],
@@ -444,7 +480,31 @@ impl Registrar for SidewayVerbs {
             };
         }
         self.held.lock().insert(keys.lkeys[0], regions);
-        Ok(keys)
+        keys
+    }
+}
+
+impl Registrar for SidewayVerbs {
+    unsafe fn register_device(
+        &self,
+        mem: &crate::DeviceMemory,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        // SAFETY: forwarded from the caller.
+        let regions = unsafe { self.register_device_rails(mem, access) }?;
+        Ok(self.keys_of(regions, access))
+    }
+
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<RailKeys, String> {
+        // SAFETY: forwarded from the caller.
+        let regions =
+            unsafe { self.register_rails(ptr, len, access) }.map_err(|e| e.to_string())?;
+        Ok(self.keys_of(regions, access))
     }
 
     fn deregister(&self, keys: &RailKeys) {
