@@ -125,6 +125,16 @@ pub fn checksum(payload: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(payload)
 }
 
+/// [`checksum`] of a payload held in several segments, without joining them.
+pub fn checksum_segments(segments: &[&[u8]]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = twox_hash::XxHash3_64::with_seed(0);
+    for s in segments {
+        h.write(s);
+    }
+    h.finish()
+}
+
 /// The checks that do not need the payload bytes: a sound header, an even seqlock word, and
 /// the expected generation, key and length.
 fn check_header(

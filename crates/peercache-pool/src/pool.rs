@@ -467,6 +467,27 @@ impl Pool {
     /// place, writes the header, publishes. A reservation that was aborted (or reused) since
     /// gives `None`.
     pub fn commit_reserved(&self, res: &[Reservation], out: &mut Vec<Option<PageLocation>>) {
+        self.commit_checked(res, None, out);
+    }
+
+    /// [`Pool::commit_reserved`], committing only slots whose payload checksum equals the
+    /// writer's (`expected[i]` for `res[i]`); a slot that differs — a torn or stray remote
+    /// write — is released instead and gives `None`.
+    pub fn commit_reserved_verified(
+        &self,
+        res: &[Reservation],
+        expected: &[u64],
+        out: &mut Vec<Option<PageLocation>>,
+    ) {
+        self.commit_checked(res, Some(expected), out);
+    }
+
+    fn commit_checked(
+        &self,
+        res: &[Reservation],
+        expected: Option<&[u64]>,
+        out: &mut Vec<Option<PageLocation>>,
+    ) {
         out.clear();
         let sums: Vec<u64> = res
             .iter()
@@ -481,9 +502,14 @@ impl Pool {
             .collect();
         let mut st = self.state.lock();
         let mut new = 0;
-        for (r, sum) in res.iter().zip(sums) {
+        for (i, (r, sum)) in res.iter().zip(sums).enumerate() {
             let m = *st.meta(r.slot);
             if m.state != SlotState::Writing || m.generation != r.generation || m.key != r.key {
+                out.push(None);
+                continue;
+            }
+            if expected.is_some_and(|e| e.get(i) != Some(&sum)) {
+                st.abort(r.slot);
                 out.push(None);
                 continue;
             }

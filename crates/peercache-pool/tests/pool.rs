@@ -394,3 +394,48 @@ fn reserved_slots_are_written_in_place_then_committed_or_aborted() {
     assert!(matches!(out[0], peercache_pool::Reserved::Slot(_)));
     pool.check_invariants();
 }
+
+#[test]
+fn a_verified_commit_refuses_a_payload_that_differs_from_the_writers() {
+    let pool = Pool::new(PoolConfig::new(4 << 20)).unwrap();
+    let (a, b) = (PageKey::from_key("va"), PageKey::from_key("vb"));
+    let len = 8192u32;
+    let mut out = Vec::new();
+    let mut evicted = Vec::new();
+    pool.reserve_batch(
+        &[(a, len, None), (b, len, None)],
+        ReplClass::Retained,
+        &mut out,
+        &mut evicted,
+    );
+    let (ra, rb) = match (&out[0], &out[1]) {
+        (peercache_pool::Reserved::Slot(x), peercache_pool::Reserved::Slot(y)) => (*x, *y),
+        other => panic!("{other:?}"),
+    };
+    let (da, db) = (bytes_for(a, len as usize), bytes_for(b, len as usize));
+    // SAFETY: both payload ranges lie in the pool mapping and are reserved for this test.
+    unsafe {
+        std::ptr::copy_nonoverlapping(da.as_ptr(), ra.payload_addr as *mut u8, da.len());
+        std::ptr::copy_nonoverlapping(db.as_ptr(), rb.payload_addr as *mut u8, db.len());
+        // A stray write into b's slot after the writer's.
+        *(rb.payload_addr as *mut u8).add(100) ^= 0xff;
+    }
+    // The writer's checksums, computed over its segments without joining them.
+    let sum = |d: &[u8]| peercache_pool::header::checksum_segments(&[&d[..64], &d[64..]]);
+    assert_eq!(sum(&da), peercache_pool::header::checksum(&da));
+    let mut locs = Vec::new();
+    pool.commit_reserved_verified(&[ra, rb], &[sum(&da), sum(&db)], &mut locs);
+    assert!(locs[0].is_some(), "the intact page is committed");
+    assert_eq!(locs[1], None, "the altered page is refused");
+    assert!(pool.contains(a) && !pool.contains(b));
+    pool.check_invariants();
+    // The refused slot was released: the key can be reserved again.
+    pool.reserve_batch(
+        &[(b, len, None)],
+        ReplClass::Retained,
+        &mut out,
+        &mut evicted,
+    );
+    assert!(matches!(out[0], peercache_pool::Reserved::Slot(_)));
+    pool.check_invariants();
+}

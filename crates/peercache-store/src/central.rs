@@ -188,6 +188,17 @@ impl Inner {
 
     /// Serves a commit: makes the written slots live; returns their locations.
     pub(crate) fn commit(&self, tokens: &[u64]) -> Vec<Option<Location>> {
+        self.commit_checked(tokens, None)
+    }
+
+    /// Makes written reservations live, each only if its payload checksum is the writer's.
+    pub(crate) fn commit_verified(&self, pairs: &[(u64, u64)]) -> Vec<Option<Location>> {
+        let tokens: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let sums: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+        self.commit_checked(&tokens, Some(&sums))
+    }
+
+    fn commit_checked(&self, tokens: &[u64], sums: Option<&[u64]>) -> Vec<Option<Location>> {
         let Some(table) = &self.reservations else {
             return vec![None; tokens.len()];
         };
@@ -197,7 +208,27 @@ impl Inner {
         };
         let res: Vec<Reservation> = held.iter().flatten().copied().collect();
         let mut locs = Vec::new();
-        self.pool.commit_reserved(&res, &mut locs);
+        match sums {
+            Some(sums) => {
+                let expected: Vec<u64> = held
+                    .iter()
+                    .zip(sums)
+                    .filter(|(h, _)| h.is_some())
+                    .map(|(_, s)| *s)
+                    .collect();
+                self.pool
+                    .commit_reserved_verified(&res, &expected, &mut locs);
+                let refused = locs.iter().filter(|l| l.is_none()).count() as u64;
+                if refused > 0 {
+                    self.metrics.commit_rejects.increment(refused);
+                    tracing::warn!(
+                        pages = refused,
+                        "refused committing pages whose bytes differ from the writer's checksum"
+                    );
+                }
+            }
+            None => self.pool.commit_reserved(&res, &mut locs),
+        }
         let mut committed = locs.into_iter();
         let out: Vec<Option<Location>> = held
             .iter()
@@ -516,11 +547,16 @@ impl Store {
         };
         drop(bufs);
         inner.scratch.lock().push(scratch);
-        let commit: Vec<u64> = slots
+        // Each committed page carries the writer's checksum, so the server publishes exactly
+        // the bytes written (a torn or stray one-sided write is refused, not published).
+        let commit: Vec<(u64, u64)> = slots
             .iter()
             .zip(&written)
             .filter(|(_, ok)| **ok)
-            .map(|(s, _)| s.1)
+            .map(|(s, _)| {
+                let page = &slices[starts[s.0]..starts[s.0] + counts[s.0]];
+                (s.1, peercache_pool::header::checksum_segments(page))
+            })
             .collect();
         let abort: Vec<u64> = slots
             .iter()
@@ -532,7 +568,7 @@ impl Store {
         let mut calls: Vec<Vec<u8>> = Vec::new();
         if !commit.is_empty() {
             calls.push(
-                envelope::encode(&StoreRequest::Commit(commit.clone()), &[]).unwrap_or_default(),
+                envelope::encode(&StoreRequest::CommitVerified(commit), &[]).unwrap_or_default(),
             );
         }
         let fallback: Vec<usize> = slots

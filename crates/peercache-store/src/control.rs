@@ -1,6 +1,7 @@
 //! Store-level control messages, served on the control port beside the directory's: a reader
 //! asks a page's owner to promote pages it holds only on its disk tier; an inference node
-//! prepares, commits, aborts or ingests writes on a storage server (see `central`).
+//! prepares, commits (checked against the writer's checksums), aborts or ingests writes on a
+//! storage server (see `central`).
 //!
 //! Kinds `0x03xx`. The owner reads the records back into its pool (verified), answers with the
 //! fresh resident locations at once, and re-publishes them to the directory off its control
@@ -36,6 +37,9 @@ pub enum StoreRequest {
     Ingest(Vec<(PageKey, u32, Vec<u8>)>),
     /// Slotmap mode: write these pages into the owner's slotmap region.
     SlotWrite(Vec<(PageKey, Vec<u8>)>),
+    /// Make written reservations live, each only if its payload's checksum is the writer's
+    /// (token, XXH3-64 of the page): a torn or stray write is released, not published.
+    CommitVerified(Vec<(u64, u64)>),
 }
 
 impl Message for StoreRequest {

@@ -25,6 +25,9 @@ pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
 pub const STORAGE_WRITES: &str = "peercache_storage_writes_total";
 /// Pages sent with their bytes after a failed one-sided write into a storage server.
 pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
+/// Storage-server commits refused because the slot's bytes differ from the writer's checksum
+/// (a torn or stray one-sided write).
+pub const COMMIT_REJECTS: &str = "peercache_storage_commit_rejects_total";
 /// Storage-server reservations released because the writer never committed.
 pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
 /// Page locations announced to directory replicas that a ring change added.
@@ -93,6 +96,7 @@ pub(crate) struct Handles {
     pub(crate) reannounced: Counter,
     pub(crate) storage_writes: Counter,
     pub(crate) storage_ingests: Counter,
+    pub(crate) commit_rejects: Counter,
     pub(crate) reservations_expired: Counter,
     pub(crate) promotes_asked: Counter,
     pub(crate) republishes: Counter,
@@ -146,6 +150,7 @@ impl Handles {
             reannounced: c(DIRECTORY_REANNOUNCES),
             storage_writes: c(STORAGE_WRITES),
             storage_ingests: c(STORAGE_INGESTS),
+            commit_rejects: c(COMMIT_REJECTS),
             reservations_expired: c(RESERVATIONS_EXPIRED),
             promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),

@@ -118,6 +118,12 @@ fn serve_store(cell: &crate::observe::NodeCell, env: peercache_wire::Envelope<'_
             frame(StoreReply::Prepared(inner.prepare(writer, &pages)))
         }
         StoreRequest::Commit(tokens) => frame(StoreReply::Committed(inner.commit(&tokens))),
+        StoreRequest::CommitVerified(pairs) => {
+            if pairs.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Committed(inner.commit_verified(&pairs)))
+        }
         StoreRequest::SlotWrite(pages) => {
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);

@@ -48,6 +48,10 @@ fn v1_store_control_fixtures_decode() {
     check("store_commit.bin", StoreRequest::Commit(vec![1, 2]));
     check("store_abort.bin", StoreRequest::Abort(vec![3]));
     check(
+        "store_commit_verified.bin",
+        StoreRequest::CommitVerified(vec![(1, 0xfeed_beef)]),
+    );
+    check(
         "store_ingest.bin",
         StoreRequest::Ingest(vec![(k, 2, vec![1, 2, 3])]),
     );

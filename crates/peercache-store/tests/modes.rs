@@ -299,3 +299,84 @@ fn a_failed_one_sided_write_falls_back_to_ingest() {
     a.shutdown();
     s.shutdown();
 }
+
+/// A storage server publishes a reserved page only if its bytes are the writer's: a commit
+/// whose checksum does not match what landed in the slot (a torn or stray write) is refused
+/// and the slot released; the matching commit publishes it.
+#[test]
+fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
+    let port = free_port();
+    let s = node(
+        124,
+        124,
+        port,
+        json!({"mode": "centralized", "role": "storage"}),
+    );
+    let a = node(125, 124, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
+    let rpc = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(9)),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 20,
+        auth: Default::default(),
+    });
+    let call = |req: &StoreRequest| {
+        let f = rpc
+            .call(
+                s.control_endpoint(),
+                &envelope::encode(req, &[]).unwrap(),
+                Duration::from_secs(2),
+            )
+            .unwrap();
+        rpc::decode_reply::<StoreReply>(&f).unwrap()
+    };
+    let len = 8 << 10;
+    let pk = PageKey::from_key("checked-0");
+    let writer =
+        TcpTransport::start(TransportConfig::default(), Some(NodeId::new("w").unwrap())).unwrap();
+    let mut src = page(11, len);
+    // SAFETY: `src` outlives the handle (dropped before it at the end of the test).
+    let h = unsafe { writer.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
+    let attempt = |sum: u64| {
+        let prep = StoreRequest::Prepare {
+            writer: NodeId::new("w").unwrap(),
+            pages: vec![(pk, len as u32, len as u32)],
+        };
+        let StoreReply::Prepared(mut o) = call(&prep) else {
+            panic!("prepare failed")
+        };
+        let PrepareOutcome::Slot {
+            token,
+            addr,
+            region,
+        } = o.remove(0)
+        else {
+            panic!("expected a slot")
+        };
+        let mut b = Batch::new();
+        b.push(
+            RemoteRange {
+                region: RegionKey(region),
+                addr,
+                len: len as u32,
+            },
+            &[Segment {
+                region: h.key(),
+                addr: h.addr(0),
+                len: len as u32,
+            }],
+        );
+        assert!(writer.write_batch(s.data_endpoint(), &b).unwrap()[0].is_ok());
+        match call(&StoreRequest::CommitVerified(vec![(token, sum)])) {
+            StoreReply::Committed(l) => l[0].clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let right = peercache_pool::header::checksum(&page(11, len));
+    assert_eq!(attempt(right ^ 1), None, "a mismatching commit is refused");
+    // The refused slot was released, so the same key can be prepared and committed again.
+    let loc = attempt(right).expect("the matching commit publishes");
+    assert_eq!(loc.checksum, right);
+    drop(h);
+    drop(src);
+}
