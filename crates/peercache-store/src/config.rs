@@ -143,6 +143,9 @@ pub struct PeerCacheConfig {
     /// RDMA backend: `verbs` (rdma-core NICs) or `soft` (an in-process software fabric that
     /// every node of this process shares — for tests and demos of the RDMA path).
     pub rdma_backend: RdmaBackend,
+    /// Storage-server writes go one-sided over RDMA (both writer and storage server must set
+    /// it); the reservation guard then cannot run per write, verified commits still hold.
+    pub rdma_writes: bool,
     /// RDMA port.
     pub ib_port: u8,
     /// RDMA GID index (-1: no GRH).
@@ -267,6 +270,7 @@ impl Default for PeerCacheConfig {
             device_names: Vec::new(),
             device_names_by_rank: BTreeMap::new(),
             rdma_backend: RdmaBackend::Verbs,
+            rdma_writes: false,
             ib_port: 1,
             gid_index: 3,
             max_channels_per_peer: 16,
@@ -335,6 +339,7 @@ pub const KEYS: &[&str] = &[
     "device_name",
     "device_names",
     "rdma_backend",
+    "rdma_writes",
     "ib_port",
     "gid_index",
     "max_channels_per_peer",
@@ -612,6 +617,7 @@ impl PeerCacheConfig {
                 }
                 _ => self.device_names = device_list(v, v)?,
             },
+            "rdma_writes" => self.rdma_writes = as_bool("rdma_writes", v)?,
             "rdma_backend" => {
                 self.rdma_backend = match as_str(v).to_ascii_lowercase().as_str() {
                     "verbs" => RdmaBackend::Verbs,

@@ -440,6 +440,7 @@ impl Inner {
                 max_batch_ops: cfg.max_batch_ops,
                 max_server_connections: cfg.max_inbound_connections,
                 auth: auth.clone(),
+                rdma_writes: cfg.rdma_writes,
                 ..TransportConfig::default()
             },
             Some(me.clone()),

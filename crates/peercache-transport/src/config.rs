@@ -24,6 +24,11 @@ pub struct TransportConfig {
     pub max_server_connections: usize,
     /// Cluster authentication of data connections (both directions).
     pub auth: Auth,
+    /// With an RDMA path: carry writes one-sided too, into guarded regions registered
+    /// remote-writable on the NIC. The NIC cannot run a [`crate::WriteGuard`], so any peer with
+    /// a queue pair may then write such a region; writers must verify what landed (storage
+    /// servers commit a page only if its bytes match the writer's checksum).
+    pub rdma_writes: bool,
 }
 
 impl Default for TransportConfig {
@@ -37,6 +42,7 @@ impl Default for TransportConfig {
             max_op_bytes: 64 << 20,
             max_server_connections: 1024,
             auth: Auth::none(),
+            rdma_writes: false,
         }
     }
 }

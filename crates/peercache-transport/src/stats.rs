@@ -39,6 +39,10 @@ pub struct TransportStats {
     pub rdma_read_bytes: u64,
     /// Read batches the RDMA path handed to TCP (peer without RDMA, unknown region…).
     pub rdma_fallbacks: u64,
+    /// Of `write_ops`: ops carried over RDMA (`rdma_writes`).
+    pub rdma_write_ops: u64,
+    /// Of `write_bytes`: bytes written over RDMA.
+    pub rdma_write_bytes: u64,
 }
 
 #[derive(Debug, Default)]

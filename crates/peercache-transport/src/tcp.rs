@@ -26,6 +26,8 @@ pub struct TcpTransport {
     endpoint: SocketAddr,
     accept: Mutex<Option<std::thread::JoinHandle<()>>>,
     rdma: Option<Arc<dyn RdmaPlane>>,
+    /// Writes go one-sided over the RDMA path (`TransportConfig::rdma_writes`).
+    rdma_writes: bool,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -66,6 +68,7 @@ impl TcpTransport {
             metrics: metrics.clone(),
             rdma: rdma.clone(),
         });
+        let rdma_writes = cfg.rdma_writes && rdma.is_some();
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
         let hello = Hello::new(Plane::Data, node, incarnation);
         let client = Client::new(table.clone(), cfg, counters, hello, metrics);
@@ -77,6 +80,7 @@ impl TcpTransport {
             endpoint,
             accept: Mutex::new(Some(accept)),
             rdma,
+            rdma_writes,
         })
     }
 
@@ -128,10 +132,15 @@ impl TcpTransport {
         let key = self
             .table
             .insert(ptr as u64, len as u64, access, Some(guard), false)?;
-        // Guarded regions are read over RDMA like any other; writes into them always go over
-        // TCP, where the guard runs.
+        // Guarded regions are read over RDMA like any other; writes into them go over TCP,
+        // where the guard runs — unless `rdma_writes` trades the guard for one-sided writes.
+        let on_nic = if self.rdma_writes {
+            Access::RemoteReadWrite
+        } else {
+            Access::RemoteRead
+        };
         // SAFETY: forwarded from the caller.
-        let rdma = unsafe { self.rdma_register(key, ptr, len, Access::RemoteRead) };
+        let rdma = unsafe { self.rdma_register(key, ptr, len, on_nic) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
@@ -227,6 +236,12 @@ impl TcpTransport {
         batch: &Batch,
     ) -> Result<OpResults, TransportError> {
         self.check_open()?;
+        if self.rdma_writes
+            && let Some(r) = &self.rdma
+            && let Some(res) = r.write_batch(peer, batch)
+        {
+            return Ok(res);
+        }
         self.client.write_batch(peer, batch)
     }
 
@@ -256,6 +271,10 @@ impl TcpTransport {
             s.rdma_read_ops = x.read_ops;
             s.rdma_read_bytes = x.read_bytes;
             s.rdma_fallbacks = x.fallbacks;
+            s.write_ops += x.write_ops;
+            s.write_bytes += x.write_bytes;
+            s.rdma_write_ops = x.write_ops;
+            s.rdma_write_bytes = x.write_bytes;
         }
         s
     }

@@ -189,3 +189,80 @@ fn peers_without_rdma_and_unregistered_destinations_are_read_over_tcp() {
     assert_eq!(r, vec![Ok(())]);
     assert_eq!(reader.stats().rdma_fallbacks, 2);
 }
+
+/// A guard that admits only writes from node "w" (the TCP server runs it; a NIC cannot).
+#[derive(Debug)]
+struct OnlyW;
+
+impl peercache_transport::WriteGuard for OnlyW {
+    fn allow_write(&self, peer: Option<&peercache_wire::NodeId>, _addr: u64, _len: u64) -> bool {
+        peer.is_some_and(|p| p.as_str() == "w")
+    }
+}
+
+fn transport_with_writes(fabric: &Arc<Fabric>, rdma_writes: bool) -> TcpTransport {
+    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+    verbs.bootstrap = Some(SoftBootstrap {
+        node: None,
+        auth: auth(),
+        timeout: Duration::from_secs(2),
+    });
+    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
+    let cfg = TransportConfig {
+        rdma_writes,
+        ..cfg()
+    };
+    TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+}
+
+#[test]
+fn writes_go_one_sided_only_when_both_sides_enable_rdma_writes() {
+    let fabric = Fabric::new();
+    let owner = transport_with_writes(&fabric, true);
+    let mut target = vec![0u8; 1 << 20];
+    let th = unsafe { owner.register_guarded(target.as_mut_ptr(), target.len(), Arc::new(OnlyW)) }
+        .unwrap();
+    let write = |t: &TcpTransport, src: &Region, off: u64| {
+        let mut b = Batch::new();
+        for i in 0..4u64 {
+            b.push(
+                remote(&th, off + i * 8192, 8192),
+                &[seg(&src.h, i * 8192, 8192)],
+            );
+        }
+        t.write_batch(owner.local_endpoint(), &b).unwrap()
+    };
+
+    // Both sides enable it: the bytes land one-sided, the owner's TCP server serves nothing.
+    let w = transport_with_writes(&fabric, true);
+    let src = region(&w, 1 << 16, Access::LocalOnly, 7);
+    let r = write(&w, &src, 0);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(&target[..4 * 8192], &src.mem[..4 * 8192]);
+    assert_eq!(owner.stats().served_ops, 0);
+    let s = w.stats();
+    assert_eq!((s.rdma_write_ops, s.rdma_write_bytes), (4, 4 * 8192));
+
+    // A writer without it goes over TCP, where the guard refuses an anonymous writer.
+    let plain = transport_with_writes(&fabric, false);
+    let src2 = region(&plain, 1 << 16, Access::LocalOnly, 8);
+    let r = write(&plain, &src2, 65536);
+    assert!(matches!(r[0], Err(OpError::AccessDenied(_))), "{r:?}");
+    assert!(owner.stats().served_errors >= 4);
+    assert_eq!(plain.stats().rdma_write_ops, 0);
+
+    // An owner without it registers the region read-only on the NIC: an RDMA-writing peer
+    // falls back to TCP and meets the guard there.
+    let strict = transport_with_writes(&fabric, false);
+    let mut t2 = vec![0u8; 1 << 16];
+    let th2 =
+        unsafe { strict.register_guarded(t2.as_mut_ptr(), t2.len(), Arc::new(OnlyW)) }.unwrap();
+    let mut b = Batch::new();
+    b.push(remote(&th2, 0, 8192), &[seg(&src.h, 0, 8192)]);
+    let r = w.write_batch(strict.local_endpoint(), &b).unwrap();
+    assert!(matches!(r[0], Err(OpError::AccessDenied(_))), "{r:?}");
+    assert!(t2.iter().all(|b| *b == 0), "nothing was written");
+    assert_eq!(w.stats().rdma_write_ops, 4, "no further one-sided write");
+    drop((th, th2));
+    drop((target, t2));
+}

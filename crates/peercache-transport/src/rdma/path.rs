@@ -3,8 +3,9 @@
 //! pairs and the region table), and turns a read batch into engine ops — remote rkeys from the
 //! peer's region table, local keys from this node's registrations. A batch it cannot carry
 //! (the peer has no RDMA, a region it does not know, a local segment outside registered memory)
-//! goes over TCP instead; so does every write, because only the TCP server checks a write
-//! against the writer's reservation (a one-sided write would bypass that guard).
+//! goes over TCP instead. Writes go over TCP too, because only the TCP server checks a write
+//! against the writer's reservation — unless the transport enables `rdma_writes` and the
+//! peer registered the region remote-writable on its NIC (then verification happens at commit).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
@@ -82,6 +83,9 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
     fn deregister(&self, key: RegionKey);
     /// Reads the batch over RDMA, or `None` when it must go over TCP.
     fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults>;
+    /// Writes the batch over RDMA, or `None` when it must go over TCP (a region the peer did
+    /// not register remote-writable on its NIC).
+    fn write_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults>;
     /// Serves one accepted connection on the bootstrap plane.
     fn serve(&self, stream: TcpStream);
     /// Counters.
@@ -99,6 +103,10 @@ pub struct RdmaStats {
     pub op_errors: u64,
     /// Batches handed to TCP instead.
     pub fallbacks: u64,
+    /// Write ops carried over RDMA that succeeded.
+    pub write_ops: u64,
+    /// Bytes written over RDMA.
+    pub write_bytes: u64,
     /// Region tables fetched from peers.
     pub table_fetches: u64,
     /// Work completions with an error status.
@@ -119,6 +127,8 @@ pub mod metric {
     pub const OPS: &str = "peercache_rdma_read_ops_total";
     /// Bytes read over RDMA.
     pub const BYTES: &str = "peercache_rdma_read_bytes_total";
+    /// Bytes written over RDMA (`rdma_writes`).
+    pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
     /// Read batches handed to TCP.
     pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
     /// Work completions with an error status.
@@ -134,6 +144,7 @@ pub mod metric {
 struct Metrics {
     ops: metrics::Counter,
     bytes: metrics::Counter,
+    write_bytes: metrics::Counter,
     fallbacks: metrics::Counter,
     wc_errors: metrics::Counter,
     timeouts: metrics::Counter,
@@ -146,6 +157,7 @@ impl Metrics {
         Metrics {
             ops: metrics::counter!(metric::OPS),
             bytes: metrics::counter!(metric::BYTES),
+            write_bytes: metrics::counter!(metric::WRITE_BYTES),
             fallbacks: metrics::counter!(metric::FALLBACKS),
             wc_errors: metrics::counter!(metric::WC_ERRORS),
             timeouts: metrics::counter!(metric::TIMEOUTS),
@@ -162,6 +174,8 @@ struct Counters {
     op_errors: AtomicU64,
     fallbacks: AtomicU64,
     table_fetches: AtomicU64,
+    write_ops: AtomicU64,
+    write_bytes: AtomicU64,
 }
 
 struct LocalRegion {
@@ -269,7 +283,12 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     }
 
     /// Engine ops for `batch`, or None when some op cannot go over RDMA.
-    fn build(&self, batch: &Batch, remote: &HashMap<u64, RegionRkeys>) -> Option<Vec<EngineOp>> {
+    fn build(
+        &self,
+        batch: &Batch,
+        remote: &HashMap<u64, RegionRkeys>,
+        kind: RdmaOp,
+    ) -> Option<Vec<EngineOp>> {
         let local = self.local.read();
         let mut ops = Vec::with_capacity(batch.len());
         for op in batch.ops() {
@@ -289,13 +308,114 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 });
             }
             ops.push(EngineOp {
-                op: RdmaOp::Read,
+                op: kind,
                 local: segs,
                 remote_addr: op.remote.addr,
                 rkeys,
             });
         }
         Some(ops)
+    }
+
+    /// Carries `batch` one-sided as `kind`, or `None` when it must go over TCP.
+    fn one_sided(&self, peer: SocketAddr, batch: &Batch, kind: RdmaOp) -> Option<OpResults> {
+        let fallback = || {
+            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.metrics.fallbacks.increment(1);
+            None
+        };
+        let Some(mut remote) = self.peer_regions(peer, false) else {
+            return fallback();
+        };
+        if batch
+            .ops()
+            .iter()
+            .any(|o| !remote.contains_key(&o.remote.region.0))
+        {
+            // A region registered after our last fetch (or the peer restarted): ask again.
+            match self.peer_regions(peer, true) {
+                Some(t) => remote = t,
+                None => return fallback(),
+            }
+        }
+        // A write needs every target registered remote-writable on the peer's NIC; otherwise
+        // the TCP server (and its guard) decides.
+        if kind == RdmaOp::Write
+            && batch
+                .ops()
+                .iter()
+                .any(|o| !remote.get(&o.remote.region.0).is_some_and(|r| r.writable))
+        {
+            return fallback();
+        }
+        // Ops the peer's table rejects fail here with the TCP server's typed errors; the rest
+        // go over RDMA.
+        let mut results: OpResults = (0..batch.len())
+            .map(|i| check_op(batch, i, &remote))
+            .collect();
+        let Some(all) = self.build(batch, &remote, kind) else {
+            return fallback();
+        };
+        let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
+        let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
+        let ec = &self.engine.counters;
+        let before = [
+            ec.wc_errors.load(Ordering::Relaxed),
+            ec.timeouts.load(Ordering::Relaxed),
+            ec.channel_discards.load(Ordering::Relaxed),
+            ec.post_failures.load(Ordering::Relaxed),
+        ];
+        let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
+        let delta = |i: usize, c: &AtomicU64| c.load(Ordering::Relaxed) - before[i];
+        self.metrics.wc_errors.increment(delta(0, &ec.wc_errors));
+        self.metrics.timeouts.increment(delta(1, &ec.timeouts));
+        self.metrics
+            .discards
+            .increment(delta(2, &ec.channel_discards));
+        self.metrics
+            .post_failures
+            .increment(delta(3, &ec.post_failures));
+        if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
+            // No queue pair could be connected: leave this peer on TCP for a while.
+            tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
+            self.peers
+                .lock()
+                .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
+            return fallback();
+        }
+        let (mut ok_ops, mut ok_bytes) = (0u64, 0u64);
+        for (&i, r) in idx.iter().zip(done) {
+            let len = u64::from(batch.ops()[i].remote.len);
+            results[i] = match r {
+                Ok(()) => {
+                    ok_ops += 1;
+                    ok_bytes += len;
+                    Ok(())
+                }
+                Err(e) => {
+                    self.counters.op_errors.fetch_add(1, Ordering::Relaxed);
+                    Err(match e {
+                        RdmaOpError::Wc(10) => OpError::AccessDenied(batch.ops()[i].remote.region),
+                        other => OpError::Batch(format!("rdma: {other}")),
+                    })
+                }
+            };
+        }
+        if kind == RdmaOp::Write {
+            self.counters.write_ops.fetch_add(ok_ops, Ordering::Relaxed);
+            self.counters
+                .write_bytes
+                .fetch_add(ok_bytes, Ordering::Relaxed);
+            self.metrics.write_bytes.increment(ok_bytes);
+        } else {
+            self.counters.read_ops.fetch_add(ok_ops, Ordering::Relaxed);
+            self.counters
+                .read_bytes
+                .fetch_add(ok_bytes, Ordering::Relaxed);
+            self.metrics.ops.increment(ok_ops);
+            self.metrics.bytes.increment(ok_bytes);
+        }
+        Some(results)
     }
 }
 
@@ -373,85 +493,11 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
     }
 
     fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults> {
-        let fallback = || {
-            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-            self.metrics.fallbacks.increment(1);
-            None
-        };
-        let Some(mut remote) = self.peer_regions(peer, false) else {
-            return fallback();
-        };
-        if batch
-            .ops()
-            .iter()
-            .any(|o| !remote.contains_key(&o.remote.region.0))
-        {
-            // A region registered after our last fetch (or the peer restarted): ask again.
-            match self.peer_regions(peer, true) {
-                Some(t) => remote = t,
-                None => return fallback(),
-            }
-        }
-        // Ops the peer's table rejects fail here with the TCP server's typed errors; the rest
-        // go over RDMA.
-        let mut results: OpResults = (0..batch.len())
-            .map(|i| check_op(batch, i, &remote))
-            .collect();
-        let Some(all) = self.build(batch, &remote) else {
-            return fallback();
-        };
-        let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
-        let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
-        let ec = &self.engine.counters;
-        let before = [
-            ec.wc_errors.load(Ordering::Relaxed),
-            ec.timeouts.load(Ordering::Relaxed),
-            ec.channel_discards.load(Ordering::Relaxed),
-            ec.post_failures.load(Ordering::Relaxed),
-        ];
-        let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
-        let delta = |i: usize, c: &AtomicU64| c.load(Ordering::Relaxed) - before[i];
-        self.metrics.wc_errors.increment(delta(0, &ec.wc_errors));
-        self.metrics.timeouts.increment(delta(1, &ec.timeouts));
-        self.metrics
-            .discards
-            .increment(delta(2, &ec.channel_discards));
-        self.metrics
-            .post_failures
-            .increment(delta(3, &ec.post_failures));
-        if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
-            // No queue pair could be connected: leave this peer on TCP for a while.
-            tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
-            self.peers
-                .lock()
-                .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
-            return fallback();
-        }
-        let (mut ok_ops, mut ok_bytes) = (0u64, 0u64);
-        for (&i, r) in idx.iter().zip(done) {
-            let len = u64::from(batch.ops()[i].remote.len);
-            results[i] = match r {
-                Ok(()) => {
-                    ok_ops += 1;
-                    ok_bytes += len;
-                    Ok(())
-                }
-                Err(e) => {
-                    self.counters.op_errors.fetch_add(1, Ordering::Relaxed);
-                    Err(match e {
-                        RdmaOpError::Wc(10) => OpError::AccessDenied(batch.ops()[i].remote.region),
-                        other => OpError::Batch(format!("rdma: {other}")),
-                    })
-                }
-            };
-        }
-        self.counters.read_ops.fetch_add(ok_ops, Ordering::Relaxed);
-        self.counters
-            .read_bytes
-            .fetch_add(ok_bytes, Ordering::Relaxed);
-        self.metrics.ops.increment(ok_ops);
-        self.metrics.bytes.increment(ok_bytes);
-        Some(results)
+        self.one_sided(peer, batch, RdmaOp::Read)
+    }
+
+    fn write_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults> {
+        self.one_sided(peer, batch, RdmaOp::Write)
     }
 
     fn serve(&self, stream: TcpStream) {
@@ -471,6 +517,8 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             op_errors: g(&c.op_errors),
             fallbacks: g(&c.fallbacks),
             table_fetches: g(&c.table_fetches),
+            write_ops: g(&c.write_ops),
+            write_bytes: g(&c.write_bytes),
             wc_errors: g(&self.engine.counters.wc_errors),
             last_wc_status: g(&self.engine.counters.last_wc_status),
             timeouts: g(&self.engine.counters.timeouts),
