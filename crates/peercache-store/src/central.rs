@@ -484,9 +484,13 @@ impl Store {
         // 2. One-sided WRITE of every reserved page: straight from registered host memory, or
         // from a registered staging copy.
         let bufs = inner.host_buffers.read();
+        // With `lazy_registration`, unregistered pages are sent straight from the caller's
+        // memory (named unregistered); otherwise from a registered staging copy.
+        let lazy = inner.cfg.lazy_registration;
+        let direct = |i: usize| lazy || self.page_registered(&bufs, slices, starts[i], counts[i]);
         let staging: usize = slots
             .iter()
-            .filter(|(i, ..)| !self.page_registered(&bufs, slices, starts[*i], counts[*i]))
+            .filter(|(i, ..)| !direct(*i))
             .map(|(i, ..)| lens[*i])
             .sum();
         let Ok(mut scratch) = self.checkout_scratch(0, staging) else {
@@ -497,11 +501,11 @@ impl Store {
         for &(i, _, addr, region) in &slots {
             let page = &slices[starts[i]..starts[i] + counts[i]];
             let mut local: SmallVec<[Segment; 4]> = SmallVec::new();
-            if self.page_registered(&bufs, slices, starts[i], counts[i]) {
+            if direct(i) {
                 for s in page {
                     let key = self
                         .host_region(&bufs, s.as_ptr() as u64, s.len() as u64)
-                        .expect("checked above");
+                        .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
                     local.push(Segment {
                         region: key,
                         addr: s.as_ptr() as u64,
@@ -530,6 +534,11 @@ impl Store {
                 },
                 &local,
             );
+        }
+        if lazy {
+            // SAFETY: the pages are the caller's slices, borrowed (and only read) for the whole
+            // call, which the write batch runs within.
+            unsafe { batch.allow_unregistered() };
         }
         let data_ep = inner
             .discovery

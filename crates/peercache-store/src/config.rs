@@ -143,6 +143,9 @@ pub struct PeerCacheConfig {
     /// RDMA backend: `verbs` (rdma-core NICs) or `soft` (an in-process software fabric that
     /// every node of this process shares — for tests and demos of the RDMA path).
     pub rdma_backend: RdmaBackend,
+    /// Read into (and write from) caller memory outside registered host buffers directly —
+    /// registered per batch on RDMA — instead of through staging and a copy.
+    pub lazy_registration: bool,
     /// Storage-server writes go one-sided over RDMA (both writer and storage server must set
     /// it); the reservation guard then cannot run per write, verified commits still hold.
     pub rdma_writes: bool,
@@ -271,6 +274,7 @@ impl Default for PeerCacheConfig {
             device_names_by_rank: BTreeMap::new(),
             rdma_backend: RdmaBackend::Verbs,
             rdma_writes: false,
+            lazy_registration: true,
             ib_port: 1,
             gid_index: 3,
             max_channels_per_peer: 16,
@@ -340,6 +344,7 @@ pub const KEYS: &[&str] = &[
     "device_names",
     "rdma_backend",
     "rdma_writes",
+    "lazy_registration",
     "ib_port",
     "gid_index",
     "max_channels_per_peer",
@@ -618,6 +623,7 @@ impl PeerCacheConfig {
                 _ => self.device_names = device_list(v, v)?,
             },
             "rdma_writes" => self.rdma_writes = as_bool("rdma_writes", v)?,
+            "lazy_registration" => self.lazy_registration = as_bool("lazy_registration", v)?,
             "rdma_backend" => {
                 self.rdma_backend = match as_str(v).to_ascii_lowercase().as_str() {
                     "verbs" => RdmaBackend::Verbs,

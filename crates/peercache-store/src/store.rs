@@ -1058,13 +1058,18 @@ impl Store {
         let inner = &*self.inner;
         let bufs = inner.host_buffers.read();
         // Which pages land directly, which go through staging.
+        // With `lazy_registration` every page lands directly: segments outside registered host
+        // buffers are named unregistered (TCP receives into them; RDMA registers them for the
+        // batch). Without it they go through registered staging and a copy.
+        let lazy = inner.cfg.lazy_registration;
         let mut staging_need = 0usize;
         let mut direct = Vec::with_capacity(pages.len());
         for (i, loc) in pages {
-            let ok = segs[starts[*i]..starts[*i] + counts[*i]].iter().all(|s| {
-                self.host_region(&bufs, s.ptr as u64, s.len as u64)
-                    .is_some()
-            });
+            let ok = lazy
+                || segs[starts[*i]..starts[*i] + counts[*i]].iter().all(|s| {
+                    self.host_region(&bufs, s.ptr as u64, s.len as u64)
+                        .is_some()
+                });
             if !ok {
                 staging_need += loc.len as usize;
             }
@@ -1097,7 +1102,7 @@ impl Store {
                 for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
                     let region = self
                         .host_region(&bufs, s.ptr as u64, s.len as u64)
-                        .expect("checked above");
+                        .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
                     local.push(Segment {
                         region,
                         addr: s.ptr as u64,
@@ -1123,17 +1128,42 @@ impl Store {
                 &local,
             );
         }
+        if lazy {
+            // SAFETY: the caller's segments are valid for writes of their length and do not
+            // overlap for the whole call (`batch_get_raw`'s contract); the batch runs within it.
+            unsafe { batch.allow_unregistered() };
+        }
         let res = inner.transport.read_batch(ep, &batch);
         drop(bufs);
         let mut out = Vec::with_capacity(pages.len());
         match res {
             Err(e) => {
                 tracing::debug!(peer = %ep, error = %e, "remote read batch failed");
+                // Part of the batch may have landed before the failure: scrub direct pages.
+                for (j, (i, _)) in pages.iter().enumerate() {
+                    if staging_off[j] == usize::MAX {
+                        for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
+                            // SAFETY: the caller's segment, valid for `len` writes.
+                            unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
+                        }
+                    }
+                }
                 out.extend(pages.iter().map(|(i, _)| (*i, false)));
             }
             Ok(results) => {
+                // A page that landed directly but is not served (failed op, rejected by
+                // verification) is scrubbed: a miss never leaves another key's bytes behind.
+                let scrub = |i: usize| {
+                    for s in &segs[starts[i]..starts[i] + counts[i]] {
+                        // SAFETY: the caller's segment, valid for `len` writes.
+                        unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
+                    }
+                };
                 for (j, ((i, loc), r)) in pages.iter().zip(results).enumerate() {
                     if r.is_err() {
+                        if staging_off[j] == usize::MAX {
+                            scrub(*i);
+                        }
                         out.push((*i, false));
                         continue;
                     }
@@ -1171,6 +1201,9 @@ impl Store {
                     match verdict {
                         Ok(_) => out.push((*i, true)),
                         Err(reason) => {
+                            if staging_off[j] == usize::MAX {
+                                scrub(*i);
+                            }
                             inner.metrics.verify_rejects.increment(1);
                             inner.verify_rejects.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 mod common;
-use common::{free_port, node, page};
+use common::{free_port, get as read_all, node, page};
 
 /// A cluster of 64 MiB nodes (`extra` overrides).
 fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<peercache_store::Store> {
@@ -455,4 +455,29 @@ fn the_fourth_copy_of_a_page_is_reclaimable_and_goes_first_under_pressure() {
             .all(|&x| x)
     );
     assert_eq!(out, pages);
+}
+
+#[test]
+fn unregistered_destinations_land_directly_unless_lazy_registration_is_off() {
+    for (lazy, hosts) in [(true, [60u8, 61]), (false, [62, 63])] {
+        let nodes = cluster(&hosts, json!({"lazy_registration": lazy}));
+        let (a, b) = (&nodes[0], &nodes[1]);
+        let keys: Vec<String> = (0..8).map(|i| format!("lazy-{i}")).collect();
+        let pages: Vec<Vec<u8>> = (0..8).map(|i| page(900 + i, 24 << 10)).collect();
+        let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+        assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+        // Plain Vecs: never registered with the node.
+        let (got, out) = read_all(b, &keys, 24 << 10);
+        assert!(got.iter().all(|&x| x), "{got:?}");
+        assert_eq!(out, pages);
+        let staged = b.stats().staged_reads;
+        if lazy {
+            assert_eq!(staged, 0, "read straight into the caller's memory");
+        } else {
+            assert_eq!(staged, 8, "read through staging and copied");
+        }
+        for n in &nodes {
+            n.shutdown();
+        }
+    }
 }

@@ -42,6 +42,9 @@ pub struct OpDesc {
 pub struct Batch {
     ops: Vec<OpDesc>,
     segs: Vec<Segment>,
+    /// Local segments may name [`crate::RegionKey::UNREGISTERED`] memory (set only through the
+    /// unsafe [`Batch::allow_unregistered`]).
+    unregistered: bool,
 }
 
 impl Batch {
@@ -55,6 +58,7 @@ impl Batch {
         Batch {
             ops: Vec::with_capacity(ops),
             segs: Vec::with_capacity(segs),
+            unregistered: false,
         }
     }
 
@@ -69,10 +73,28 @@ impl Batch {
         });
     }
 
+    /// Lets local segments of this batch name [`crate::RegionKey::UNREGISTERED`] memory:
+    /// the TCP plane then reads into (or writes from) them directly and the RDMA path
+    /// registers them for the batch. Without this, such segments are refused per op.
+    ///
+    /// # Safety
+    /// Until the batch has been executed (or cleared), every `UNREGISTERED` segment must be
+    /// valid for writes (reads, for a write batch) of its length, and not overlap another
+    /// segment of the batch or memory another thread uses meanwhile.
+    pub unsafe fn allow_unregistered(&mut self) {
+        self.unregistered = true;
+    }
+
+    /// Whether [`Batch::allow_unregistered`] was called since the last clear.
+    pub fn allows_unregistered(&self) -> bool {
+        self.unregistered
+    }
+
     /// Empties the batch, keeping its capacity.
     pub fn clear(&mut self) {
         self.ops.clear();
         self.segs.clear();
+        self.unregistered = false;
     }
 
     /// Number of ops.

@@ -368,7 +368,8 @@ impl Client {
     }
 }
 
-/// Validates an op's local segments: registered, in bounds, adding up to the remote length.
+/// Validates an op's local segments: registered (or explicitly [`crate::RegionKey::UNREGISTERED`]
+/// caller memory), in bounds, adding up to the remote length.
 fn check_local(
     regions: &HashMap<crate::RegionKey, crate::region::Region>,
     batch: &Batch,
@@ -384,6 +385,19 @@ fn check_local(
     }
     let mut sum = 0u64;
     for s in batch.op_segments(op) {
+        if s.region == crate::RegionKey::UNREGISTERED && batch.allows_unregistered() {
+            // Caller memory valid for the call (its unsafe promise): a sane range suffices.
+            if s.addr == 0 || s.addr.checked_add(s.len as u64).is_none() {
+                return Err(OpError::OutOfRegion {
+                    region: s.region,
+                    addr: s.addr,
+                    len: s.len as u64,
+                    region_len: 0,
+                });
+            }
+            sum += s.len as u64;
+            continue;
+        }
         let r = regions
             .get(&s.region)
             .ok_or(OpError::UnknownRegion(s.region))?;

@@ -34,6 +34,14 @@ impl Access {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionKey(pub u64);
 
+impl RegionKey {
+    /// Names a *local* segment in memory the caller did not register (valid for the call, by
+    /// the caller's contract). The TCP plane reads into and writes from it directly; the RDMA
+    /// path registers it lazily for the batch. Never a key of a registered region, so a remote
+    /// range naming it is an unknown region.
+    pub const UNREGISTERED: RegionKey = RegionKey(u64::MAX);
+}
+
 /// Decides, per inbound write, whether a peer may write a range of a [`Access::RemoteReadWrite`]
 /// region registered with it — e.g. only slots the writing node reserved.
 pub trait WriteGuard: Send + Sync + std::fmt::Debug {
@@ -118,8 +126,13 @@ impl RegionTable {
         {
             return Err(TransportError::Register("overlaps a registered region"));
         }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let key = RegionKey(n.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ self.salt);
+        let key = loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            let k = RegionKey(n.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ self.salt);
+            if k != RegionKey::UNREGISTERED && !map.contains_key(&k) {
+                break k;
+            }
+        };
         map.insert(
             key,
             Region {

@@ -107,6 +107,8 @@ pub struct RdmaStats {
     pub write_ops: u64,
     /// Bytes written over RDMA.
     pub write_bytes: u64,
+    /// Caller buffers registered for one batch (segments outside registered regions).
+    pub lazy_registrations: u64,
     /// Region tables fetched from peers.
     pub table_fetches: u64,
     /// Work completions with an error status.
@@ -129,6 +131,8 @@ pub mod metric {
     pub const BYTES: &str = "peercache_rdma_read_bytes_total";
     /// Bytes written over RDMA (`rdma_writes`).
     pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
+    /// Caller buffers registered for one batch (lazy registration).
+    pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
     /// Read batches handed to TCP.
     pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
     /// Work completions with an error status.
@@ -145,6 +149,7 @@ struct Metrics {
     ops: metrics::Counter,
     bytes: metrics::Counter,
     write_bytes: metrics::Counter,
+    lazy: metrics::Counter,
     fallbacks: metrics::Counter,
     wc_errors: metrics::Counter,
     timeouts: metrics::Counter,
@@ -158,6 +163,7 @@ impl Metrics {
             ops: metrics::counter!(metric::OPS),
             bytes: metrics::counter!(metric::BYTES),
             write_bytes: metrics::counter!(metric::WRITE_BYTES),
+            lazy: metrics::counter!(metric::LAZY),
             fallbacks: metrics::counter!(metric::FALLBACKS),
             wc_errors: metrics::counter!(metric::WC_ERRORS),
             timeouts: metrics::counter!(metric::TIMEOUTS),
@@ -176,6 +182,7 @@ struct Counters {
     table_fetches: AtomicU64,
     write_ops: AtomicU64,
     write_bytes: AtomicU64,
+    lazy_registrations: AtomicU64,
 }
 
 struct LocalRegion {
@@ -288,6 +295,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         batch: &Batch,
         remote: &HashMap<u64, RegionRkeys>,
         kind: RdmaOp,
+        lazy: &LazyRegs<'_, V>,
     ) -> Option<Vec<EngineOp>> {
         let local = self.local.read();
         let mut ops = Vec::with_capacity(batch.len());
@@ -297,14 +305,19 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             rkeys.extend(r.rkeys.iter().copied());
             let mut segs: SmallVec<[LocalSge; 4]> = SmallVec::new();
             for s in batch.op_segments(op) {
-                let l = local.get(&s.region.0)?;
-                if s.addr < l.base || s.addr + u64::from(s.len) > l.base + l.len {
-                    return None;
-                }
+                let lkeys = if s.region == RegionKey::UNREGISTERED && batch.allows_unregistered() {
+                    lazy.keys_for(s.addr, u64::from(s.len))?
+                } else {
+                    let l = local.get(&s.region.0)?;
+                    if s.addr < l.base || s.addr + u64::from(s.len) > l.base + l.len {
+                        return None;
+                    }
+                    l.keys.lkeys
+                };
                 segs.push(LocalSge {
                     addr: s.addr,
                     len: s.len,
-                    lkeys: l.keys.lkeys,
+                    lkeys,
                 });
             }
             ops.push(EngineOp {
@@ -315,6 +328,68 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             });
         }
         Some(ops)
+    }
+
+    /// Registers the batch's [`RegionKey::UNREGISTERED`] segments: their page-aligned ranges,
+    /// merged, one registration each (so the many segments of one caller buffer cost one).
+    /// None when a registration fails (the batch then goes over TCP, which needs none).
+    fn lazy_register(&self, batch: &Batch) -> Option<LazyRegs<'_, V>> {
+        let mut regs = LazyRegs {
+            verbs: self.engine.verbs(),
+            regs: Vec::new(),
+        };
+        if !batch.allows_unregistered() {
+            return Some(regs);
+        }
+        const PAGE: u64 = 4096;
+        let mut ranges: Vec<(u64, u64)> = batch
+            .segments()
+            .iter()
+            .filter(|s| s.region == RegionKey::UNREGISTERED && s.len > 0)
+            .filter_map(|s| {
+                let end = s
+                    .addr
+                    .checked_add(u64::from(s.len))?
+                    .checked_add(PAGE - 1)?;
+                Some((s.addr & !(PAGE - 1), end & !(PAGE - 1)))
+            })
+            .collect();
+        if ranges.is_empty() {
+            return Some(regs);
+        }
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (a, b) in ranges {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        for (a, b) in merged {
+            // SAFETY: the range covers segments the caller promised valid for the batch
+            // (`Batch::allow_unregistered`), rounded out to whole pages, which stay mapped as
+            // long as any byte of them is; `LazyRegs` deregisters after the engine drained.
+            let keys = unsafe {
+                Registrar::register(
+                    self.engine.verbs(),
+                    a as *mut u8,
+                    (b - a) as usize,
+                    Access::LocalOnly,
+                )
+            };
+            match keys {
+                Ok(keys) => regs.regs.push((a, b, keys)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "lazy registration failed; this batch goes over TCP");
+                    return None;
+                }
+            }
+        }
+        self.counters
+            .lazy_registrations
+            .fetch_add(regs.regs.len() as u64, Ordering::Relaxed);
+        self.metrics.lazy.increment(regs.regs.len() as u64);
+        Some(regs)
     }
 
     /// Carries `batch` one-sided as `kind`, or `None` when it must go over TCP.
@@ -353,7 +428,12 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         let mut results: OpResults = (0..batch.len())
             .map(|i| check_op(batch, i, &remote))
             .collect();
-        let Some(all) = self.build(batch, &remote, kind) else {
+        // Caller memory outside registered regions: registered now, for this batch only
+        // (released after the engine has drained every request that targets it).
+        let Some(lazy) = self.lazy_register(batch) else {
+            return fallback();
+        };
+        let Some(all) = self.build(batch, &remote, kind, &lazy) else {
             return fallback();
         };
         let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
@@ -416,6 +496,31 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             self.metrics.bytes.increment(ok_bytes);
         }
         Some(results)
+    }
+}
+
+/// Caller memory registered for one batch; deregistered when dropped.
+struct LazyRegs<'a, V: Registrar> {
+    verbs: &'a V,
+    regs: Vec<(u64, u64, RailKeys)>,
+}
+
+impl<V: Registrar> LazyRegs<'_, V> {
+    /// The local keys of the registration holding `[addr, addr+len)`.
+    fn keys_for(&self, addr: u64, len: u64) -> Option<[u32; MAX_RAILS]> {
+        let end = addr.checked_add(len)?;
+        self.regs
+            .iter()
+            .find(|(a, b, _)| addr >= *a && end <= *b)
+            .map(|(_, _, k)| k.lkeys)
+    }
+}
+
+impl<V: Registrar> Drop for LazyRegs<'_, V> {
+    fn drop(&mut self) {
+        for (_, _, k) in &self.regs {
+            self.verbs.deregister(k);
+        }
     }
 }
 
@@ -519,6 +624,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             table_fetches: g(&c.table_fetches),
             write_ops: g(&c.write_ops),
             write_bytes: g(&c.write_bytes),
+            lazy_registrations: g(&c.lazy_registrations),
             wc_errors: g(&self.engine.counters.wc_errors),
             last_wc_status: g(&self.engine.counters.last_wc_status),
             timeouts: g(&self.engine.counters.timeouts),

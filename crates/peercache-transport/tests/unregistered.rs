@@ -1,0 +1,150 @@
+//! Caller memory outside registered regions (`RegionKey::UNREGISTERED`, allowed per batch by
+//! the unsafe `Batch::allow_unregistered`): read into and written from directly over TCP, and
+//! registered lazily for one batch on the RDMA path; refused when the batch did not allow it.
+// Every unsafe block registers a test buffer that outlives its handle, or allows unregistered
+// segments in buffers that outlive the batch.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
+use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::{
+    Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
+};
+use peercache_wire::auth::Auth;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn unreg(buf: &mut [u8], off: usize, len: u32) -> Segment {
+    Segment {
+        region: RegionKey::UNREGISTERED,
+        addr: buf.as_mut_ptr() as u64 + off as u64,
+        len,
+    }
+}
+
+#[test]
+fn tcp_reads_into_and_writes_from_unregistered_memory_only_when_allowed() {
+    let owner = TcpTransport::start(TransportConfig::default(), None).unwrap();
+    let reader = TcpTransport::start(TransportConfig::default(), None).unwrap();
+    let mut src = pattern(1, 1 << 16);
+    let sh =
+        unsafe { owner.register(src.as_mut_ptr(), src.len(), Access::RemoteReadWrite) }.unwrap();
+    let mut dst = vec![0u8; 1 << 16];
+    let mut b = Batch::new();
+    for i in 0..4u64 {
+        let seg = unreg(&mut dst, i as usize * 16384, 16384);
+        b.push(
+            RemoteRange {
+                region: sh.key(),
+                addr: sh.addr(i * 16384),
+                len: 16384,
+            },
+            &[seg],
+        );
+    }
+    // Not allowed: refused per op, nothing written.
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(
+        r.iter()
+            .all(|x| *x == Err(OpError::UnknownRegion(RegionKey::UNREGISTERED))),
+        "{r:?}"
+    );
+    assert!(dst.iter().all(|x| *x == 0));
+    // Allowed: the bytes land straight in the caller's memory.
+    unsafe { b.allow_unregistered() };
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert!(dst == src);
+    // Writes gather from unregistered memory the same way.
+    let mut fresh = pattern(2, 4096);
+    let mut w = Batch::new();
+    let seg = unreg(&mut fresh, 0, 4096);
+    w.push(
+        RemoteRange {
+            region: sh.key(),
+            addr: sh.addr(0),
+            len: 4096,
+        },
+        &[seg],
+    );
+    unsafe { w.allow_unregistered() };
+    assert!(reader.write_batch(owner.local_endpoint(), &w).unwrap()[0].is_ok());
+    drop(sh);
+    assert_eq!(&src[..4096], &fresh[..]);
+    // Clearing a batch withdraws the permission.
+    w.clear();
+    assert!(!w.allows_unregistered());
+}
+
+#[test]
+fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
+    let fabric = Fabric::new();
+    let auth = Auth::from_secret(b"a-cluster-secret-of-enough-bytes").unwrap();
+    let t = |fabric: &Arc<Fabric>| {
+        let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+        verbs.bootstrap = Some(SoftBootstrap {
+            node: None,
+            auth: auth.clone(),
+            timeout: Duration::from_secs(2),
+        });
+        let path: Arc<dyn RdmaPlane> =
+            RdmaPath::new(verbs, None, auth.clone(), Duration::from_secs(2));
+        let cfg = TransportConfig {
+            auth: auth.clone(),
+            ..TransportConfig::default()
+        };
+        TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+    };
+    let (owner, reader) = (t(&fabric), t(&fabric));
+    let mut src = pattern(3, 1 << 20);
+    let sh = unsafe { owner.register(src.as_mut_ptr(), src.len(), Access::RemoteRead) }.unwrap();
+    let mut dst = vec![0u8; 1 << 20];
+    let mut b = Batch::new();
+    // 16 ops into one caller buffer, each scattered into two segments (header + payload).
+    for i in 0..16u64 {
+        let off = i as usize * 65536;
+        let (h, p) = (
+            unreg(&mut dst, off, 64),
+            unreg(&mut dst, off + 64, 65536 - 64),
+        );
+        b.push(
+            RemoteRange {
+                region: sh.key(),
+                addr: sh.addr(i * 65536),
+                len: 65536,
+            },
+            &[h, p],
+        );
+    }
+    unsafe { b.allow_unregistered() };
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert!(dst == src, "lazily registered read differs");
+    let s = reader.rdma_stats().unwrap();
+    assert_eq!(s.read_bytes, 1 << 20, "carried one-sided");
+    assert_eq!(s.fallbacks, 0);
+    assert_eq!(
+        s.lazy_registrations, 1,
+        "32 segments of one buffer: one registration"
+    );
+    // The registration lived for that batch only: the next batch registers again.
+    dst.fill(0);
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()));
+    assert!(dst == src);
+    assert_eq!(reader.rdma_stats().unwrap().lazy_registrations, 2);
+    drop(sh);
+}
