@@ -65,7 +65,10 @@ fn pages_are_read_over_rdma_verified_and_tcp_only_peers_still_serve() {
     assert_eq!(v["rdma"]["wc_errors"], 0);
     // The caller's buffers were not registered: the path registered them for each batch
     // (no staging copy).
-    assert!(v["rdma"]["lazy_registrations"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        v["rdma"]["lazy_registrations"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
     assert_eq!(st.staged_reads, 0);
     assert_eq!(v["rdma"]["timeouts"], 0);
     assert!(

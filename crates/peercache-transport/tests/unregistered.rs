@@ -93,8 +93,11 @@ fn tcp_reads_into_and_writes_from_unregistered_memory_only_when_allowed() {
 fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
     let fabric = Fabric::new();
     let auth = Auth::from_secret(b"a-cluster-secret-of-enough-bytes").unwrap();
-    let t = |fabric: &Arc<Fabric>| {
+    let t = |fabric: &Arc<Fabric>, odp: bool| {
         let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+        if odp {
+            verbs = verbs.with_implicit_odp();
+        }
         verbs.bootstrap = Some(SoftBootstrap {
             node: None,
             auth: auth.clone(),
@@ -108,7 +111,7 @@ fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
         };
         TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
     };
-    let (owner, reader) = (t(&fabric), t(&fabric));
+    let (owner, reader) = (t(&fabric, false), t(&fabric, false));
     let mut src = pattern(3, 1 << 20);
     let sh = unsafe { owner.register(src.as_mut_ptr(), src.len(), Access::RemoteRead) }.unwrap();
     let mut dst = vec![0u8; 1 << 20];
@@ -146,5 +149,14 @@ fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
     assert!(r.iter().all(|x| x.is_ok()));
     assert!(dst == src);
     assert_eq!(reader.rdma_stats().unwrap().lazy_registrations, 2);
+
+    // A reader whose devices have implicit on-demand paging registers nothing at all.
+    let odp = t(&fabric, true);
+    dst.fill(0);
+    let r = odp.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert!(dst == src);
+    let s = odp.rdma_stats().unwrap();
+    assert_eq!((s.read_bytes, s.lazy_registrations), (1 << 20, 0));
     drop(sh);
 }

@@ -53,6 +53,12 @@ pub trait Registrar: Send + Sync {
     }
     /// Releases a registration (no queue pair targets it any more).
     fn deregister(&self, keys: &RailKeys);
+    /// Local keys valid for *any* address of this process (an implicit on-demand-paging
+    /// registration), when the devices support it; then unregistered memory needs no
+    /// per-batch registration.
+    fn local_any(&self) -> Option<[u32; MAX_RAILS]> {
+        None
+    }
 }
 
 /// What the TCP transport needs from an RDMA path (object-safe).
@@ -337,8 +343,9 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         let mut regs = LazyRegs {
             verbs: self.engine.verbs(),
             regs: Vec::new(),
+            any: Registrar::local_any(self.engine.verbs()),
         };
-        if !batch.allows_unregistered() {
+        if !batch.allows_unregistered() || regs.any.is_some() {
             return Some(regs);
         }
         const PAGE: u64 = 4096;
@@ -499,16 +506,22 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     }
 }
 
-/// Caller memory registered for one batch; deregistered when dropped.
+/// Caller memory registered for one batch (deregistered when dropped), or the implicit
+/// on-demand-paging keys that cover it without registering.
 struct LazyRegs<'a, V: Registrar> {
     verbs: &'a V,
     regs: Vec<(u64, u64, RailKeys)>,
+    /// Keys of an implicit on-demand-paging registration (covers every address).
+    any: Option<[u32; MAX_RAILS]>,
 }
 
 impl<V: Registrar> LazyRegs<'_, V> {
     /// The local keys of the registration holding `[addr, addr+len)`.
     fn keys_for(&self, addr: u64, len: u64) -> Option<[u32; MAX_RAILS]> {
         let end = addr.checked_add(len)?;
+        if let Some(any) = self.any {
+            return Some(any);
+        }
         self.regs
             .iter()
             .find(|(a, b, _)| addr >= *a && end <= *b)

@@ -141,6 +141,8 @@ pub struct SoftVerbs {
     pub sq_depth: usize,
     /// Queue pairs connected so far, per rail.
     pub connects: Arc<Mutex<Vec<u64>>>,
+    /// Emulate implicit on-demand paging: local keys that cover every address.
+    pub odp: Option<[u32; MAX_RAILS]>,
 }
 
 impl SoftVerbs {
@@ -153,7 +155,20 @@ impl SoftVerbs {
             max_sge,
             sq_depth,
             connects: Arc::new(Mutex::new(vec![0; rails])),
+            odp: None,
         }
+    }
+
+    /// Turns on emulated implicit on-demand paging: one local registration per rail covering
+    /// every address, as an implicit ODP region on a NIC does.
+    pub fn with_implicit_odp(mut self) -> Self {
+        let lkeys = self
+            .fabric
+            .register_local_at(0, 0, usize::MAX, self.rails.min(MAX_RAILS));
+        let mut keys = [0; MAX_RAILS];
+        keys[..lkeys.len()].copy_from_slice(&lkeys);
+        self.odp = Some(keys);
+        self
     }
 }
 
@@ -356,6 +371,10 @@ impl QueuePair for SoftQp {
 }
 
 impl Registrar for SoftVerbs {
+    fn local_any(&self) -> Option<[u32; MAX_RAILS]> {
+        self.odp
+    }
+
     unsafe fn register(
         &self,
         ptr: *mut u8,

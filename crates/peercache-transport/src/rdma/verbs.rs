@@ -79,6 +79,9 @@ pub struct SidewayVerbs {
     cfg: VerbsConfig,
     /// Registrations made through [`Registrar`], by their rail-0 lkey.
     held: parking_lot::Mutex<std::collections::HashMap<u32, RailRegions>>,
+    /// An implicit on-demand-paging registration of the whole address space on every rail,
+    /// when every device supports it: unregistered caller memory then needs no registration.
+    odp: Option<RailRegions>,
 }
 
 impl std::fmt::Debug for SidewayVerbs {
@@ -109,6 +112,27 @@ impl RailRegions {
     pub fn rails(&self) -> usize {
         self.mrs.len()
     }
+}
+
+/// Registers the whole address space with on-demand paging on every rail (an *implicit* ODP
+/// memory region: the NIC resolves pages through the process's page tables at access time, so
+/// it stays correct across `munmap` and reuse). None when any device lacks implicit ODP.
+fn implicit_odp(rails: &[Rail]) -> Option<RailRegions> {
+    let flags = AccessFlags::LocalWrite | AccessFlags::OnDemand;
+    let mut mrs = Vec::with_capacity(rails.len());
+    for r in rails {
+        // SAFETY: an implicit ODP region pins nothing and grants only local access; the NIC
+        // faults pages in through the page tables, so no range has to stay mapped.
+        match unsafe { r.pd.reg_mr(0, usize::MAX, flags) } {
+            Ok(mr) => mrs.push(mr),
+            Err(e) => {
+                tracing::debug!(error = %e, "no implicit on-demand paging: unregistered memory is registered per batch");
+                return None;
+            }
+        }
+    }
+    tracing::info!("implicit on-demand paging: unregistered caller memory needs no registration");
+    Some(RailRegions { mrs })
 }
 
 fn other(e: impl std::fmt::Display) -> RdmaUnavailable {
@@ -164,10 +188,12 @@ impl SidewayVerbs {
                 ctx,
             });
         }
+        let odp = implicit_odp(&rails);
         Ok(SidewayVerbs {
             rails,
             cfg,
             held: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            odp,
         })
     }
 
@@ -485,6 +511,15 @@ impl SidewayVerbs {
 }
 
 impl Registrar for SidewayVerbs {
+    fn local_any(&self) -> Option<[u32; MAX_RAILS]> {
+        let odp = self.odp.as_ref()?;
+        let mut lkeys = [0; MAX_RAILS];
+        for (rail, l) in lkeys.iter_mut().enumerate().take(odp.rails()) {
+            *l = odp.lkey(rail);
+        }
+        Some(lkeys)
+    }
+
     unsafe fn register_device(
         &self,
         mem: &crate::DeviceMemory,
