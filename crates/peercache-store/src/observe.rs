@@ -297,7 +297,7 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
             "lazy_registrations": r.lazy_registrations,
             "op_errors": r.op_errors, "wc_errors": r.wc_errors, "last_wc_status": r.last_wc_status,
             "timeouts": r.timeouts, "channel_discards": r.channel_discards,
-            "post_failures": r.post_failures, "table_fetches": r.table_fetches,
+            "post_failures": r.post_failures, "lease_failures": r.lease_failures, "table_fetches": r.table_fetches,
         })),
         "directory": {"rpcs": d.rpcs, "local_calls": d.local_calls, "errors": d.rpc_errors, "fallbacks": d.fallbacks},
         "peers": peers,

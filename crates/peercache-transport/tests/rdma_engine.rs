@@ -244,3 +244,37 @@ fn each_rail_posts_its_own_local_keys() {
         "nothing landed under a wrong key"
     );
 }
+
+#[test]
+fn a_channel_that_cannot_be_leased_fails_its_ops_and_is_counted() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 5);
+    // SAFETY: `remote` outlives every request (the engine drains before returning).
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    // Connecting goes through a bootstrap exchange with a peer that does not exist.
+    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+    verbs.bootstrap = Some(peercache_transport::rdma::soft::SoftBootstrap {
+        node: None,
+        auth: peercache_wire::auth::Auth::none(),
+        timeout: Duration::from_millis(300),
+    });
+    let engine = Engine::new(verbs, 4);
+    let mut local = vec![0u8; 4 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
+        .collect();
+    let t0 = Instant::now();
+    let r = engine.execute("127.0.0.1:1", &ops, Duration::from_secs(1));
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "bounded by the deadline"
+    );
+    assert!(r.iter().all(|x| *x == Err(RdmaOpError::Post)), "{r:?}");
+    let c = &engine.counters;
+    assert_eq!(c.lease_failures.load(Ordering::Relaxed), 2, "one per rail");
+    assert_eq!(c.post_failures.load(Ordering::Relaxed), 0);
+    assert!(local.iter().all(|b| *b == 0));
+}

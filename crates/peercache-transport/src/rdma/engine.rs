@@ -183,8 +183,10 @@ pub struct EngineCounters {
     pub timeouts: AtomicU64,
     /// Channels discarded after a failure.
     pub channel_discards: AtomicU64,
-    /// Failed posts or connects.
+    /// Failed posts.
     pub post_failures: AtomicU64,
+    /// Channels that could not be leased (no idle queue pair, and connecting one failed).
+    pub lease_failures: AtomicU64,
     /// Work requests posted.
     pub wrs_posted: AtomicU64,
 }
@@ -243,7 +245,7 @@ impl<V: Verbs> Engine<V> {
             let mut qp = match self.lease(peer, rail) {
                 Ok(q) => q,
                 Err(_) => {
-                    self.counters.post_failures.fetch_add(1, Ordering::Relaxed);
+                    self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
                     for &i in &share {
                         results[i] = Err(RdmaOpError::Post);
                     }

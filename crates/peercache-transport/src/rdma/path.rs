@@ -125,8 +125,10 @@ pub struct RdmaStats {
     pub timeouts: u64,
     /// Queue pairs discarded after an error or a timeout.
     pub channel_discards: u64,
-    /// Failed posts or queue-pair connects.
+    /// Failed posts.
     pub post_failures: u64,
+    /// Channels that could not be leased (connecting a queue pair failed).
+    pub lease_failures: u64,
 }
 
 /// Metric names of the RDMA path (the store's recorder adds `node`).
@@ -147,8 +149,10 @@ pub mod metric {
     pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
     /// Queue pairs discarded.
     pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
-    /// Failed posts or connects.
+    /// Failed posts.
     pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
+    /// Channels that could not be leased (queue-pair connects that failed).
+    pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
 }
 
 struct Metrics {
@@ -161,6 +165,7 @@ struct Metrics {
     timeouts: metrics::Counter,
     discards: metrics::Counter,
     post_failures: metrics::Counter,
+    lease_failures: metrics::Counter,
 }
 
 impl Metrics {
@@ -175,6 +180,7 @@ impl Metrics {
             timeouts: metrics::counter!(metric::TIMEOUTS),
             discards: metrics::counter!(metric::DISCARDS),
             post_failures: metrics::counter!(metric::POST_FAILURES),
+            lease_failures: metrics::counter!(metric::LEASE_FAILURES),
         }
     }
 }
@@ -451,6 +457,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             ec.timeouts.load(Ordering::Relaxed),
             ec.channel_discards.load(Ordering::Relaxed),
             ec.post_failures.load(Ordering::Relaxed),
+            ec.lease_failures.load(Ordering::Relaxed),
         ];
         let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
         let delta = |i: usize, c: &AtomicU64| c.load(Ordering::Relaxed) - before[i];
@@ -462,6 +469,9 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         self.metrics
             .post_failures
             .increment(delta(3, &ec.post_failures));
+        self.metrics
+            .lease_failures
+            .increment(delta(4, &ec.lease_failures));
         if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
             // No queue pair could be connected: leave this peer on TCP for a while.
             tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
@@ -643,6 +653,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             timeouts: g(&self.engine.counters.timeouts),
             channel_discards: g(&self.engine.counters.channel_discards),
             post_failures: g(&self.engine.counters.post_failures),
+            lease_failures: g(&self.engine.counters.lease_failures),
         }
     }
 }
