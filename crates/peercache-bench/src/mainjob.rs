@@ -50,6 +50,10 @@ pub struct MainArgs {
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Any node setting for both nodes: `--set key=value`, repeatable (e.g.
+    /// `lazy_registration=false` to measure reads through staging).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 impl Default for MainArgs {
@@ -63,6 +67,7 @@ impl Default for MainArgs {
             read_pages: 2048,
             writer_pool_mib: 2048,
             json: None,
+            set: Vec::new(),
         }
     }
 }
@@ -75,7 +80,12 @@ fn mla_key(space: &str, i: u64) -> String {
 
 /// Starts one embedded node on `ip` (TCP, metrics off, read cache off) and waits until it joined.
 pub fn start_node(ip: &str, seed: &str, pool: &str) -> Result<Store> {
-    let cfg = json!({
+    start_node_with(ip, seed, pool, &[])
+}
+
+/// [`start_node`] with `key=value` overrides of any setting.
+pub fn start_node_with(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Result<Store> {
+    let mut cfg = json!({
         "discovery_addr": seed,
         "protocol": "tcp",
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
@@ -84,6 +94,12 @@ pub fn start_node(ip: &str, seed: &str, pool: &str) -> Result<Store> {
         "metrics_enabled": false,
         "directory_read_cache_ttl": 0,
     });
+    for kv in sets {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--set {kv:?}: expected key=value"))?;
+        cfg[k.trim()] = json!(v.trim());
+    }
     let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
     let s = Store::start(cfg)?;
     s.wait_ready(Some(Duration::from_secs(20)))?;
@@ -102,9 +118,15 @@ pub fn run(args: &MainArgs) -> Result<Report> {
         "{}mb",
         (args.read_pages * args.page_bytes * 2 / (1 << 20)).max(64)
     );
-    let a = start_node("127.0.0.1", &seed, &read_pool).context("starting node A")?;
-    let b = start_node("127.0.0.2", &seed, &format!("{}mb", args.writer_pool_mib))
-        .context("starting node B")?;
+    let a =
+        start_node_with("127.0.0.1", &seed, &read_pool, &args.set).context("starting node A")?;
+    let b = start_node_with(
+        "127.0.0.2",
+        &seed,
+        &format!("{}mb", args.writer_pool_mib),
+        &args.set,
+    )
+    .context("starting node B")?;
     if !(a.wait_members(2, Duration::from_secs(20)) && b.wait_members(2, Duration::from_secs(20))) {
         bail!("the two nodes did not see each other");
     }
