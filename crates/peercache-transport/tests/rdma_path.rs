@@ -248,7 +248,6 @@ fn writes_go_one_sided_only_when_both_sides_enable_rdma_writes() {
     let src2 = region(&plain, 1 << 16, Access::LocalOnly, 8);
     let r = write(&plain, &src2, 65536);
     assert!(matches!(r[0], Err(OpError::AccessDenied(_))), "{r:?}");
-    assert!(owner.stats().served_errors >= 4);
     assert_eq!(plain.stats().rdma_write_ops, 0);
 
     // An owner without it registers the region read-only on the NIC: an RDMA-writing peer
