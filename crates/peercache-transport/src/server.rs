@@ -346,7 +346,8 @@ fn serve_write(
     bufs.iov.clear();
     bufs.iov
         .push(iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len()));
-    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    // Counted before the reply leaves, as reads are: a client that got the reply sees them.
     count_served(sh, ok, bytes, errs, true);
+    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
     Ok(())
 }
