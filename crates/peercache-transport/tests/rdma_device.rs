@@ -9,22 +9,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
-use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
     Access, Batch, DeviceMemory, OpError, RemoteRange, Segment, TcpTransport, TransportConfig,
     TransportError,
 };
-use peercache_wire::auth::Auth;
 
 const LEN: usize = 1 << 20;
 /// Addresses in the (unmapped) upper part of the user address space, as GPU VAs would be.
 const IOVA_SRC: u64 = 0x6000_0000_0000;
 const IOVA_DST: u64 = 0x6100_0000_0000;
 
-fn auth() -> Auth {
-    Auth::from_secret(b"a-cluster-secret-of-enough-bytes").unwrap()
-}
+mod common;
+use common::{Soft, auth, pattern, soft_transport};
 
 fn cfg() -> TransportConfig {
     TransportConfig {
@@ -35,26 +32,7 @@ fn cfg() -> TransportConfig {
 }
 
 fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
-    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
-    verbs.bootstrap = Some(SoftBootstrap {
-        node: None,
-        auth: auth(),
-        timeout: Duration::from_secs(2),
-    });
-    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
-    TcpTransport::start_with_rdma(cfg(), None, Some(path)).unwrap()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    soft_transport(fabric, Soft::default())
 }
 
 /// A memfd of `LEN` bytes holding `bytes` (the "device memory" and its exporter's fd).

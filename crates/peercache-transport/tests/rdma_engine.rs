@@ -9,16 +9,11 @@ use peercache_transport::rdma::engine::{Engine, EngineOp, LocalSge, RdmaOp, Rdma
 use peercache_transport::rdma::soft::{Fabric, SoftVerbs};
 use smallvec::smallvec;
 
+mod common;
+
+/// `len` pattern bytes for `seed` (argument order of the engine tests).
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::pattern(seed, len)
 }
 
 /// A read of `len` bytes at `remote` into `dst`, as `pieces` equal local segments, whose

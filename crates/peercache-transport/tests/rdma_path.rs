@@ -9,18 +9,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
-use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
     Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport, TransportConfig,
 };
-use peercache_wire::auth::Auth;
 
-const SECRET: &[u8] = b"a-cluster-secret-of-enough-bytes";
-
-fn auth() -> Auth {
-    Auth::from_secret(SECRET).unwrap()
-}
+mod common;
+use common::{Soft, auth, pattern, soft_transport};
 
 fn cfg() -> TransportConfig {
     TransportConfig {
@@ -30,28 +25,9 @@ fn cfg() -> TransportConfig {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// A transport with an RDMA path over `fabric` (two rails).
 fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
-    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
-    verbs.bootstrap = Some(SoftBootstrap {
-        node: None,
-        auth: auth(),
-        timeout: Duration::from_secs(2),
-    });
-    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
-    TcpTransport::start_with_rdma(cfg(), None, Some(path)).unwrap()
+    soft_transport(fabric, Soft::default())
 }
 
 struct Region {
@@ -201,18 +177,13 @@ impl peercache_transport::WriteGuard for OnlyW {
 }
 
 fn transport_with_writes(fabric: &Arc<Fabric>, rdma_writes: bool) -> TcpTransport {
-    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
-    verbs.bootstrap = Some(SoftBootstrap {
-        node: None,
-        auth: auth(),
-        timeout: Duration::from_secs(2),
-    });
-    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
-    let cfg = TransportConfig {
-        rdma_writes,
-        ..cfg()
-    };
-    TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+    soft_transport(
+        fabric,
+        Soft {
+            rdma_writes,
+            ..Soft::default()
+        },
+    )
 }
 
 #[test]

@@ -6,26 +6,14 @@
 #![allow(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
-use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
     Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
 };
-use peercache_wire::auth::Auth;
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+mod common;
+use common::{Soft, pattern, soft_transport};
 
 fn unreg(buf: &mut [u8], off: usize, len: u32) -> Segment {
     Segment {
@@ -92,24 +80,14 @@ fn tcp_reads_into_and_writes_from_unregistered_memory_only_when_allowed() {
 #[test]
 fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
     let fabric = Fabric::new();
-    let auth = Auth::from_secret(b"a-cluster-secret-of-enough-bytes").unwrap();
     let t = |fabric: &Arc<Fabric>, odp: bool| {
-        let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
-        if odp {
-            verbs = verbs.with_implicit_odp();
-        }
-        verbs.bootstrap = Some(SoftBootstrap {
-            node: None,
-            auth: auth.clone(),
-            timeout: Duration::from_secs(2),
-        });
-        let path: Arc<dyn RdmaPlane> =
-            RdmaPath::new(verbs, None, auth.clone(), Duration::from_secs(2));
-        let cfg = TransportConfig {
-            auth: auth.clone(),
-            ..TransportConfig::default()
-        };
-        TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+        soft_transport(
+            fabric,
+            Soft {
+                odp,
+                ..Soft::default()
+            },
+        )
     };
     let (owner, reader) = (t(&fabric, false), t(&fabric, false));
     let mut src = pattern(3, 1 << 20);

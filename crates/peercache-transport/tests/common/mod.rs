@@ -1,0 +1,62 @@
+//! Helpers the transport's integration tests share.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
+use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+use peercache_transport::{TcpTransport, TransportConfig};
+use peercache_wire::auth::Auth;
+
+/// The cluster secret of the RDMA tests.
+pub(crate) const SECRET: &[u8] = b"a-cluster-secret-of-enough-bytes";
+
+/// Authentication with [`SECRET`].
+pub(crate) fn auth() -> Auth {
+    Auth::from_secret(SECRET).unwrap()
+}
+
+/// `len` pseudo-random bytes determined by `seed`.
+pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Options of [`soft_transport`].
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Soft {
+    /// `TransportConfig::rdma_writes`.
+    pub(crate) rdma_writes: bool,
+    /// Emulated implicit on-demand paging.
+    pub(crate) odp: bool,
+}
+
+/// A transport whose RDMA path runs on the software `fabric` (two rails; queue pairs
+/// bootstrapped over the peer's real data port, authenticated with [`SECRET`]).
+pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> TcpTransport {
+    let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
+    if opts.odp {
+        verbs = verbs.with_implicit_odp();
+    }
+    verbs.bootstrap = Some(SoftBootstrap {
+        node: None,
+        auth: auth(),
+        timeout: Duration::from_secs(2),
+    });
+    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
+    let cfg = TransportConfig {
+        op_timeout: Duration::from_secs(2),
+        auth: auth(),
+        rdma_writes: opts.rdma_writes,
+        ..TransportConfig::default()
+    };
+    TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+}
