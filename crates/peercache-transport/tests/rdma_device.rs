@@ -6,13 +6,10 @@
 #![allow(clippy::undocumented_unsafe_blocks)]
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
-use std::time::Duration;
 
 use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
-    Access, Batch, DeviceMemory, OpError, RemoteRange, Segment, TcpTransport, TransportConfig,
-    TransportError,
+    Access, Batch, DeviceMemory, OpError, RemoteRange, Segment, TcpTransport, TransportError,
 };
 
 const LEN: usize = 1 << 20;
@@ -21,19 +18,7 @@ const IOVA_SRC: u64 = 0x6000_0000_0000;
 const IOVA_DST: u64 = 0x6100_0000_0000;
 
 mod common;
-use common::{Soft, auth, pattern, soft_transport};
-
-fn cfg() -> TransportConfig {
-    TransportConfig {
-        op_timeout: Duration::from_secs(2),
-        auth: auth(),
-        ..TransportConfig::default()
-    }
-}
-
-fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
-    soft_transport(fabric, Soft::default())
-}
+use common::{cfg, pattern, rdma_transport};
 
 /// A memfd of `LEN` bytes holding `bytes` (the "device memory" and its exporter's fd).
 fn memfd(bytes: &[u8]) -> OwnedFd {

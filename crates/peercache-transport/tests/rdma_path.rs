@@ -7,28 +7,14 @@
 #![allow(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
-    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport,
 };
 
 mod common;
-use common::{Soft, auth, pattern, soft_transport};
-
-fn cfg() -> TransportConfig {
-    TransportConfig {
-        op_timeout: Duration::from_secs(2),
-        auth: auth(),
-        ..TransportConfig::default()
-    }
-}
-
-/// A transport with an RDMA path over `fabric` (two rails).
-fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
-    soft_transport(fabric, Soft::default())
-}
+use common::{Soft, cfg, pattern, rdma_transport, soft_transport};
 
 struct Region {
     h: RegionHandle,

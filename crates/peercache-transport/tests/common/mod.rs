@@ -17,6 +17,20 @@ pub(crate) fn auth() -> Auth {
     Auth::from_secret(SECRET).unwrap()
 }
 
+/// A TCP transport config with a 2 s deadline, authenticated with [`SECRET`].
+pub(crate) fn cfg() -> TransportConfig {
+    TransportConfig {
+        op_timeout: Duration::from_secs(2),
+        auth: auth(),
+        ..TransportConfig::default()
+    }
+}
+
+/// A transport with a default soft RDMA path over `fabric`.
+pub(crate) fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
+    soft_transport(fabric, Soft::default())
+}
+
 /// `len` pseudo-random bytes determined by `seed`.
 pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -53,10 +67,8 @@ pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> TcpTransport {
     });
     let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
     let cfg = TransportConfig {
-        op_timeout: Duration::from_secs(2),
-        auth: auth(),
         rdma_writes: opts.rdma_writes,
-        ..TransportConfig::default()
+        ..cfg()
     };
     TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
 }
