@@ -14,7 +14,8 @@
 //!   mismatch is a counted miss, never wrong bytes).
 //!
 //! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
-//! [`cli`].
+//! [`cli`] (with the [`status`] and [`drive`] tools). [`client`] lets a process that does not
+//! embed a node put, get and check pages through one (`client_enabled`).
 
 mod central;
 pub mod cli;
