@@ -124,6 +124,12 @@ impl Node {
         self.store.metrics_endpoint().map(|a| a.to_string())
     }
 
+    /// The client API endpoint (`client_enabled`), if served.
+    #[getter]
+    fn client_endpoint(&self) -> Option<String> {
+        self.store.client_endpoint().map(|a| a.to_string())
+    }
+
     /// Registers host memory (SGLang's `kv_buffer`) as a local-only read destination.
     ///
     /// The memory must stay valid until the node is closed.
@@ -313,10 +319,90 @@ fn run_meta(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
+/// A client of one node's client API (`client_enabled` on that node): for processes that do
+/// not run a node themselves. Every call copies the pages through a frame and releases the GIL.
+#[pyclass(frozen)]
+struct Client {
+    inner: peercache_store::client::Client,
+}
+
+#[pymethods]
+impl Client {
+    /// A client of the node serving the client API at `endpoint` (`host:port`); the cluster
+    /// secret if the cluster has one; `timeout` bounds each call, in seconds.
+    #[new]
+    #[pyo3(signature = (endpoint, cluster_secret=None, timeout=10.0))]
+    fn new(endpoint: &str, cluster_secret: Option<String>, timeout: f64) -> PyResult<Self> {
+        let addr: std::net::SocketAddr = endpoint
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("endpoint {endpoint:?}: {e}")))?;
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        let cfg = PeerCacheConfig {
+            cluster_secret: peercache_store::config::Secret::new(
+                cluster_secret.unwrap_or_default(),
+            ),
+            ..Default::default()
+        };
+        let auth = cfg
+            .cluster_auth()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Client {
+            inner: peercache_store::client::Client::new(
+                addr,
+                auth,
+                Duration::from_secs_f64(timeout),
+            ),
+        })
+    }
+
+    /// Publishes pages (bytes-like, all the same size) on the node. One flag per page.
+    fn put(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        pages: Vec<PyBuffer<u8>>,
+    ) -> PyResult<Vec<bool>> {
+        let segs = buffer_segs(&pages, false)?;
+        // SAFETY: each segment is a C-contiguous buffer the `pages` list keeps alive (and
+        // exported, so not resized) for the whole call.
+        let slices: Vec<&[u8]> = segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        py.detach(|| self.inner.put(&keys, &slices)).map_err(to_py)
+    }
+
+    /// Reads pages of `page_bytes` each: `bytes` per key, or `None` for a miss.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        page_bytes: usize,
+    ) -> PyResult<Vec<Option<Bound<'py, pyo3::types::PyBytes>>>> {
+        let got = py
+            .detach(|| self.inner.get(&keys, page_bytes))
+            .map_err(to_py)?;
+        Ok(got
+            .into_iter()
+            .map(|p| p.map(|p| pyo3::types::PyBytes::new(py, &p.bytes)))
+            .collect())
+    }
+
+    /// Which keys are stored anywhere in the cluster.
+    fn exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<bool>> {
+        py.detach(|| self.inner.exists(&keys)).map_err(to_py)
+    }
+}
+
 /// The extension module.
 #[pymodule]
 fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Node>()?;
+    m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_node, m)?)?;
     m.add_function(wrap_pyfunction!(run_meta, m)?)?;
     m.add_function(wrap_pyfunction!(run_storage_server, m)?)?;

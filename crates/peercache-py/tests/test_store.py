@@ -132,6 +132,41 @@ def test_generic_path_with_bytes_arrays_and_a_read_only_destination(port):
         a.close()  # idempotent
 
 
+def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
+    secret = "python client api secret, long enough"
+    extra = {"client_enabled": True, "cluster_secret": secret}
+    a, b = make(58, 58, port, extra=extra), make(59, 58, port, extra=extra)
+    try:
+        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a._node.client_endpoint and b._node.client_endpoint
+        ca = peercache.Client(a._node.client_endpoint, cluster_secret=secret)
+        cb = peercache.Client(b._node.client_endpoint, cluster_secret=secret, timeout=5)
+        pages = [bytes([i]) * 8192 for i in range(6)]
+        keys = [f"pyclient-{i}" for i in range(6)]
+        assert ca.put(keys, pages) == [True] * 6
+        # Read through the other node: its own pool is empty, so these are remote reads.
+        got = cb.get(keys + ["never-written"], 8192)
+        assert got[:6] == pages and got[6] is None
+        assert cb.exists(["pyclient-0", "never-written"]) == [True, False]
+        assert b.stats()["transport_read_bytes"] >= 6 * 8192
+        # Numpy arrays and memoryviews work as pages too.
+        arr = np.full(8192, 7, dtype=np.uint8)
+        assert ca.put(["pyclient-np"], [memoryview(arr)]) == [True]
+        assert cb.get(["pyclient-np"], 8192)[0] == arr.tobytes()
+        # Bad input: clear errors, never a partial page.
+        with pytest.raises(ValueError):
+            ca.put(["x", "y"], [b"ab", b"abc"])
+        with pytest.raises(ValueError):
+            cb.get(["x"], 0)
+        with pytest.raises(ValueError):
+            peercache.Client("not an endpoint")
+        with pytest.raises(RuntimeError, match="authenticat"):
+            peercache.Client(a._node.client_endpoint).exists(["pyclient-0"])
+    finally:
+        a.close()
+        b.close()
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ValueError, match="discovery_addr"):
         PeerCacheStore(Config({"interface_v1": 1}))

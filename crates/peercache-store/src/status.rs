@@ -98,6 +98,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 "control": m.control.to_string(), "data": m.data.first().map(|d| d.to_string()),
                 "meta": m.meta.map(|a| a.to_string()), "master": m.meta.is_some_and(|a| masters.contains(&a)),
                 "metrics": metrics.map(|a| a.to_string()),
+                "client": m.attrs.iter().find(|(k, _)| k == crate::client::CLIENT_ATTR).map(|(_, v)| v.clone()),
                 "pool_used": view.as_ref().map(|v| v["pool"]["bytes_used"].clone()),
                 "pool_capacity": view.as_ref().map(|v| v["pool"]["capacity"].clone()),
                 "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),
