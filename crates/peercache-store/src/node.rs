@@ -549,6 +549,15 @@ impl Inner {
         let client_endpoint = client
             .as_ref()
             .map(|c| advertise(c.local_addr(), host, explicit_host));
+        if let Some(ep) = client_endpoint
+            && !auth.is_enabled()
+        {
+            tracing::warn!(
+                client = %ep,
+                "client API enabled without a cluster_secret: any process that reaches this \
+                 port can publish pages into this node's pool"
+            );
+        }
         let dir = Arc::new(DirectoryClient::new(
             me.clone(),
             dir_service.clone(),
