@@ -15,7 +15,7 @@ use crate::config::{self, PeerCacheConfig, Role};
 #[derive(Debug, Parser)]
 #[command(name = "peercache-node", version, about = "Run one PeerCache node")]
 pub struct NodeArgs {
-    /// `status` or `drive`: a tool instead of running a node.
+    /// `status`, `drive` or `locate`: a tool instead of running a node.
     #[command(subcommand)]
     pub command: Option<NodeCommand>,
     /// TOML config file (keys as in docs/configuration.md).
@@ -40,6 +40,9 @@ pub enum NodeCommand {
     /// Write pages on one node and read them back through the others (needs nodes started
     /// with `client_enabled = true`); fails if any page is missing or wrong.
     Drive(crate::drive::DriveArgs),
+    /// Print where the directory says keys live (owners, resident or disk-only, class,
+    /// generation), asking one node through its client API.
+    Locate(crate::locate::LocateArgs),
 }
 
 /// `peercache-meta`: a standalone discovery server.
@@ -155,6 +158,7 @@ pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
     match args.command {
         Some(NodeCommand::Status(s)) => return crate::status::run(s),
         Some(NodeCommand::Drive(d)) => return crate::drive::run(d),
+        Some(NodeCommand::Locate(l)) => return crate::locate::run(l),
         None => {}
     }
     block_signals();

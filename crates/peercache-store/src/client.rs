@@ -7,7 +7,8 @@
 //! `client`). Connections run the same handshake as every other PeerCache connection,
 //! including the cluster secret. Each request is one batch of the node's own API: a put is
 //! `batch_set` (the pages land in *that* node's pool, or wherever its mode writes), a get is
-//! `batch_get_valid` (local pool or any peer, verified), an exists is `batch_contains`.
+//! `batch_get_valid` (local pool or any peer, verified), an exists is `batch_contains`, a locate
+//! is a directory lookup (which owners list the key; nothing is read).
 //!
 //! This path copies every page through a frame: it exists for tools and for processes that
 //! cannot share memory with a node. An inference engine embeds [`crate::Store`] (or the
@@ -60,6 +61,11 @@ pub enum ClientRequest {
         /// Page keys.
         keys: Vec<String>,
     },
+    /// Where the directory says each key lives (diagnostics: nothing is read).
+    Locate {
+        /// Page keys.
+        keys: Vec<String>,
+    },
 }
 
 impl Message for ClientRequest {
@@ -82,6 +88,8 @@ pub enum ClientReply {
     },
     /// One flag per key.
     Present(Vec<bool>),
+    /// Per key, every owner the directory lists (empty: not in the directory).
+    Located(Vec<Vec<peercache_directory::Location>>),
 }
 
 impl Message for ClientReply {
@@ -157,6 +165,17 @@ pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
         ClientRequest::Exists { keys } => store.batch_contains(&keys).map(ClientReply::Present),
+        ClientRequest::Locate { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
+            StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
+        ),
+        ClientRequest::Locate { keys } => store.locate(&keys).map(|owners| {
+            ClientReply::Located(
+                owners
+                    .into_iter()
+                    .map(|o| o.map(|o| o.into_vec()).unwrap_or_default())
+                    .collect(),
+            )
+        }),
     };
     match result.and_then(|r| envelope::encode(&r, &[]).map_err(StoreError::from)) {
         Ok(f) => Reply::Frame(f),
@@ -346,6 +365,24 @@ impl Client {
         }
         Ok(out)
     }
+
+    /// Where the directory says each key lives: every owner's location (empty: not listed).
+    pub fn locate<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Vec<Vec<peercache_directory::Location>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for ks in keys.chunks(MAX_CLIENT_KEYS) {
+            let req = ClientRequest::Locate {
+                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
+            };
+            match self.call(&req)? {
+                ClientReply::Located(l) if l.len() == ks.len() => out.extend(l),
+                other => return Err(unexpected("locate", &other)),
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
@@ -359,6 +396,7 @@ fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
             )
         }
         ClientReply::Present(p) => format!("Present with {} flags", p.len()),
+        ClientReply::Located(l) => format!("Located with {} entries", l.len()),
     };
     StoreError::Wire(peercache_wire::WireError::Malformed {
         what: "client reply",

@@ -14,7 +14,7 @@
 //!   mismatch is a counted miss, never wrong bytes).
 //!
 //! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
-//! [`cli`] (with the [`status`] and [`drive`] tools). [`client`] lets a process that does not
+//! [`cli`] (with the [`status`], [`drive`] and [`locate`] tools). [`client`] lets a process that does not
 //! embed a node put, get and check pages through one (`client_enabled`).
 
 mod central;
@@ -26,6 +26,7 @@ pub mod drive;
 mod error;
 mod evict;
 pub mod keys;
+pub mod locate;
 pub mod metrics;
 mod node;
 pub mod observe;

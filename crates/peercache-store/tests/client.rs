@@ -60,6 +60,13 @@ fn put_on_one_node_get_through_another_and_bad_requests_are_refused() {
     assert!(got[0].is_some() && got[1].is_none() && got[2].is_some());
     assert_eq!(got[2].as_ref().unwrap().bytes, pages[2]);
     assert_eq!(cb.exists(&mixed).unwrap(), vec![true, false, true]);
+    // Where the directory says they live: on a, resident, one owner per key here.
+    let located = cb.locate(&mixed).unwrap();
+    assert_eq!(located[0].len(), 1);
+    assert_eq!(located[0][0].node, *a.node_id());
+    assert!(located[0][0].resident);
+    assert_eq!(located[0][0].len as usize, len);
+    assert!(located[1].is_empty(), "an unknown key has no owner");
 
     // Bad input: typed errors, never a panic or a truncated page.
     assert!(matches!(cb.get(&keys, 0), Err(StoreError::BadRequest(_))));
@@ -171,6 +178,32 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
         let line = format!("READ {} hits=64/64 wrong=0 remote_hits=+64", n.node_id());
         assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
     }
+    // locate: the pages the driver wrote live on the writer.
+    let out = std::process::Command::new(exe)
+        .args(["locate", "--discovery-addr", &format!("127.0.0.43:{port}")])
+        .args(["drive/0", "drive/63", "no-such-key"])
+        .env_remove("PEERCACHE_CLUSTER_SECRET")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let writer = nodes[0].node_id().to_string();
+    assert!(
+        stdout.contains(&format!("drive/0: {writer} resident Retained")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("drive/63: {writer} resident")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no-such-key: not in the directory"),
+        "{stdout}"
+    );
     // A reader that does not exist: a clear failure, not a hang.
     let out = std::process::Command::new(exe)
         .args(["drive", "--discovery-addr", &format!("127.0.0.43:{port}")])

@@ -122,4 +122,14 @@ fn v1_client_fixtures_decode() {
         "client_present.bin",
         ClientReply::Present(vec![false, true]),
     );
+    check(
+        "client_locate.bin",
+        ClientRequest::Locate {
+            keys: vec!["a".into()],
+        },
+    );
+    check(
+        "client_located.bin",
+        ClientReply::Located(vec![vec![loc()], vec![]]),
+    );
 }
