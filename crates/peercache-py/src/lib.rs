@@ -396,6 +396,28 @@ impl Client {
     fn exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<bool>> {
         py.detach(|| self.inner.exists(&keys)).map_err(to_py)
     }
+
+    /// Where the directory says each key lives, as a JSON text: per key, a list of owners
+    /// (`node`, `resident`, `class`, `generation`, `len`, `valid_len`); empty = not listed.
+    fn locate_json(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<String> {
+        let found = py.detach(|| self.inner.locate(&keys)).map_err(to_py)?;
+        let rows: Vec<Vec<serde_json::Value>> = found
+            .iter()
+            .map(|owners| {
+                owners
+                    .iter()
+                    .map(|l| {
+                        serde_json::json!({
+                            "node": l.node.as_str(), "resident": l.resident,
+                            "class": format!("{:?}", l.class).to_lowercase(),
+                            "generation": l.generation, "len": l.len, "valid_len": l.valid_len,
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(serde_json::Value::from(rows).to_string())
+    }
 }
 
 /// The extension module.

@@ -1,5 +1,6 @@
 """PeerCacheStore through its SGLang-facing methods, two nodes on loopback in one process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -148,6 +149,9 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
         got = cb.get(keys + ["never-written"], 8192)
         assert got[:6] == pages and got[6] is None
         assert cb.exists(["pyclient-0", "never-written"]) == [True, False]
+        where = json.loads(cb.locate_json(["pyclient-0", "never-written"]))
+        assert [o["node"] for o in where[0]] == [a._node.node_id] and where[0][0]["resident"]
+        assert where[1] == []
         assert b.stats()["transport_read_bytes"] >= 6 * 8192
         # Numpy arrays and memoryviews work as pages too.
         arr = np.full(8192, 7, dtype=np.uint8)
