@@ -353,17 +353,15 @@ impl Client {
 
     /// Which keys are stored anywhere in the cluster.
     pub fn exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<bool>, StoreError> {
-        let mut out = Vec::with_capacity(keys.len());
-        for ks in keys.chunks(MAX_CLIENT_KEYS) {
-            let req = ClientRequest::Exists {
-                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
-            };
-            match self.call(&req)? {
-                ClientReply::Present(p) if p.len() == ks.len() => out.extend(p),
-                other => return Err(unexpected("exists", &other)),
-            }
-        }
-        Ok(out)
+        self.per_key(
+            keys,
+            "exists",
+            |keys| ClientRequest::Exists { keys },
+            |r| match r {
+                ClientReply::Present(p) => Ok(p),
+                other => Err(other),
+            },
+        )
     }
 
     /// Where the directory says each key lives: every owner's location (empty: not listed).
@@ -371,18 +369,48 @@ impl Client {
         &self,
         keys: &[K],
     ) -> Result<Vec<Vec<peercache_directory::Location>>, StoreError> {
+        self.per_key(
+            keys,
+            "locate",
+            |keys| ClientRequest::Locate { keys },
+            |r| match r {
+                ClientReply::Located(l) => Ok(l),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// A per-key request in chunks of [`MAX_CLIENT_KEYS`]: one answer per key, in order.
+    fn per_key<K: AsRef<str>, T>(
+        &self,
+        keys: &[K],
+        op: &str,
+        request: impl Fn(Vec<String>) -> ClientRequest,
+        answers: impl Fn(ClientReply) -> Result<Vec<T>, ClientReply>,
+    ) -> Result<Vec<T>, StoreError> {
         let mut out = Vec::with_capacity(keys.len());
         for ks in keys.chunks(MAX_CLIENT_KEYS) {
-            let req = ClientRequest::Locate {
-                keys: ks.iter().map(|k| k.as_ref().to_string()).collect(),
-            };
-            match self.call(&req)? {
-                ClientReply::Located(l) if l.len() == ks.len() => out.extend(l),
-                other => return Err(unexpected("locate", &other)),
+            let req = request(ks.iter().map(|k| k.as_ref().to_string()).collect());
+            match answers(self.call(&req)?) {
+                Ok(a) if a.len() == ks.len() => out.extend(a),
+                Ok(a) => {
+                    return Err(malformed(
+                        op,
+                        format!("{} answers for {} keys", a.len(), ks.len()),
+                    ));
+                }
+                Err(other) => return Err(unexpected(op, &other)),
             }
         }
         Ok(out)
     }
+}
+
+fn malformed(op: &str, detail: String) -> StoreError {
+    StoreError::Wire(peercache_wire::WireError::Malformed {
+        what: "client reply",
+        detail: format!("{op}: {detail}"),
+    })
 }
 
 fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
@@ -398,10 +426,7 @@ fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
         ClientReply::Present(p) => format!("Present with {} flags", p.len()),
         ClientReply::Located(l) => format!("Located with {} entries", l.len()),
     };
-    StoreError::Wire(peercache_wire::WireError::Malformed {
-        what: "client reply",
-        detail: format!("{op}: unexpected {what}"),
-    })
+    malformed(op, format!("unexpected {what}"))
 }
 
 #[cfg(test)]
