@@ -195,6 +195,11 @@ impl DirectoryClient {
         self.view().ring.clone()
     }
 
+    /// How long ago the ring last changed membership.
+    pub fn ring_age(&self) -> Duration {
+        self.view().changed_at.elapsed()
+    }
+
     /// Counters.
     pub fn stats(&self) -> ClientStats {
         ClientStats {

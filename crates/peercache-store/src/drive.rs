@@ -143,6 +143,47 @@ fn wait_members(
     }
 }
 
+/// How long every involved node's directory ring must have been unchanged before the driver
+/// writes: long enough for re-announcements after the last join to have landed.
+const RING_SETTLE_MS: u64 = 1000;
+
+/// Waits until each node's directory ring holds `members` nodes and has not changed for
+/// [`RING_SETTLE_MS`] (read from its `/cluster`): pages written while rings still disagree
+/// can miss for a moment after a join, which is not what this smoke test measures. Nodes
+/// without a metrics endpoint are not checked.
+fn wait_rings(nodes: &[&NodeInfo], members: usize, args: &DriveArgs) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs_f64(args.wait);
+    let step = Duration::from_secs_f64(args.timeout.min(2.0));
+    loop {
+        let mut waiting = Vec::new();
+        for m in nodes {
+            let Some(ep) = attr(m, "metrics") else {
+                continue;
+            };
+            let view = crate::status::http_get(ep, "/cluster", step)
+                .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok());
+            let ring = view.as_ref().map(|v| &v["ring"]);
+            let settled = ring.is_some_and(|r| {
+                r["members"].as_u64() == Some(members as u64)
+                    && r["changed_ms_ago"].as_u64().unwrap_or(0) >= RING_SETTLE_MS
+            });
+            if !settled {
+                waiting.push(m.node.to_string());
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "after {:.0} s the directory rings of {waiting:?} still disagree with the {members} members",
+                args.wait
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Runs the driver; fails if any page is missing or wrong.
 pub fn run(args: DriveArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
@@ -163,6 +204,10 @@ pub fn run(args: DriveArgs) -> Result<()> {
     if readers.is_empty() {
         bail!("no reader: name one with --read-on or start another node");
     }
+    let involved: Vec<&NodeInfo> = std::iter::once(writer)
+        .chain(readers.iter().copied())
+        .collect();
+    wait_rings(&involved, members.len(), &args)?;
     let keys: Vec<String> = (0..args.pages)
         .map(|i| format!("{}/{i}", args.key_prefix))
         .collect();

@@ -286,6 +286,8 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
         "masters": inner.discovery.masters().iter().map(|m| m.to_string()).collect::<Vec<_>>(),
         "members": members,
         "shard_entries": inner.dir_service.with_shard(|s, _| s.len()),
+        "ring": {"members": inner.dir.ring().members().len(),
+                 "changed_ms_ago": inner.dir.ring_age().as_millis() as u64},
         "pool": {"capacity": pool.capacity, "bytes_used": pool.bytes_used, "retained": pool.retained,
                  "reclaimable": pool.reclaimable, "evicted": pool.evicted_retained + pool.evicted_reclaimable,
                  "verify_rejects": pool.verify_rejects},
