@@ -364,7 +364,8 @@ impl DirectoryClient {
             .sum()
     }
 
-    /// Owners of each key, best first; misses and failures come back as `None`.
+    /// Owners of each key, best first; misses and failures come back as `None`. Within
+    /// `handoff_grace` of a ring change, a key no owner has is looked for on every member.
     pub fn lookup(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, DirError> {
         let view = self.view();
         if view.ring.is_empty() {
@@ -402,6 +403,35 @@ impl DirectoryClient {
                 }
             }
             pending = next;
+        }
+        if retry_misses && !pending.is_empty() {
+            // Shortly after a ring change, a writer whose ring lagged may have put entries on
+            // nodes that are no owners in this ring, and the hand-off to the owners may not
+            // have landed yet: ask every member once for what is still missing.
+            self.fallbacks
+                .fetch_add(pending.len() as u64, Ordering::Relaxed);
+            self.m.fallbacks.increment(pending.len() as u64);
+            let max = self.cfg.max_keys_per_request.max(1);
+            let chunks: Vec<Chunk> = view
+                .ring
+                .members()
+                .iter()
+                .flat_map(|m| pending.chunks(max).map(move |c| (m.clone(), c.to_vec())))
+                .collect();
+            let replies = self.fan_out(&view, &chunks, |items| {
+                DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
+            });
+            for ((_, items), reply) in chunks.iter().zip(replies) {
+                if let Ok(DirReply::Found(v)) = reply
+                    && v.len() == items.len()
+                {
+                    for (&i, o) in items.iter().zip(v) {
+                        if out[i].is_none() {
+                            out[i] = o;
+                        }
+                    }
+                }
+            }
         }
         Ok(out)
     }

@@ -309,3 +309,56 @@ fn handed_off_entries_stay_on_the_old_owner_for_the_drop_grace() {
         .sum();
     assert_eq!(after, 4000, "two copies of every entry, none stale");
 }
+
+/// A writer whose ring lags (it knows 2 of 4 members) puts every entry on those two; a reader
+/// with the full ring asks owners that have nothing yet. Within the hand-off grace the lookup
+/// asks every member once, so it still finds every key; once the grace is over it does not.
+#[test]
+fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
+    let nodes: Vec<TestNode> = (0..4)
+        .map(|i| start(20 + i, ClientConfig::default()))
+        .collect();
+    let all = members(&nodes.iter().collect::<Vec<_>>());
+    let two = members(&[&nodes[0], &nodes[1]]);
+    nodes[0].client.apply_membership(&two);
+    nodes[1].client.apply_membership(&two);
+    let entries: Vec<_> = (0..300)
+        .map(|i| (key(9000 + i), loc(&nodes[0].id, i + 1)))
+        .collect();
+    assert!(
+        nodes[0]
+            .client
+            .insert(&entries)
+            .unwrap()
+            .iter()
+            .all(|o| o.is_some())
+    );
+    // The reader joins with the full ring: some keys' owners are nodes 2 and 3 only.
+    nodes[3].client.apply_membership(&all);
+    let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    let found = nodes[3].client.lookup(&keys).unwrap();
+    let missing = found.iter().filter(|f| f.is_none()).count();
+    assert_eq!(missing, 0, "{missing} keys not found within the grace");
+    for (f, e) in found.iter().zip(&entries) {
+        assert_eq!(f.as_ref().unwrap()[0], e.1);
+    }
+    // Without a recent ring change (grace 0), the keys only nodes 2 and 3 own are misses.
+    let strict = start(
+        30,
+        ClientConfig {
+            handoff_grace: Duration::ZERO,
+            ..ClientConfig::default()
+        },
+    );
+    let mut with_strict = all.clone();
+    with_strict.push(Member {
+        node: strict.id.clone(),
+        control: strict.server.local_addr(),
+    });
+    strict.client.apply_membership(&with_strict);
+    let found = strict.client.lookup(&keys).unwrap();
+    assert!(
+        found.iter().any(|f| f.is_none()),
+        "some keys have no owner with them yet"
+    );
+}
