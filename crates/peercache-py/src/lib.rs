@@ -398,7 +398,8 @@ impl Client {
     }
 
     /// Where the directory says each key lives, as a JSON text: per key, a list of owners
-    /// (`node`, `resident`, `class`, `generation`, `len`, `valid_len`); empty = not listed.
+    /// (`node`, `resident`, `class`, `generation`, `len`, `valid_len`, `data`); empty = not
+    /// listed.
     fn locate_json(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<String> {
         let found = py.detach(|| self.inner.locate(&keys)).map_err(to_py)?;
         let rows: Vec<Vec<serde_json::Value>> = found
@@ -406,13 +407,7 @@ impl Client {
             .map(|owners| {
                 owners
                     .iter()
-                    .map(|l| {
-                        serde_json::json!({
-                            "node": l.node.as_str(), "resident": l.resident,
-                            "class": format!("{:?}", l.class).to_lowercase(),
-                            "generation": l.generation, "len": l.len, "valid_len": l.valid_len,
-                        })
-                    })
+                    .map(peercache_store::locate::location_json)
                     .collect()
             })
             .collect();

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use peercache_discovery::NodeInfo;
 
 use crate::client::{CLIENT_ATTR, Client};
+use crate::status::endpoint_attr as attr;
 
 /// Options of `peercache-node drive`.
 #[derive(Debug, Clone, clap::Args)]
@@ -75,13 +76,6 @@ pub fn page_bytes_of(key: &str, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
-}
-
-fn attr(m: &NodeInfo, key: &str) -> Option<SocketAddr> {
-    m.attrs
-        .iter()
-        .find(|(k, _)| k == key)
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// The value of counter `name` of node `node` in a Prometheus text page (0 if absent).

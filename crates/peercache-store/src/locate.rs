@@ -31,6 +31,16 @@ pub struct LocateArgs {
     pub keys: Vec<String>,
 }
 
+/// One owner's entry as JSON: node, resident, class, generation, lengths, data endpoint.
+pub fn location_json(l: &peercache_directory::Location) -> serde_json::Value {
+    serde_json::json!({
+        "node": l.node.as_str(), "resident": l.resident,
+        "class": format!("{:?}", l.class).to_lowercase(),
+        "generation": l.generation, "len": l.len, "valid_len": l.valid_len,
+        "data": l.rails.first().map(|r| r.endpoint.to_string()),
+    })
+}
+
 /// Prints where each key lives.
 pub fn run(args: LocateArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
@@ -38,16 +48,10 @@ pub fn run(args: LocateArgs) -> Result<()> {
     let auth = crate::cli::tool_auth(args.cluster_secret_file.as_deref())?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let members = crate::status::members(&seeds, timeout, auth.clone())?;
-    let endpoint = |m: &peercache_discovery::NodeInfo| {
-        m.attrs
-            .iter()
-            .find(|(k, _)| k == CLIENT_ATTR)
-            .and_then(|(_, v)| v.parse::<std::net::SocketAddr>().ok())
-    };
     let via = members
         .iter()
         .filter(|m| args.via.as_deref().is_none_or(|v| m.node.as_str() == v))
-        .find_map(|m| endpoint(m).map(|e| (m.node.clone(), e)));
+        .find_map(|m| crate::status::endpoint_attr(m, CLIENT_ATTR).map(|e| (m.node.clone(), e)));
     let Some((node, ep)) = via else {
         bail!(
             "no member {}serves the client API (start nodes with --set client_enabled=true)",
@@ -68,12 +72,7 @@ pub fn run(args: LocateArgs) -> Result<()> {
             .map(|(k, owners)| {
                 serde_json::json!({
                     "key": k,
-                    "owners": owners.iter().map(|l| serde_json::json!({
-                        "node": l.node.as_str(), "resident": l.resident,
-                        "class": format!("{:?}", l.class).to_lowercase(),
-                        "generation": l.generation, "len": l.len, "valid_len": l.valid_len,
-                        "data": l.rails.first().map(|r| r.endpoint.to_string()),
-                    })).collect::<Vec<_>>(),
+                    "owners": owners.iter().map(location_json).collect::<Vec<_>>(),
                 })
             })
             .collect();

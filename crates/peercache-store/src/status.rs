@@ -29,6 +29,14 @@ pub struct StatusArgs {
     pub cluster_secret_file: Option<std::path::PathBuf>,
 }
 
+/// The address a member advertises under attribute `key` (`metrics`, `client`), if any.
+pub(crate) fn endpoint_attr(m: &NodeInfo, key: &str) -> Option<SocketAddr> {
+    m.attrs
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// Asks the seeds for the members (the union of their answers).
 pub fn members(
     seeds: &[SocketAddr],
@@ -91,14 +99,14 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let rows: Vec<serde_json::Value> = members
         .iter()
         .map(|m| {
-            let metrics = m.attrs.iter().find(|(k, _)| k == "metrics").and_then(|(_, v)| v.parse::<SocketAddr>().ok());
+            let metrics = endpoint_attr(m, "metrics");
             let view = metrics.and_then(|a| cluster_of(a, timeout));
             serde_json::json!({
                 "node": m.node.as_str(), "incarnation": m.incarnation.0, "role": m.role,
                 "control": m.control.to_string(), "data": m.data.first().map(|d| d.to_string()),
                 "meta": m.meta.map(|a| a.to_string()), "master": m.meta.is_some_and(|a| masters.contains(&a)),
                 "metrics": metrics.map(|a| a.to_string()),
-                "client": m.attrs.iter().find(|(k, _)| k == crate::client::CLIENT_ATTR).map(|(_, v)| v.clone()),
+                "client": endpoint_attr(m, crate::client::CLIENT_ATTR).map(|a| a.to_string()),
                 "pool_used": view.as_ref().map(|v| v["pool"]["bytes_used"].clone()),
                 "pool_capacity": view.as_ref().map(|v| v["pool"]["capacity"].clone()),
                 "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),

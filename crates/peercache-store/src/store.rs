@@ -1135,6 +1135,14 @@ impl Store {
         }
         let res = inner.transport.read_batch(ep, &batch);
         drop(bufs);
+        // A page that landed directly but is not served (failed op, rejected by verification,
+        // broken batch) is scrubbed: a miss never leaves another key's bytes behind.
+        let scrub = |i: usize| {
+            for s in &segs[starts[i]..starts[i] + counts[i]] {
+                // SAFETY: the caller's segment, valid for `len` writes.
+                unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
+            }
+        };
         let mut out = Vec::with_capacity(pages.len());
         match res {
             Err(e) => {
@@ -1142,23 +1150,12 @@ impl Store {
                 // Part of the batch may have landed before the failure: scrub direct pages.
                 for (j, (i, _)) in pages.iter().enumerate() {
                     if staging_off[j] == usize::MAX {
-                        for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
-                            // SAFETY: the caller's segment, valid for `len` writes.
-                            unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
-                        }
+                        scrub(*i);
                     }
                 }
                 out.extend(pages.iter().map(|(i, _)| (*i, false)));
             }
             Ok(results) => {
-                // A page that landed directly but is not served (failed op, rejected by
-                // verification) is scrubbed: a miss never leaves another key's bytes behind.
-                let scrub = |i: usize| {
-                    for s in &segs[starts[i]..starts[i] + counts[i]] {
-                        // SAFETY: the caller's segment, valid for `len` writes.
-                        unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
-                    }
-                };
                 for (j, ((i, loc), r)) in pages.iter().zip(results).enumerate() {
                     if r.is_err() {
                         if staging_off[j] == usize::MAX {
