@@ -17,9 +17,11 @@ pids=()
 cleanup() { kill -TERM "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
+# The four nodes stand in for four hosts, so the host-local path (shared memory between
+# processes on one host, on by default) is off: the pages cross the network path.
 node_flags() {  # $1 = N: the node on 127.0.0.N
   echo --discovery-addr "$META" --host "127.0.0.$1" --set node_id="node-$1" \
-    --set protocol=tcp --set global_segment_size=256mb --set metrics_port="$METRICS_PORT" \
+    --set protocol=tcp --set host_local=false --set global_segment_size=256mb --set metrics_port="$METRICS_PORT" \
     --set client_enabled=true --set client_port="$CLIENT_PORT" \
     --set heartbeat_interval=0.5 --set member_ttl=2 --set log_level=warn
 }

@@ -7,6 +7,10 @@
         A pure client (no segment of its own, so every byte crosses the transfer engine): stores
         the working set once, then runs batched get_into calls into a registered buffer for the
         given time and prints one JSON line: pages/s and per-call latency percentiles.
+    python mooncake_peer.py client --real-client 127.0.0.1:P ...
+        The same loop as a "dummy" client of a `mooncake_client` process on this host (Mooncake's
+        same-host path): its buffer lives in shared memory the real client maps, and the real
+        client, which holds the pages in its own segment, copies them into it.
 """
 
 import argparse
@@ -36,10 +40,19 @@ def server(args) -> None:
 
 def client(args) -> None:
     page, batch = args.page_bytes, args.batch
-    store = connect(args, 0, 16 << 20)
     buf_len = page * batch * max(args.threads, 1)
-    buf = (ctypes.c_uint8 * buf_len)()
-    base = ctypes.addressof(buf)
+    if args.real_client:
+        store = MooncakeDistributedStore()
+        if store.setup_dummy(max(2 * buf_len, 64 << 20), 64 << 20, args.real_client) != 0:
+            sys.exit("mooncake setup_dummy failed")
+        base = store.alloc_from_mem_pool(buf_len)
+        if not base:
+            sys.exit("alloc_from_mem_pool failed")
+        buf = (ctypes.c_uint8 * buf_len).from_address(base)
+    else:
+        store = connect(args, 0, 16 << 20)
+        buf = (ctypes.c_uint8 * buf_len)()
+        base = ctypes.addressof(buf)
     if store.register_buffer(base, buf_len) != 0:
         sys.exit("register_buffer failed")
     keys = [f"mc-page-{i}" for i in range(args.pages)]
@@ -108,6 +121,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--fill", action="store_true")
+    p.add_argument("--real-client", default="", help="host:port of a mooncake_client (dummy mode)")
     args = p.parse_args()
     server(args) if args.role == "server" else client(args)
 

@@ -6,7 +6,11 @@
 //! loopback TCP:
 //! * `raw-tcp` — the shared baseline (a request/response loop over one socket per thread);
 //! * `peercache-get` — `batch_get` on node B of pages node A published (directory lookup, one
-//!   transport batch, verification);
+//!   transport batch, verification), B with the host-local path off so the bytes cross TCP as
+//!   between two hosts;
+//! * `peercache-get-local` — the same read between a second pair of nodes with the host-local
+//!   path on (the default for peers on one host): C copies the pages out of A2's shared pool,
+//!   no socket;
 //! * `mooncake-get` — Mooncake Store's `batch_get_into` into a registered buffer, from a
 //!   storage process, by a pure client (no segment of its own), when the Mooncake Python
 //!   package is available (`--mooncake-venv`, default `$PEERCACHE_MOONCAKE_VENV` or the cached
@@ -22,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use peercache_store::Store;
 use serde_json::json;
 
 use crate::rawtcp;
@@ -93,13 +98,28 @@ fn find_venv(arg: &Option<PathBuf>) -> Option<PathBuf> {
         })
 }
 
-/// Mooncake's master and one storage process on loopback; stopped on drop.
+/// Mooncake's master and one storage process on loopback — or, for the same-host row, one
+/// real client (`mooncake_client`, holding the pages in its own segment) whose dummy clients
+/// read through shared memory; stopped on drop.
 struct Mooncake {
     python: PathBuf,
     script: PathBuf,
     master_addr: String,
     metadata: String,
+    /// `host:port` of the real client the clients attach to as dummies (same-host row).
+    real_client: Option<String>,
     procs: Vec<Child>,
+}
+
+fn wait_listening(port: u16, what: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if std::time::Instant::now() > deadline {
+            bail!("{what} did not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 impl Drop for Mooncake {
@@ -112,7 +132,8 @@ impl Drop for Mooncake {
 }
 
 impl Mooncake {
-    fn start(venv: &Path) -> Result<Mooncake> {
+    /// `same_host`: a real client instead of a storage process, and dummy clients.
+    fn start(venv: &Path, same_host: bool) -> Result<Mooncake> {
         let python = venv.join("bin/python");
         let master = venv.join("bin/mooncake_master");
         if !python.exists() || !master.exists() {
@@ -143,15 +164,32 @@ impl Mooncake {
             script,
             master_addr: format!("127.0.0.1:{rpc}"),
             metadata: format!("http://127.0.0.1:{http}/metadata"),
+            real_client: None,
             procs: vec![m],
         };
-        // The master takes a moment to listen: the storage process retries through setup.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", rpc)).is_err() {
-            if std::time::Instant::now() > deadline {
-                bail!("mooncake_master did not start");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        // The master takes a moment to listen.
+        wait_listening(rpc, "mooncake_master")?;
+        if same_host {
+            let port = free_port()?;
+            let rc = Command::new(venv.join("bin/mooncake_client"))
+                .args([
+                    &format!("--master_server_address={}", mc.master_addr),
+                    &format!("--metadata_server={}", mc.metadata),
+                    "--host=127.0.0.1",
+                    &format!("--port={port}"),
+                    "--global_segment_size=1 GB",
+                    "--local_buffer_size=64MB",
+                    "--protocol=tcp",
+                    "--threads=2",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting mooncake_client")?;
+            mc.procs.push(rc);
+            wait_listening(port, "mooncake_client")?;
+            mc.real_client = Some(format!("127.0.0.1:{port}"));
+            return Ok(mc);
         }
         let mut server = Command::new(&mc.python)
             .arg(&mc.script)
@@ -188,6 +226,11 @@ impl Mooncake {
                 "--metadata",
                 &self.metadata,
             ])
+            .args(
+                self.real_client
+                    .iter()
+                    .flat_map(|r| ["--real-client", r.as_str()]),
+            )
             .args(args)
             .stderr(Stdio::null())
             .output()
@@ -207,27 +250,45 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         warmup: Duration::from_millis(100),
         measure: Duration::from_secs_f64(args.secs),
     };
-    // PeerCache: node A holds the pages, node B reads them.
-    let port = free_port()?;
-    let seed = format!("127.0.0.1:{port}");
+    // PeerCache: node A holds the pages, node B reads them over loopback TCP (the host-local
+    // path off, so the bytes move the way they do between two hosts). A second pair, A2 and
+    // C, shares the host the way co-located ranks do: C copies A2's pages out of its shared
+    // pool. Each pair is its own two-node cluster, so both rows do the same directory work.
     let pool = format!(
         "{}mb",
         (args.pages * args.page_bytes * 2 / (1 << 20)).max(64)
     );
-    let a = crate::mainjob::start_node("127.0.0.1", &seed, &pool)?;
-    let b = crate::mainjob::start_node("127.0.0.2", &seed, "64mb")?;
-    if !(a.wait_members(2, Duration::from_secs(20)) && b.wait_members(2, Duration::from_secs(20))) {
-        bail!("the two nodes did not see each other");
-    }
-    b.sync_membership();
+    let pair = |ips: [&str; 2], host_local: bool| -> Result<(Store, Store)> {
+        let seed = format!("{}:{}", ips[0], free_port()?);
+        let set = [format!("host_local={host_local}")];
+        let w = crate::mainjob::start_node_with(ips[0], &seed, &pool, &set)?;
+        let r = crate::mainjob::start_node_with(ips[1], &seed, "64mb", &set)?;
+        if !(w.wait_members(2, Duration::from_secs(20))
+            && r.wait_members(2, Duration::from_secs(20)))
+        {
+            bail!(
+                "the nodes on {} and {} did not see each other",
+                ips[0],
+                ips[1]
+            );
+        }
+        r.sync_membership();
+        Ok((w, r))
+    };
+    let (a, b) = pair(["127.0.0.1", "127.0.0.2"], false)?;
+    let (a2, lc) = pair(["127.0.0.3", "127.0.0.4"], true)?;
     // The reader's destination: registered memory, as Mooncake's batch_get_into uses.
     let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
     let dst = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
     // SAFETY: `b` is shut down before `dst` is dropped (end of this function).
     unsafe { dst.register(&b) }?;
+    let dst_local = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
+    // SAFETY: `lc` is shut down before `dst_local` is dropped (end of this function).
+    unsafe { dst_local.register(&lc) }?;
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("cmp/{i}")).collect());
     let src = rawtcp::prefaulted(page * batch, 17);
     crate::workload::publish(&a, &keys, &src, page, batch)?;
+    crate::workload::publish(&a2, &keys, &src, page, batch)?;
     // Other modes: their own small cluster each, the same keys written by its writer, read by
     // its reader into memory registered with that reader.
     let mut others = Vec::new();
@@ -245,35 +306,38 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let raw_addr = raw.local_addr()?;
     std::thread::spawn(move || rawtcp::serve(raw, raw_buf));
 
-    let mooncake = match find_venv(&args.mooncake_venv) {
-        Some(v) => match Mooncake::start(&v) {
-            Ok(m) => {
-                m.client(&[
-                    "--fill".into(),
-                    "--pages".into(),
-                    n.to_string(),
-                    "--page-bytes".into(),
-                    page.to_string(),
-                    "--batch".into(),
-                    batch.to_string(),
-                    "--seconds".into(),
-                    "0.05".into(),
-                ])?;
-                Some(m)
-            }
+    let venv = find_venv(&args.mooncake_venv);
+    if venv.is_none() {
+        eprintln!(
+            "compare: Mooncake rows skipped: no venv with mooncake-transfer-engine-non-cuda \
+             (--mooncake-venv or PEERCACHE_MOONCAKE_VENV)"
+        );
+    }
+    let fill = |m: &Mooncake| {
+        m.client(&[
+            "--fill".into(),
+            "--pages".into(),
+            n.to_string(),
+            "--page-bytes".into(),
+            page.to_string(),
+            "--batch".into(),
+            batch.to_string(),
+            "--seconds".into(),
+            "0.05".into(),
+        ])
+    };
+    let start_mc = |same_host: bool| -> Option<Mooncake> {
+        let what = if same_host { "same-host " } else { "" };
+        match Mooncake::start(venv.as_ref()?, same_host).and_then(|m| fill(&m).map(|_| m)) {
+            Ok(m) => Some(m),
             Err(e) => {
-                eprintln!("compare: Mooncake rows skipped: {e:#}");
+                eprintln!("compare: Mooncake {what}rows skipped: {e:#}");
                 None
             }
-        },
-        None => {
-            eprintln!(
-                "compare: Mooncake rows skipped: no venv with mooncake-transfer-engine-non-cuda \
-                 (--mooncake-venv or PEERCACHE_MOONCAKE_VENV)"
-            );
-            None
         }
     };
+    let mooncake = start_mc(false);
+    let mooncake_local = start_mc(true);
 
     let mut rows = Vec::new();
     let mut progress =
@@ -308,6 +372,25 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                     )
                 },
             ));
+            rows.push(run_row(
+                "peercache-get-local",
+                args.page_bytes,
+                args.batch,
+                c,
+                round,
+                &timing,
+                |t| {
+                    crate::workload::registered_get_caller(
+                        lc.clone(),
+                        keys.clone(),
+                        dst_local.clone(),
+                        page,
+                        batch,
+                        t,
+                        t as u64 * 613,
+                    )
+                },
+            ));
             for (name, r, _, bufs) in &others {
                 rows.push(run_row(
                     name,
@@ -329,7 +412,11 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                     },
                 ));
             }
-            if let Some(mc) = &mooncake {
+            for (name, mc) in [
+                ("mooncake-get", &mooncake),
+                ("mooncake-get-local", &mooncake_local),
+            ] {
+                let Some(mc) = mc else { continue };
                 let v = mc.client(&[
                     "--pages".into(),
                     n.to_string(),
@@ -344,7 +431,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 ])?;
                 let pps = v["pages_per_s"].as_f64().unwrap_or(0.0);
                 rows.push(Row {
-                    name: "mooncake-get".into(),
+                    name: name.into(),
                     page_bytes: args.page_bytes,
                     batch: args.batch,
                     concurrency: c,
@@ -362,8 +449,11 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
             progress.step(&format!("round {round}, {c} thread(s)"));
         }
     }
+    let local_bytes = lc.stats().transport_local_read_bytes;
     a.shutdown();
     b.shutdown();
+    lc.shutdown();
+    a2.shutdown();
     let other_names: Vec<String> = others.iter().map(|o| o.0.clone()).collect();
     for (_, _, all, bufs) in others {
         for s in &all {
@@ -372,6 +462,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         drop(bufs);
     }
     drop(mooncake);
+    drop(mooncake_local);
 
     let med = |name: &str, c: Option<u64>| {
         report::median(
@@ -384,26 +475,47 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let mut summary = serde_json::Map::new();
     let mc_ok = rows.iter().any(|r| r.name == "mooncake-get");
     summary.insert("mooncake_available".into(), json!(mc_ok));
-    for &c in &args.concurrency {
-        let (raw, pc, mc) = (
-            med("raw-tcp", Some(c)),
-            med("peercache-get", Some(c)),
-            med("mooncake-get", Some(c)),
-        );
-        summary.insert(
-            format!("c{c}/peercache-get/raw-tcp"),
-            json!(round3(pc / raw)),
-        );
-        if mc_ok {
+    let mcl_ok = rows.iter().any(|r| r.name == "mooncake-get-local");
+    summary.insert("mooncake_same_host_available".into(), json!(mcl_ok));
+    if mcl_ok {
+        // Same-host against same-host: PeerCache's shared-memory read beside Mooncake's dummy
+        // client reading through its real client.
+        for &c in &args.concurrency {
             summary.insert(
-                format!("c{c}/peercache-get/mooncake-get"),
-                json!(round3(pc / mc)),
+                format!("c{c}/peercache-get-local/mooncake-get-local"),
+                json!(round3(
+                    med("peercache-get-local", Some(c)) / med("mooncake-get-local", Some(c))
+                )),
             );
+        }
+        summary.insert(
+            "peercache-get-local/mooncake-get-local".into(),
+            json!(round3(
+                med("peercache-get-local", None) / med("mooncake-get-local", None)
+            )),
+        );
+    }
+    summary.insert("host_local_read_bytes".into(), json!(local_bytes));
+    for &c in &args.concurrency {
+        let (raw, mc) = (med("raw-tcp", Some(c)), med("mooncake-get", Some(c)));
+        for pc_name in ["peercache-get", "peercache-get-local"] {
+            let pc = med(pc_name, Some(c));
+            summary.insert(format!("c{c}/{pc_name}/raw-tcp"), json!(round3(pc / raw)));
+            if mc_ok {
+                summary.insert(
+                    format!("c{c}/{pc_name}/mooncake-get"),
+                    json!(round3(pc / mc)),
+                );
+            }
         }
     }
     let (pc, mc) = (med("peercache-get", None), med("mooncake-get", None));
     if mc_ok {
         summary.insert("peercache-get/mooncake-get".into(), json!(round3(pc / mc)));
+        summary.insert(
+            "peercache-get-local/mooncake-get".into(),
+            json!(round3(med("peercache-get-local", None) / mc)),
+        );
     }
     for name in &other_names {
         summary.insert(
@@ -419,8 +531,11 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     }
     std::fs::create_dir_all(&args.out_dir)?;
     let svg = args.out_dir.join("compare.svg");
-    let mut systems: Vec<&str> = vec!["raw-tcp", "peercache-get"];
+    let mut systems: Vec<&str> = vec!["raw-tcp", "peercache-get", "peercache-get-local"];
     systems.extend(other_names.iter().map(|s| s.as_str()));
+    if mcl_ok {
+        systems.push("mooncake-get-local");
+    }
     if mc_ok {
         systems.push("mooncake-get");
     }
@@ -442,7 +557,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         config: json!({
             "page_bytes": args.page_bytes, "batch": args.batch, "concurrency": args.concurrency,
             "rounds": args.rounds, "secs": args.secs, "pages": args.pages, "modes": args.modes,
-            "transport": "loopback tcp", "mooncake": "batch_get_into, pure client, one storage process",
+            "transport": "loopback tcp (peercache-get-local: host-local shared memory)", "mooncake": "batch_get_into, pure client, one storage process",
         }),
         summary: serde_json::Value::Object(summary),
         results: rows,

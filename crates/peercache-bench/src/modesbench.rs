@@ -63,6 +63,8 @@ fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Resul
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
         "global_segment_size": format!("{pool_mib}mb"),
         "heartbeat_interval": 0.5, "member_ttl": 1.5, "metrics_enabled": false,
+        // Bench nodes stand in for separate hosts: reads take the network path.
+        "host_local": false,
     });
     for (k, v) in extra.as_object().context("extra config")? {
         cfg[k] = v.clone();

@@ -160,6 +160,8 @@ pub fn start_node(
         "metrics_enabled": false,
         // Authenticated like a production cluster (the handshake is part of connection setup).
         "cluster_secret": "peercache-bench-cluster-secret",
+        // Bench nodes stand in for separate hosts: reads take the network path.
+        "host_local": false,
     });
     for (k, v) in settings {
         cfg[k] = v.clone();

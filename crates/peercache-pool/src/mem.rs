@@ -1,4 +1,8 @@
-//! Where the pool's memory comes from: one contiguous, pre-faulted mapping.
+//! Where the pool's memory comes from: one contiguous, pre-faulted mapping — private
+//! anonymous memory ([`MmapAlloc`]) or a sealed memory file other processes on the host can
+//! map read-only ([`MemfdAlloc`]).
+
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::PoolError;
 
@@ -23,6 +27,8 @@ pub struct Mapping {
     ptr: *mut u8,
     len: usize,
     huge: bool,
+    /// The memory file behind a shared mapping (offset 0 of it is `ptr`).
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; synchronisation of its contents is
@@ -47,6 +53,11 @@ impl Mapping {
     /// Whether explicit huge pages back it.
     pub fn is_huge(&self) -> bool {
         self.huge
+    }
+    /// The sealed memory file behind the mapping (its offset 0 is [`Mapping::ptr`]), when it
+    /// came from [`MemfdAlloc`]: other processes on the host may map it.
+    pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 }
 
@@ -86,6 +97,7 @@ impl RegionAlloc for MmapAlloc {
                     ptr,
                     len: huge_len,
                     huge: true,
+                    fd: None,
                 });
             }
             tracing::info!(len, "no explicit huge pages available; using normal pages");
@@ -94,22 +106,177 @@ impl RegionAlloc for MmapAlloc {
             len,
             detail: std::io::Error::last_os_error().to_string(),
         })?;
-        // SAFETY: advice on a range we just mapped; failure is harmless.
-        unsafe {
-            libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        // MAP_POPULATE is best effort; touch one byte per page so no fault lands on the hot path.
-        let page = 4096;
-        let mut off = 0;
-        while off < len {
-            // SAFETY: `off < len`, inside the mapping.
-            unsafe { std::ptr::write_volatile(ptr.add(off), 0) };
-            off += page;
-        }
+        prefault(ptr, len);
         Ok(Mapping {
             ptr,
             len,
             huge: false,
+            fd: None,
         })
+    }
+}
+
+/// Asks for transparent huge pages and touches every page, so no fault lands on the hot path
+/// (`MAP_POPULATE` is best effort).
+fn prefault(ptr: *mut u8, len: usize) {
+    // SAFETY: advice on a range the caller just mapped; failure is harmless.
+    unsafe {
+        libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+    }
+    let page = 4096;
+    let mut off = 0;
+    while off < len {
+        // SAFETY: `off < len`, inside the mapping.
+        unsafe { std::ptr::write_volatile(ptr.add(off), 0) };
+        off += page;
+    }
+}
+
+/// A shared mapping of a sealed memory file (`memfd_create`): the pool's memory can then be
+/// handed to other processes on the same host, which map it read-only and copy pages out of
+/// it directly (the transport's host-local path). The file is sealed against shrinking and
+/// growing before anyone else sees it, so a reader's mapping can never lose its backing pages
+/// (no `SIGBUS`). Explicit huge pages when asked, else normal pages with huge-page advice
+/// (honoured when the kernel's `shmem_enabled` allows it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemfdAlloc {
+    /// Try `MFD_HUGETLB` first.
+    pub hugepages: bool,
+}
+
+fn memfd(len: usize, huge: bool) -> Result<OwnedFd, std::io::Error> {
+    let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    if huge {
+        flags |= libc::MFD_HUGETLB;
+    }
+    // SAFETY: a NUL-terminated name and plain flags; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"peercache-pool".as_ptr(), flags) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd_raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: plain syscalls on a descriptor we own.
+    let ok = unsafe {
+        libc::ftruncate(fd_raw, len as libc::off_t) == 0
+            && libc::fcntl(
+                fd_raw,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) == 0
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn map_shared(fd: &OwnedFd, len: usize) -> Result<*mut u8, std::io::Error> {
+    // SAFETY: a shared mapping of a file we own, no address hint; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p as *mut u8)
+    }
+}
+
+impl RegionAlloc for MemfdAlloc {
+    fn map(&self, len: usize) -> Result<Mapping, PoolError> {
+        if len == 0 {
+            return Err(PoolError::Geometry("pool size is zero".into()));
+        }
+        if self.hugepages {
+            let huge_len = len.div_ceil(2 << 20) * (2 << 20);
+            if let Ok(fd) = memfd(huge_len, true)
+                && let Ok(ptr) = map_shared(&fd, huge_len)
+            {
+                return Ok(Mapping {
+                    ptr,
+                    len: huge_len,
+                    huge: true,
+                    fd: Some(fd),
+                });
+            }
+            tracing::info!(
+                len,
+                "no explicit huge pages for a shared pool; using normal pages"
+            );
+        }
+        let err = |e: std::io::Error| PoolError::Map {
+            len,
+            detail: format!("shared memory file: {e}"),
+        };
+        let fd = memfd(len, false).map_err(err)?;
+        let ptr = map_shared(&fd, len).map_err(err)?;
+        prefault(ptr, len);
+        Ok(Mapping {
+            ptr,
+            len,
+            huge: false,
+            fd: Some(fd),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn memfd_pool_is_sealed_and_visible_through_a_second_mapping() {
+        let len = 1 << 20;
+        let m = MemfdAlloc::default().map(len).unwrap();
+        assert_eq!(m.len(), len);
+        let fd = m
+            .shared_fd()
+            .expect("a shared mapping has a file")
+            .as_raw_fd();
+        // SAFETY: plain fcntl/ftruncate on a descriptor the mapping owns.
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        assert_eq!(
+            seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL),
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL
+        );
+        // SAFETY: as above; the call must fail on the sealed file.
+        let shrunk = unsafe { libc::ftruncate(fd, 4096) };
+        assert_ne!(shrunk, 0, "shrinking must be refused");
+        // SAFETY: writes inside the mapping this test owns.
+        unsafe { std::ptr::copy_nonoverlapping(b"kv page".as_ptr(), m.ptr().add(8192), 7) };
+        // SAFETY: a read-only shared view of the same file, unmapped below.
+        let view = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(view, libc::MAP_FAILED);
+        // SAFETY: 7 bytes inside the view.
+        let seen = unsafe { std::slice::from_raw_parts((view as *const u8).add(8192), 7) };
+        assert_eq!(seen, b"kv page");
+        // SAFETY: unmaps the view mapped above.
+        unsafe { libc::munmap(view, len) };
+    }
+
+    #[test]
+    fn private_pool_has_no_file() {
+        let m = MmapAlloc::default().map(1 << 20).unwrap();
+        assert!(m.shared_fd().is_none());
+        assert!(MemfdAlloc::default().map(0).is_err());
     }
 }

@@ -244,6 +244,13 @@ impl Pool {
         self.map.len()
     }
 
+    /// The sealed memory file behind the pool when it was mapped by
+    /// [`crate::mem::MemfdAlloc`] (offset 0 is [`Pool::base`]); share it with the transport's
+    /// host-local path.
+    pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.map.shared_fd()
+    }
+
     /// True if the region is empty (never).
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()

@@ -268,6 +268,7 @@ impl Node {
             "pool_pages": s.pool_pages, "pool_evictions": s.pool_evictions,
             "evictions_notified": s.evictions_notified, "directory_rpcs": s.directory_rpcs,
             "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,
+            "transport_local_read_bytes": s.transport_local_read_bytes,
             "members": s.members, "primed": s.primed,
             "verify_rejects": s.verify_rejects, "staged_reads": s.staged_reads,
             "rdma_read_bytes": s.rdma_read_bytes, "rdma_fallbacks": s.rdma_fallbacks,

@@ -41,7 +41,32 @@ def test_v1_round_trip_is_byte_exact_across_nodes(port, layout):
         dst = np.arange(8 * pb.page_size, 13 * pb.page_size)
         assert b.batch_get_v1(keys, dst) == [True] * 5
         assert pb.pages(dst) == pa.pages(idx)
-        assert b.stats()["transport_read_bytes"] > 0
+        st = b.stats()
+        assert st["transport_read_bytes"] > 0
+        # Both nodes share this host: the pages were copied out of A's shared pool.
+        assert st["transport_local_read_bytes"] == st["transport_read_bytes"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_host_local_off_reads_over_the_network(port):
+    a = make(62, 62, port, extra={"host_local": False})
+    b = make(63, 62, port, extra={"host_local": False})
+    try:
+        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        pa, pb = HostPool(), HostPool()
+        a.register_mem_pool_host(pa)
+        b.register_mem_pool_host(pb)
+        pa.fill(3)
+        keys = [f"net-{i}" for i in range(4)]
+        idx = np.arange(0, 4 * pa.page_size)
+        assert a.batch_set_v1(keys, idx) == [True] * 4
+        dst = np.arange(4 * pb.page_size, 8 * pb.page_size)
+        assert b.batch_get_v1(keys, dst) == [True] * 4
+        assert pb.pages(dst) == pa.pages(idx)
+        st = b.stats()
+        assert st["transport_read_bytes"] > 0 and st["transport_local_read_bytes"] == 0
     finally:
         a.close()
         b.close()

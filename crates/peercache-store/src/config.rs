@@ -146,6 +146,9 @@ pub struct PeerCacheConfig {
     /// Read into (and write from) caller memory outside registered host buffers directly —
     /// registered per batch on RDMA — instead of through staging and a copy.
     pub lazy_registration: bool,
+    /// Peers on the same host read this node's pool straight from shared memory (a sealed
+    /// memory file they map read-only), and this node theirs, instead of over the network.
+    pub host_local: bool,
     /// Storage-server writes go one-sided over RDMA (both writer and storage server must set
     /// it); the reservation guard then cannot run per write, verified commits still hold.
     pub rdma_writes: bool,
@@ -275,6 +278,7 @@ impl Default for PeerCacheConfig {
             rdma_backend: RdmaBackend::Verbs,
             rdma_writes: false,
             lazy_registration: true,
+            host_local: true,
             ib_port: 1,
             gid_index: 3,
             max_channels_per_peer: 16,
@@ -345,6 +349,7 @@ pub const KEYS: &[&str] = &[
     "rdma_backend",
     "rdma_writes",
     "lazy_registration",
+    "host_local",
     "ib_port",
     "gid_index",
     "max_channels_per_peer",
@@ -624,6 +629,7 @@ impl PeerCacheConfig {
             },
             "rdma_writes" => self.rdma_writes = as_bool("rdma_writes", v)?,
             "lazy_registration" => self.lazy_registration = as_bool("lazy_registration", v)?,
+            "host_local" => self.host_local = as_bool("host_local", v)?,
             "rdma_backend" => {
                 self.rdma_backend = match as_str(v).to_ascii_lowercase().as_str() {
                     "verbs" => RdmaBackend::Verbs,

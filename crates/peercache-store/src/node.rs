@@ -420,7 +420,16 @@ impl Inner {
             } else {
                 cfg.pool_bytes() as usize
             };
-        let pool = Arc::new(Pool::new(PoolConfig::new(pool_bytes))?);
+        // With the host-local path the pool lives in a sealed memory file that readers on this
+        // host map read-only.
+        let pool = Arc::new(if cfg.host_local {
+            Pool::with_alloc(
+                PoolConfig::new(pool_bytes),
+                &peercache_pool::mem::MemfdAlloc::default(),
+            )?
+        } else {
+            Pool::new(PoolConfig::new(pool_bytes))?
+        });
         let rdma = if transport_why.starts_with("rdma") {
             rdma_plane(&cfg, &me, &auth)
         } else {
@@ -441,6 +450,7 @@ impl Inner {
                 max_server_connections: cfg.max_inbound_connections,
                 auth: auth.clone(),
                 rdma_writes: cfg.rdma_writes,
+                host_local: cfg.host_local,
                 ..TransportConfig::default()
             },
             Some(me.clone()),
@@ -463,6 +473,9 @@ impl Inner {
             // SAFETY: as above.
             None => unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?,
         };
+        if let Some(fd) = pool.shared_fd() {
+            transport.share(&pool_region, fd, 0)?;
+        }
         let pool_key = pool_region.key().0;
         let (slotmap, slot_region, slot_layout) = if cfg.mode == Mode::Slotmap {
             let map = Arc::new(peercache_pool::slotmap::SlotMap::new(

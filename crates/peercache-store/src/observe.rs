@@ -292,7 +292,9 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
                  "reclaimable": pool.reclaimable, "evicted": pool.evicted_retained + pool.evicted_reclaimable,
                  "verify_rejects": pool.verify_rejects},
         "transport": {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes, "timeouts": t.timeouts,
-                      "suspect_marks": t.suspect_marks, "served_bytes": t.served_bytes},
+                      "suspect_marks": t.suspect_marks, "served_bytes": t.served_bytes,
+                      "local_read_bytes": t.local_read_bytes, "local_peers": t.local_peers,
+                      "local_leases": t.local_leases},
         "rdma": inner.transport.rdma_stats().map(|r| serde_json::json!({
             "read_ops": r.read_ops, "read_bytes": r.read_bytes, "fallbacks": r.fallbacks,
             "write_ops": r.write_ops, "write_bytes": r.write_bytes,

@@ -114,6 +114,8 @@ pub struct StoreStats {
     pub shard_entries: u64,
     /// Bytes read from peers by the transport.
     pub transport_read_bytes: u64,
+    /// Of `transport_read_bytes`: bytes copied from a same-host peer's shared memory.
+    pub transport_local_read_bytes: u64,
     /// Members known.
     pub members: u64,
     /// Locations primed by `batch_exists` and not yet consumed.
@@ -1298,6 +1300,7 @@ impl Store {
             directory_local_calls: d.local_calls,
             shard_entries: inner.dir_service.with_shard(|s, _| s.len() as u64),
             transport_read_bytes: t.read_bytes,
+            transport_local_read_bytes: t.local_read_bytes,
             rdma_read_bytes: t.rdma_read_bytes,
             rdma_fallbacks: t.rdma_fallbacks,
             members: inner.discovery.members().len() as u64,

@@ -222,3 +222,64 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
         n.shutdown();
     }
 }
+
+/// Kills the child process when dropped (a failing assertion leaves no stray node behind).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
+    let port = common::free_port();
+    let reader = common::node(46, 46, port, json!({"cluster_secret": SECRET}));
+    let client_port = common::free_port();
+    let exe = env!("CARGO_BIN_EXE_peercache-node");
+    let mut owner = Killed(
+        std::process::Command::new(exe)
+            .args(["--discovery-addr", &format!("127.0.0.46:{port}")])
+            .args(["--host", "127.0.0.47", "--set", "node_id=shm-owner"])
+            .args(["--set", "protocol=tcp", "--set", "global_segment_size=64mb"])
+            .args(["--set", "heartbeat_interval=0.2", "--set", "member_ttl=0.6"])
+            .args(["--set", "client_enabled=true"])
+            .args(["--set", &format!("client_port={client_port}")])
+            .args(["--set", "metrics_enabled=false", "--set", "log_level=warn"])
+            .env("PEERCACHE_CLUSTER_SECRET", SECRET)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(reader.wait_members(2, Duration::from_secs(15)));
+    reader.sync_membership();
+    let c = Client::new(
+        format!("127.0.0.47:{client_port}").parse().unwrap(),
+        auth(),
+        Duration::from_secs(5),
+    );
+    let len = 80 << 10;
+    let keys: Vec<String> = (0..64).map(|i| format!("xproc/{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..64).map(|i| common::page(900 + i, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    assert!(c.put(&keys, &refs).unwrap().iter().all(|s| *s));
+
+    // The pages live in the other process's pool; this node copies them out of its memory file.
+    let (hits, got) = common::get(&reader, &keys, len);
+    assert!(hits.iter().all(|&h| h), "{hits:?}");
+    assert!(got == pages, "a page read through shared memory differs");
+    let local = reader.stats().transport_local_read_bytes;
+    assert!(local >= 64 * len as u64, "local bytes {local}");
+    assert_eq!(reader.cluster_view()["transport"]["local_peers"], 1);
+
+    // The owner dies: the kernel closes its lease, and no page is served from the mapping.
+    owner.0.kill().unwrap();
+    owner.0.wait().unwrap();
+    let (hits, _) = common::get(&reader, &keys, len);
+    assert!(hits.iter().all(|&h| !h), "{hits:?}");
+    assert_eq!(reader.stats().transport_local_read_bytes, local);
+    reader.shutdown();
+}

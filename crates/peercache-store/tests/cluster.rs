@@ -481,3 +481,56 @@ fn unregistered_destinations_land_directly_unless_lazy_registration_is_off() {
         }
     }
 }
+
+#[test]
+fn same_host_peers_read_through_shared_memory_unless_host_local_is_off() {
+    let port = free_port();
+    let a = node(41, 41, port, json!({"global_segment_size": "64mb"}));
+    let b = node(42, 41, port, json!({"global_segment_size": "64mb"}));
+    let c = node(
+        43,
+        41,
+        port,
+        json!({"global_segment_size": "64mb", "host_local": false}),
+    );
+    for s in [&a, &b, &c] {
+        assert!(s.wait_members(3, Duration::from_secs(10)));
+        s.sync_membership();
+    }
+    let len = 96 << 10;
+    let keys: Vec<String> = (0..48).map(|i| format!("shm-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..48).map(|i| page(7000 + i, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    let served = |s: &peercache_store::Store| {
+        s.cluster_view()["transport"]["served_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+
+    // b shares the host with a: every page is one copy out of a's pool, verified.
+    let (hits, got) = read_all(&b, &keys, len);
+    assert!(hits.iter().all(|&h| h));
+    assert_eq!(got, pages);
+    let sb = b.stats();
+    assert!(sb.transport_local_read_bytes >= 48 * len as u64, "{sb:?}");
+    assert_eq!(sb.transport_local_read_bytes, sb.transport_read_bytes);
+    assert_eq!(served(&a), 0, "a's data server moved nothing");
+    assert_eq!(a.cluster_view()["transport"]["local_leases"], 1);
+
+    // c turned the path off: the same pages come over TCP from a's data server.
+    let (hits, got) = read_all(&c, &keys, len);
+    assert!(hits.iter().all(|&h| h));
+    assert_eq!(got, pages);
+    assert_eq!(c.stats().transport_local_read_bytes, 0);
+    assert!(served(&a) >= 48 * len as u64);
+
+    // a leaves: b's lease closes and b never serves a page from the old mapping.
+    drop(a);
+    let (hits, _) = read_all(&b, &keys, len);
+    assert!(hits.iter().all(|&h| !h), "{hits:?}");
+    assert_eq!(
+        b.stats().transport_local_read_bytes,
+        sb.transport_local_read_bytes
+    );
+}

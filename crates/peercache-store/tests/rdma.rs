@@ -1,7 +1,8 @@
 //! The RDMA data path end to end on the software fabric (`rdma_backend = "soft"`): nodes in
 //! one process bootstrap queue pairs and fetch region tables over their real data ports, pages
 //! are read one-sided and verified like any remote page, and a TCP-only node in the same
-//! cluster is still read (over TCP).
+//! cluster is still read (over TCP). The nodes stand in for separate hosts (`host_local` off),
+//! so same-process shared memory does not take the reads.
 
 use std::time::Duration;
 
@@ -22,14 +23,14 @@ fn get(s: &peercache_store::Store, keys: &[String], len: usize) -> (Vec<bool>, V
 #[test]
 fn pages_are_read_over_rdma_verified_and_tcp_only_peers_still_serve() {
     let port = free_port();
-    let rdma = json!({"protocol": "rdma", "rdma_backend": "soft", "cluster_secret": SECRET});
+    let rdma = json!({"protocol": "rdma", "rdma_backend": "soft", "cluster_secret": SECRET, "host_local": false});
     let a = node(190, 190, port, rdma.clone());
     let b = node(191, 190, port, rdma);
     let c = node(
         192,
         190,
         port,
-        json!({"protocol": "tcp", "cluster_secret": SECRET}),
+        json!({"protocol": "tcp", "cluster_secret": SECRET, "host_local": false}),
     );
     for s in [&a, &b, &c] {
         assert!(s.wait_members(3, Duration::from_secs(10)));

@@ -370,7 +370,7 @@ impl Client {
 
 /// Validates an op's local segments: registered (or explicitly [`crate::RegionKey::UNREGISTERED`]
 /// caller memory), in bounds, adding up to the remote length.
-fn check_local(
+pub(crate) fn check_local(
     regions: &HashMap<crate::RegionKey, crate::region::Region>,
     batch: &Batch,
     op: &crate::OpDesc,

@@ -29,6 +29,9 @@ pub struct TransportConfig {
     /// a queue pair may then write such a region; writers must verify what landed (storage
     /// servers commit a page only if its bytes match the writer's checksum).
     pub rdma_writes: bool,
+    /// Serve and use the host-local path: peers on this host map this node's shared regions
+    /// read-only and copy from them, and this node does the same with theirs.
+    pub host_local: bool,
 }
 
 impl Default for TransportConfig {
@@ -43,6 +46,7 @@ impl Default for TransportConfig {
             max_server_connections: 1024,
             auth: Auth::none(),
             rdma_writes: false,
+            host_local: true,
         }
     }
 }

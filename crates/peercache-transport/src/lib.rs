@@ -12,6 +12,10 @@
 //! intermediate buffer, no per-page allocation) and bounds every wait with `op_timeout`.
 //! After a timeout the peer is marked suspect for a short time so callers fail fast.
 //!
+//! Peers on the same host skip the network: a region registered with its memory file
+//! ([`TcpTransport::share`]) is mapped read-only by such peers, whose reads become one copy
+//! out of shared memory (the host-local path; `TransportConfig::host_local`).
+//!
 //! With an RDMA path ([`rdma::path`]) reads go one-sided through the NIC, and device (GPU)
 //! memory can be registered too ([`DeviceMemory`], [`TcpTransport::register_device`]): the
 //! RDMA path reaches it, the TCP plane refuses it.
@@ -22,6 +26,7 @@ mod config;
 mod device;
 mod error;
 mod iov;
+mod local;
 pub mod metrics;
 mod proto;
 pub mod rdma;
@@ -68,6 +73,7 @@ pub fn fuzz_request(data: &[u8]) -> usize {
                 access,
                 guard: None,
                 device: false,
+                shared: None,
             },
         );
     }

@@ -14,6 +14,8 @@ pub const TIMEOUTS_TOTAL: &str = "peercache_transport_timeouts_total";
 pub const SUSPECT_MARKS_TOTAL: &str = "peercache_transport_suspect_marks_total";
 /// Connections opened to peers.
 pub const CONNECTS_TOTAL: &str = "peercache_transport_connects_total";
+/// Of the client's read bytes: bytes copied from a peer's shared memory (host-local path).
+pub const LOCAL_READ_BYTES_TOTAL: &str = "peercache_transport_local_read_bytes_total";
 
 use metrics::Counter;
 
@@ -28,6 +30,7 @@ pub(crate) struct Handles {
     pub(crate) server_read_bytes: Counter,
     pub(crate) server_write_ops: Counter,
     pub(crate) server_write_bytes: Counter,
+    pub(crate) local_read_bytes: Counter,
 }
 
 impl Handles {
@@ -42,6 +45,7 @@ impl Handles {
             server_read_bytes: c(BYTES_TOTAL, "read", "server"),
             server_write_ops: c(OPS_TOTAL, "write", "server"),
             server_write_bytes: c(BYTES_TOTAL, "write", "server"),
+            local_read_bytes: metrics::counter!(LOCAL_READ_BYTES_TOTAL),
         }
     }
 }

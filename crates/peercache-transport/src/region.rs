@@ -57,6 +57,8 @@ pub(crate) struct Region {
     pub(crate) guard: Option<Arc<dyn WriteGuard>>,
     /// Device memory: the TCP plane must never touch it.
     pub(crate) device: bool,
+    /// The memory file behind it, when it is shared with peers on this host.
+    pub(crate) shared: Option<crate::local::SharedFile>,
 }
 
 impl Region {
@@ -84,6 +86,9 @@ pub(crate) struct RegionTable {
     regions: RwLock<HashMap<RegionKey, Region>>,
     next: AtomicU64,
     salt: u64,
+    /// Lease connections of peers attached over the host-local path; closed whenever the set
+    /// of shared regions changes, so they re-attach (or fall back) before their next read.
+    attached: parking_lot::Mutex<Vec<std::os::unix::net::UnixStream>>,
 }
 
 impl RegionTable {
@@ -95,7 +100,46 @@ impl RegionTable {
             regions: RwLock::new(HashMap::new()),
             next: AtomicU64::new(1),
             salt,
+            attached: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps a host-local lease open (dropping leases whose reader went away).
+    pub(crate) fn attach(&self, lease: std::os::unix::net::UnixStream) {
+        let mut v = self.attached.lock();
+        v.retain(crate::local::lease_open);
+        v.push(lease);
+    }
+
+    /// Closes every host-local lease.
+    pub(crate) fn revoke_attached(&self) {
+        for s in self.attached.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Number of open host-local leases.
+    pub(crate) fn attached_count(&self) -> usize {
+        self.attached.lock().len()
+    }
+
+    /// Marks a region as shared through `file`; attached peers re-attach to see it.
+    pub(crate) fn share(
+        &self,
+        key: RegionKey,
+        file: crate::local::SharedFile,
+    ) -> Result<(), TransportError> {
+        let mut map = self.regions.write();
+        let r = map
+            .get_mut(&key)
+            .ok_or(TransportError::Register("region is not registered"))?;
+        if r.device {
+            return Err(TransportError::Register("device memory cannot be shared"));
+        }
+        r.shared = Some(file);
+        drop(map);
+        self.revoke_attached();
+        Ok(())
     }
 
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, HashMap<RegionKey, Region>> {
@@ -141,13 +185,17 @@ impl RegionTable {
                 access,
                 guard,
                 device,
+                shared: None,
             },
         );
         Ok(key)
     }
 
     pub(crate) fn remove(&self, key: RegionKey) {
-        self.regions.write().remove(&key);
+        let gone = self.regions.write().remove(&key);
+        if gone.is_some_and(|r| r.shared.is_some()) {
+            self.revoke_attached();
+        }
     }
 }
 

@@ -70,6 +70,8 @@ pub(crate) struct ServerShared {
     pub(crate) metrics: crate::metrics::Handles,
     /// The RDMA path whose bootstrap plane this port also serves.
     pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
+    /// What the host-local plane answers (None: the path is off).
+    pub(crate) local: Option<crate::local::Invitation>,
 }
 
 /// Binds the listener and starts the accept thread. Returns the bound address.
@@ -141,6 +143,9 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
     if sh.rdma.is_some() {
         planes.push(Plane::RdmaBootstrap);
     }
+    if sh.local.is_some() {
+        planes.push(Plane::HostLocal);
+    }
     let acceptor = Acceptor {
         planes,
         node: None,
@@ -151,6 +156,13 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
     if hello.plane == Plane::RdmaBootstrap {
         if let Some(r) = &sh.rdma {
             r.serve(stream);
+        }
+        return Ok(());
+    }
+    if hello.plane == Plane::HostLocal {
+        if let Some(inv) = &sh.local {
+            stream.set_write_timeout(Some(sh.cfg.op_timeout))?;
+            peercache_wire::frame::write_frame(&mut stream, &inv.encode())?;
         }
         return Ok(());
     }

@@ -43,6 +43,16 @@ pub struct TransportStats {
     pub rdma_write_ops: u64,
     /// Of `write_bytes`: bytes written over RDMA.
     pub rdma_write_bytes: u64,
+    /// Of `read_ops`: ops copied from a peer's shared memory (the host-local path).
+    pub local_read_ops: u64,
+    /// Of `read_bytes`: bytes copied from a peer's shared memory.
+    pub local_read_bytes: u64,
+    /// Times this node attached to a peer's shared regions.
+    pub local_attaches: u64,
+    /// Peers whose shared regions this node has mapped now.
+    pub local_peers: u64,
+    /// Peers attached to this node's shared regions now.
+    pub local_leases: u64,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +71,9 @@ pub(crate) struct Counters {
     pub(crate) served_bytes: AtomicU64,
     pub(crate) served_errors: AtomicU64,
     pub(crate) server_desyncs: AtomicU64,
+    pub(crate) local_read_ops: AtomicU64,
+    pub(crate) local_read_bytes: AtomicU64,
+    pub(crate) local_attaches: AtomicU64,
 }
 
 impl Counters {
@@ -87,6 +100,9 @@ impl Counters {
             served_bytes: g(&self.served_bytes),
             served_errors: g(&self.served_errors),
             server_desyncs: g(&self.server_desyncs),
+            local_read_ops: g(&self.local_read_ops),
+            local_read_bytes: g(&self.local_read_bytes),
+            local_attaches: g(&self.local_attaches),
             ..TransportStats::default()
         }
     }

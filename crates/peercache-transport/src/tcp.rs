@@ -28,6 +28,9 @@ pub struct TcpTransport {
     rdma: Option<Arc<dyn RdmaPlane>>,
     /// Writes go one-sided over the RDMA path (`TransportConfig::rdma_writes`).
     rdma_writes: bool,
+    /// The host-local path (`TransportConfig::host_local`): this node's listener and its
+    /// attachments to peers on the same host.
+    local: Option<(crate::local::LocalServer, crate::local::LocalClient)>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -56,6 +59,17 @@ impl TcpTransport {
         let counters = Arc::new(Counters::default());
         let incarnation = Incarnation::fresh();
         let metrics = crate::metrics::Handles::register();
+        let local_server = if cfg.host_local {
+            match crate::local::LocalServer::start(table.clone(), cfg.op_timeout) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "host-local path unavailable (no abstract Unix socket); peers on this host read over TCP");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let server = Arc::new(ServerShared {
             table: table.clone(),
             cfg: cfg.clone(),
@@ -67,10 +81,15 @@ impl TcpTransport {
             next_conn: AtomicU64::new(0),
             metrics: metrics.clone(),
             rdma: rdma.clone(),
+            local: local_server.as_ref().map(|s| s.invitation.clone()),
         });
         let rdma_writes = cfg.rdma_writes && rdma.is_some();
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
         let hello = Hello::new(Plane::Data, node, incarnation);
+        let local = local_server.map(|s| {
+            let c = crate::local::LocalClient::new(hello.clone(), cfg.auth.clone(), cfg.op_timeout);
+            (s, c)
+        });
         let client = Client::new(table.clone(), cfg, counters, hello, metrics);
         tracing::debug!(%endpoint, "tcp transport listening");
         Ok(TcpTransport {
@@ -81,6 +100,7 @@ impl TcpTransport {
             accept: Mutex::new(Some(accept)),
             rdma,
             rdma_writes,
+            local,
         })
     }
 
@@ -196,6 +216,40 @@ impl TcpTransport {
         })
     }
 
+    /// Shares a registered region with peers on this host: they map `fd` (from `offset`, for
+    /// the region's length) read-only and copy pages out of it instead of asking this node's
+    /// data server. `fd` must be a memory file sealed against shrinking (`memfd_create` +
+    /// `F_SEAL_SHRINK`, as the pool's `MemfdAlloc` makes), whose bytes at `offset` are the
+    /// region's memory. Only remote-readable regions are offered. Without the host-local path
+    /// (`TransportConfig::host_local` off) this is a no-op.
+    pub fn share(
+        &self,
+        handle: &RegionHandle,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+    ) -> Result<(), TransportError> {
+        if self.local.is_none() {
+            return Ok(());
+        }
+        let owned = fd
+            .try_clone_to_owned()
+            .map_err(|_| TransportError::Register("cannot duplicate the memory file"))?;
+        crate::local::check_file(&owned, offset, handle.len()).map_err(|why| {
+            tracing::warn!(%why, "region not shared");
+            TransportError::Register(
+                "a shared region needs a memory file sealed against shrinking, page-aligned \
+                 offset, long enough for the region",
+            )
+        })?;
+        self.table.share(
+            handle.key(),
+            crate::local::SharedFile {
+                fd: Arc::new(owned),
+                offset,
+            },
+        )
+    }
+
     /// Registers a region on the RDMA path too; on failure the region stays TCP-only.
     ///
     /// # Safety
@@ -221,6 +275,24 @@ impl TcpTransport {
     /// Reads every op's remote range from `peer` into its local segments.
     pub fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Result<OpResults, TransportError> {
         self.check_open()?;
+        if batch.len() > self.client.cfg.max_batch_ops {
+            return Err(TransportError::BatchTooLarge {
+                ops: batch.len(),
+                max: self.client.cfg.max_batch_ops,
+            });
+        }
+        if let Some((_, l)) = &self.local
+            && let Some(res) = l.read_batch(
+                peer,
+                batch,
+                &self.table,
+                self.client.cfg.max_op_bytes,
+                &self.server.counters,
+            )
+        {
+            self.count_local(batch, &res);
+            return Ok(res);
+        }
         if let Some(r) = &self.rdma
             && let Some(res) = r.read_batch(peer, batch)
         {
@@ -245,9 +317,36 @@ impl TcpTransport {
         self.client.write_batch(peer, batch)
     }
 
-    /// Drops pooled connections to a peer that left.
+    /// Counts a host-local batch in the transport's read counters and metrics.
+    fn count_local(&self, batch: &Batch, res: &OpResults) {
+        let (mut ops, mut bytes) = (0u64, 0u64);
+        for (op, r) in batch.ops().iter().zip(res) {
+            match r {
+                Ok(()) => {
+                    ops += 1;
+                    bytes += op.remote.len as u64;
+                }
+                Err(e) => {
+                    metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => e.label())
+                        .increment(1);
+                }
+            }
+        }
+        let c = &self.server.counters;
+        Counters::add(&c.read_ops, ops);
+        Counters::add(&c.read_bytes, bytes);
+        let m = &self.server.metrics;
+        m.client_read_ops.increment(ops);
+        m.client_read_bytes.increment(bytes);
+        m.local_read_bytes.increment(bytes);
+    }
+
+    /// Drops pooled connections (and a host-local attachment) to a peer that left.
     pub fn forget_peer(&self, peer: SocketAddr) {
         self.client.forget(peer);
+        if let Some((_, l)) = &self.local {
+            l.forget(peer);
+        }
     }
 
     /// Per-peer counters of this node's client.
@@ -263,6 +362,10 @@ impl TcpTransport {
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         let mut s = self.server.counters.snapshot();
+        if let Some((_, l)) = &self.local {
+            s.local_peers = l.attached() as u64;
+            s.local_leases = self.table.attached_count() as u64;
+        }
         if let Some(r) = &self.rdma {
             let x = r.stats();
             s.read_ops += x.read_ops;
@@ -299,6 +402,10 @@ impl TcpTransport {
         );
         for (_, s) in self.server.conns.lock().drain() {
             let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some((srv, _)) = &self.local {
+            srv.stop();
+            self.table.revoke_attached();
         }
         if let Some(h) = self.accept.lock().take() {
             let _ = h.join();

@@ -44,6 +44,9 @@ pub enum Plane {
     Data,
     /// RDMA queue-pair bootstrap.
     RdmaBootstrap,
+    /// Host-local (shared-memory) bootstrap: where a peer on the same host attaches to this
+    /// node's shared regions.
+    HostLocal,
 }
 
 /// First message on every connection, client → server.

@@ -1,0 +1,693 @@
+//! The host-local path: a peer on the same host reads this node's shared regions straight out
+//! of memory — one copy, no socket, no server thread — instead of over loopback TCP.
+//!
+//! A region is shared when its memory is a sealed memory file ([`crate::TcpTransport::share`];
+//! the pool maps one with `MemfdAlloc`). Attaching takes three steps:
+//!
+//! 1. the reader opens the peer's data port on the [`Plane::HostLocal`] plane (the usual
+//!    authenticated handshake) and gets the name of an abstract Unix socket plus a 128-bit
+//!    token;
+//! 2. it connects to that socket — which only works from the same host and network namespace,
+//!    so a peer elsewhere simply stays on TCP — and sends the token;
+//! 3. the owner answers with its shared, remote-readable regions and their file descriptors
+//!    (`SCM_RIGHTS`); the reader checks each file is sealed against shrinking and long enough,
+//!    then maps it read-only.
+//!
+//! The Unix connection stays open as a lease: the owner closes every one whenever its set of
+//! shared regions changes or it shuts down, and the reader checks its end once per batch (a
+//! non-blocking peek), re-attaching or falling back to TCP when it finds it closed.
+//!
+//! Reads copy like RDMA READs do: the owner may rewrite a slot during the copy, so callers
+//! verify what they read (the store checks every page's header and checksum).
+//!
+//! [`Plane::HostLocal`]: peercache_wire::handshake::Plane::HostLocal
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use peercache_wire::WireError;
+use peercache_wire::auth::Auth;
+use peercache_wire::handshake::{self, Hello, Plane};
+
+use crate::region::{Region, RegionTable};
+use crate::stats::Counters;
+use crate::{Batch, OpError, OpResults, RegionKey};
+
+const REPLY_MAGIC: u32 = 0x5043_484c;
+const TABLE_MAGIC: u32 = 0x5043_4854;
+const VERSION: u8 = 1;
+const TOKEN_LEN: usize = 16;
+/// Most regions one owner shares (one file descriptor each in one message).
+pub(crate) const MAX_SHARED_REGIONS: usize = 32;
+const TABLE_HDR: usize = 12;
+const ENTRY_LEN: usize = 32;
+/// How long a peer that could not be attached stays on TCP before the next attempt.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// A shared region's memory file, as registered.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedFile {
+    pub(crate) fd: Arc<OwnedFd>,
+    /// Offset in the file of the region's first byte (page-aligned).
+    pub(crate) offset: u64,
+}
+
+/// What the data port tells a host-local client: where to attach and with which token.
+#[derive(Clone, Debug)]
+pub(crate) struct Invitation {
+    name: String,
+    token: [u8; TOKEN_LEN],
+}
+
+impl Invitation {
+    /// Encodes the reply sent on the [`Plane::HostLocal`] plane.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(6 + TOKEN_LEN + self.name.len());
+        out.extend_from_slice(&REPLY_MAGIC.to_le_bytes());
+        out.push(VERSION);
+        out.push(self.name.len() as u8);
+        out.extend_from_slice(&self.token);
+        out.extend_from_slice(self.name.as_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, String> {
+        if b.len() < 6 + TOKEN_LEN || b[..4] != REPLY_MAGIC.to_le_bytes() {
+            return Err("not a host-local invitation".into());
+        }
+        if b[4] != VERSION {
+            return Err(format!(
+                "host-local version {} (this build speaks {VERSION})",
+                b[4]
+            ));
+        }
+        let n = b[5] as usize;
+        let name = b
+            .get(6 + TOKEN_LEN..6 + TOKEN_LEN + n)
+            .ok_or("truncated host-local invitation")?;
+        Ok(Invitation {
+            name: String::from_utf8(name.to_vec()).map_err(|_| "socket name is not UTF-8")?,
+            token: b[6..6 + TOKEN_LEN].try_into().expect("16 bytes"),
+        })
+    }
+}
+
+fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    let mut got = 0;
+    while got < N {
+        // SAFETY: writes at most `N - got` bytes into the rest of `b`.
+        let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), N - got, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else {
+            got += r as usize;
+        }
+    }
+    Ok(b)
+}
+
+fn same_token(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The owner's side: the abstract Unix listener that hands shared regions to attached peers.
+pub(crate) struct LocalServer {
+    pub(crate) invitation: Invitation,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl LocalServer {
+    /// Binds a fresh abstract socket and starts its accept thread.
+    pub(crate) fn start(table: Arc<RegionTable>, timeout: Duration) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let token = random_bytes::<TOKEN_LEN>()?;
+        let tag = u64::from_le_bytes(random_bytes::<8>()?);
+        let name = format!("peercache-local-{}-{tag:016x}", std::process::id());
+        let listener = UnixListener::bind_addr(&UnixAddr::from_abstract_name(&name)?)?;
+        let thread = std::thread::Builder::new()
+            .name("pc-local-accept".into())
+            .spawn({
+                let stop = stop.clone();
+                move || accept_loop(listener, table, stop, token, timeout)
+            })?;
+        Ok(LocalServer {
+            invitation: Invitation { name, token },
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Stops the accept thread. Idempotent.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Ok(addr) = UnixAddr::from_abstract_name(&self.invitation.name) {
+            let _ = UnixStream::connect_addr(&addr);
+        }
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    table: Arc<RegionTable>,
+    stop: Arc<AtomicBool>,
+    token: [u8; TOKEN_LEN],
+    timeout: Duration,
+) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(mut s) = conn else { continue };
+        if s.set_read_timeout(Some(timeout)).is_err() || s.set_write_timeout(Some(timeout)).is_err()
+        {
+            continue;
+        }
+        let mut got = [0u8; TOKEN_LEN];
+        if s.read_exact(&mut got).is_err() || !same_token(&got, &token) {
+            tracing::debug!("host-local attach without the right token; closed");
+            continue;
+        }
+        // Hold the table's read guard while sending, so no shared region goes away between
+        // listing it and handing out its descriptor (deregistration also revokes attachments).
+        let regions = table.read();
+        let shared = shared_regions(&regions);
+        let sent = send_table(&s, &shared);
+        drop(regions);
+        match sent {
+            Ok(()) => table.attach(s),
+            Err(e) => tracing::debug!(error = %e, "host-local attach failed while sending"),
+        }
+    }
+}
+
+type SharedEntry = (RegionKey, u64, u64, SharedFile);
+
+fn shared_regions(regions: &HashMap<RegionKey, Region>) -> Vec<SharedEntry> {
+    let mut out: Vec<SharedEntry> = regions
+        .iter()
+        .filter(|(_, r)| r.access.allows_remote_read() && !r.device)
+        .filter_map(|(k, r)| r.shared.clone().map(|f| (*k, r.base, r.len, f)))
+        .collect();
+    out.sort_by_key(|e| e.1);
+    out.truncate(MAX_SHARED_REGIONS);
+    out
+}
+
+fn send_table(s: &UnixStream, shared: &[SharedEntry]) -> std::io::Result<()> {
+    let mut body = Vec::with_capacity(TABLE_HDR + shared.len() * ENTRY_LEN);
+    body.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
+    body.extend_from_slice(&[VERSION, 0, 0, 0]);
+    body.extend_from_slice(&(shared.len() as u32).to_le_bytes());
+    for (k, base, len, f) in shared {
+        for v in [k.0, *base, *len, f.offset] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let fds: Vec<i32> = shared.iter().map(|e| e.3.fd.as_raw_fd()).collect();
+    send_with_fds(s, &body, &fds)
+}
+
+/// Room for the control message carrying up to `n` descriptors (8-byte aligned).
+fn cmsg_room(n: usize) -> usize {
+    // SAFETY: pure arithmetic on the length.
+    unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<i32>()) as u32) as usize }
+}
+
+fn send_with_fds(s: &UnixStream, body: &[u8], fds: &[i32]) -> std::io::Result<()> {
+    let mut control = vec![0u64; cmsg_room(fds.len().max(1)).div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: body.as_ptr() as *mut libc::c_void,
+        iov_len: body.len(),
+    };
+    // SAFETY: a zeroed msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = cmsg_room(fds.len()) as _;
+        // SAFETY: `control` has room for one header plus `fds.len()` descriptors
+        // (`cmsg_room`), so the first header and its data area lie inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut i32, fds.len());
+        }
+    }
+    // SAFETY: `msg` points at live buffers for the duration of the call.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The descriptors went with the first byte; the rest (if any) is plain data.
+    let mut w = s;
+    w.write_all(&body[n as usize..])
+}
+
+/// One received table entry: key, the owner's base address, length, file offset, file.
+type Received = (RegionKey, u64, u64, u64, OwnedFd);
+
+/// Receives the region table and its descriptors.
+fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
+    let max = TABLE_HDR + MAX_SHARED_REGIONS * ENTRY_LEN;
+    let mut body = vec![0u8; max];
+    let mut control = vec![0u64; cmsg_room(MAX_SHARED_REGIONS).div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: body.as_mut_ptr().cast(),
+        iov_len: body.len(),
+    };
+    // SAFETY: a zeroed msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = (control.len() * 8) as _;
+    // SAFETY: `msg` points at live buffers of the lengths it names.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(format!("recvmsg: {}", std::io::Error::last_os_error()));
+    }
+    // Take ownership of every descriptor first, so each is closed whatever happens next.
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: the kernel filled `msg_control` up to `msg_controllen`; the CMSG_* walk stays
+    // inside it and each SCM_RIGHTS payload holds `(cmsg_len - CMSG_LEN(0)) / 4` descriptors
+    // that now belong to this process.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(c) as *const i32;
+                for i in 0..bytes / std::mem::size_of::<i32>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err("too many descriptors in the region table".into());
+    }
+    let mut n = n as usize;
+    if n < TABLE_HDR {
+        let mut r = s;
+        r.read_exact(&mut body[n..TABLE_HDR])
+            .map_err(|e| format!("region table header: {e}"))?;
+        n = TABLE_HDR;
+    }
+    if body[..4] != TABLE_MAGIC.to_le_bytes() || body[4] != VERSION {
+        return Err("not a host-local region table".into());
+    }
+    let count = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
+    if count > MAX_SHARED_REGIONS || count != fds.len() {
+        return Err(format!(
+            "region table names {count} regions but carried {} descriptors",
+            fds.len()
+        ));
+    }
+    let total = TABLE_HDR + count * ENTRY_LEN;
+    if n < total {
+        let mut r = s;
+        r.read_exact(&mut body[n..total])
+            .map_err(|e| format!("region table: {e}"))?;
+    }
+    let word = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+    Ok(fds
+        .into_iter()
+        .enumerate()
+        .map(|(i, fd)| {
+            let at = TABLE_HDR + i * ENTRY_LEN;
+            (
+                RegionKey(word(at)),
+                word(at + 8),
+                word(at + 16),
+                word(at + 24),
+                fd,
+            )
+        })
+        .collect())
+}
+
+/// Checks a received memory file before mapping it: sealed against shrinking (so the mapping
+/// can never lose pages under us) and long enough for the range.
+pub(crate) fn check_file(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), String> {
+    // SAFETY: fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err("memory file is not sealed against shrinking".into());
+    }
+    // SAFETY: a zeroed stat is valid output space for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into `st` on a descriptor we own.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(format!("fstat: {}", std::io::Error::last_os_error()));
+    }
+    let end = offset.checked_add(len).ok_or("range wraps")?;
+    if (st.st_size as u64) < end || len == 0 || !offset.is_multiple_of(4096) {
+        return Err(format!(
+            "memory file of {} bytes cannot hold {len} bytes at offset {offset}",
+            st.st_size
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the other end of a lease is still there. Neither side sends after attaching, so
+/// anything readable (end of stream, an error) means it closed. One non-blocking peek.
+pub(crate) fn lease_open(s: &UnixStream) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: a non-blocking peek of at most one byte into `b`.
+    let r = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
+/// One peer region mapped read-only into this process.
+struct Mapped {
+    key: RegionKey,
+    /// The peer's address of the region's first byte.
+    base: u64,
+    len: u64,
+    ptr: *const u8,
+}
+
+/// An attachment to one peer: its shared regions mapped here, and the lease connection.
+struct View {
+    lease: UnixStream,
+    regions: Vec<Mapped>,
+}
+
+// SAFETY: the mappings are read-only views owned by this value (unmapped on drop, after the
+// last `Arc` holder is done); the raw pointers are never written through.
+unsafe impl Send for View {}
+// SAFETY: as above; concurrent readers only copy out of the mappings.
+unsafe impl Sync for View {}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        for m in &self.regions {
+            // SAFETY: each mapping was created by `attach` with exactly this length and is
+            // unmapped once, when no batch holds the view any more.
+            unsafe { libc::munmap(m.ptr as *mut libc::c_void, m.len as usize) };
+        }
+    }
+}
+
+impl View {
+    /// The owner keeps the lease open while the table it sent is current.
+    fn current(&self) -> bool {
+        lease_open(&self.lease)
+    }
+
+    fn find(&self, key: RegionKey) -> Option<&Mapped> {
+        self.regions.iter().find(|m| m.key == key)
+    }
+}
+
+enum Entry {
+    Attached(Arc<View>),
+    Unavailable(Instant),
+}
+
+/// The reader's side: attachments to peers on this host.
+pub(crate) struct LocalClient {
+    hello: Hello,
+    auth: Auth,
+    timeout: Duration,
+    peers: RwLock<HashMap<SocketAddr, Entry>>,
+    attaching: Mutex<()>,
+}
+
+impl LocalClient {
+    pub(crate) fn new(mut hello: Hello, auth: Auth, timeout: Duration) -> Self {
+        hello.plane = Plane::HostLocal;
+        LocalClient {
+            hello,
+            auth,
+            timeout,
+            peers: RwLock::new(HashMap::new()),
+            attaching: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn forget(&self, peer: SocketAddr) {
+        self.peers.write().remove(&peer);
+    }
+
+    /// Number of peers currently attached.
+    pub(crate) fn attached(&self) -> usize {
+        self.peers
+            .read()
+            .values()
+            .filter(|e| matches!(e, Entry::Attached(_)))
+            .count()
+    }
+
+    fn view(&self, peer: SocketAddr, counters: &Counters) -> Option<Arc<View>> {
+        match self.peers.read().get(&peer) {
+            Some(Entry::Attached(v)) if v.current() => return Some(v.clone()),
+            Some(Entry::Unavailable(t)) if Instant::now() < *t => return None,
+            _ => {}
+        }
+        let _one = self.attaching.lock();
+        // Another thread may have attached meanwhile.
+        match self.peers.read().get(&peer) {
+            Some(Entry::Attached(v)) if v.current() => return Some(v.clone()),
+            Some(Entry::Unavailable(t)) if Instant::now() < *t => return None,
+            _ => {}
+        }
+        let entry = match self.attach(peer) {
+            Ok(v) => {
+                Counters::add(&counters.local_attaches, 1);
+                tracing::info!(%peer, regions = v.regions.len(), "host-local path attached: reads from this peer copy from shared memory");
+                Entry::Attached(Arc::new(v))
+            }
+            Err(why) => {
+                tracing::debug!(%peer, %why, "no host-local path to this peer; reads go over the network");
+                Entry::Unavailable(Instant::now() + RETRY_AFTER)
+            }
+        };
+        let out = match &entry {
+            Entry::Attached(v) => Some(v.clone()),
+            Entry::Unavailable(_) => None,
+        };
+        self.peers.write().insert(peer, entry);
+        out
+    }
+
+    fn attach(&self, peer: SocketAddr) -> Result<View, String> {
+        let until = Instant::now() + self.timeout;
+        let left = || {
+            until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        let mut tcp = TcpStream::connect_timeout(&peer, left()).map_err(|e| e.to_string())?;
+        handshake::client_sync(&mut tcp, &self.hello, &self.auth, left())
+            .map_err(|e| format!("handshake: {e}"))?;
+        tcp.set_read_timeout(Some(left()))
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        peercache_wire::frame::read_frame(&mut tcp, 512, &mut buf)
+            .map_err(|e: WireError| format!("invitation: {e}"))?;
+        let inv = Invitation::decode(&buf)?;
+        let addr = UnixAddr::from_abstract_name(&inv.name).map_err(|e| e.to_string())?;
+        // Only a process on this host (and network namespace) can reach the socket.
+        let mut lease =
+            UnixStream::connect_addr(&addr).map_err(|e| format!("not on this host: {e}"))?;
+        lease
+            .set_read_timeout(Some(left()))
+            .and_then(|_| lease.set_write_timeout(Some(left())))
+            .map_err(|e| e.to_string())?;
+        lease.write_all(&inv.token).map_err(|e| e.to_string())?;
+        let table = recv_table(&lease)?;
+        let mut regions = Vec::with_capacity(table.len());
+        for (key, base, len, offset, fd) in table {
+            if let Err(why) = check_file(&fd, offset, len) {
+                tracing::warn!(%peer, %why, "host-local region refused; it is read over the network");
+                continue;
+            }
+            // SAFETY: a read-only shared mapping of a sealed file at least `offset + len`
+            // long (checked above); the result is checked and owned by the view.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len as usize,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    offset as libc::off_t,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                tracing::warn!(%peer, error = %std::io::Error::last_os_error(), "host-local mapping failed");
+                continue;
+            }
+            regions.push(Mapped {
+                key,
+                base,
+                len,
+                ptr: p as *const u8,
+            });
+        }
+        // An empty view is kept too: its lease says when the owner starts sharing.
+        Ok(View { lease, regions })
+    }
+
+    /// Runs a read batch over shared memory if every op names a region `peer` shares with
+    /// this host; `None` hands the whole batch to the network path.
+    pub(crate) fn read_batch(
+        &self,
+        peer: SocketAddr,
+        batch: &Batch,
+        table: &RegionTable,
+        max_op_bytes: u32,
+        counters: &Counters,
+    ) -> Option<OpResults> {
+        if batch.is_empty() {
+            return None;
+        }
+        let view = self.view(peer, counters)?;
+        if !batch
+            .ops()
+            .iter()
+            .all(|op| view.find(op.remote.region).is_some())
+        {
+            return None;
+        }
+        let mut results: OpResults = Vec::with_capacity(batch.len());
+        // The guard keeps every local region alive for the whole batch.
+        let regions = table.read();
+        let (mut ok, mut bytes) = (0u64, 0u64);
+        for op in batch.ops() {
+            let m = view.find(op.remote.region).expect("checked above");
+            let r = check_remote(m, op, max_op_bytes)
+                .and_then(|()| crate::client::check_local(&regions, batch, op, max_op_bytes));
+            if r.is_ok() {
+                let mut src = m.ptr.wrapping_add((op.remote.addr - m.base) as usize);
+                for s in batch.op_segments(op) {
+                    // SAFETY: `src..src+len` lies inside the read-only mapping (checked by
+                    // `check_remote`; the segments add up to the op's length); the
+                    // destination is a registered local region (kept alive by `regions`) or
+                    // caller memory the batch vouches for (`check_local`). The owner may
+                    // write the source concurrently: bytes may be torn, never out of
+                    // bounds, and callers verify them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src, s.addr as *mut u8, s.len as usize)
+                    };
+                    src = src.wrapping_add(s.len as usize);
+                }
+                ok += 1;
+                bytes += op.remote.len as u64;
+            }
+            results.push(r);
+        }
+        drop(regions);
+        Counters::add(&counters.local_read_ops, ok);
+        Counters::add(&counters.local_read_bytes, bytes);
+        Counters::add(&counters.op_errors, batch.len() as u64 - ok);
+        Some(results)
+    }
+}
+
+fn check_remote(m: &Mapped, op: &crate::OpDesc, max_op_bytes: u32) -> Result<(), OpError> {
+    let len = op.remote.len as u64;
+    if len == 0 || op.remote.len > max_op_bytes {
+        return Err(OpError::BadLength {
+            len,
+            max: max_op_bytes as u64,
+        });
+    }
+    match op.remote.addr.checked_add(len) {
+        Some(end) if op.remote.addr >= m.base && end <= m.base + m.len => Ok(()),
+        _ => Err(OpError::OutOfRegion {
+            region: m.key,
+            addr: op.remote.addr,
+            len,
+            region_len: m.len,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invitation_round_trips_and_rejects_garbage() {
+        let inv = Invitation {
+            name: "peercache-local-1-00ff".into(),
+            token: [7; TOKEN_LEN],
+        };
+        let back = Invitation::decode(&inv.encode()).unwrap();
+        assert_eq!(back.name, inv.name);
+        assert_eq!(back.token, inv.token);
+        assert!(Invitation::decode(b"short").is_err());
+        let mut bad = inv.encode();
+        bad[4] = 9;
+        assert!(Invitation::decode(&bad).unwrap_err().contains("version"));
+        let mut cut = inv.encode();
+        cut.truncate(cut.len() - 3);
+        assert!(Invitation::decode(&cut).is_err());
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        let a = [1u8; TOKEN_LEN];
+        let mut b = a;
+        assert!(same_token(&a, &b));
+        b[15] = 2;
+        assert!(!same_token(&a, &b));
+    }
+
+    #[test]
+    fn unsealed_or_short_files_are_refused() {
+        // SAFETY: a fresh memory file this test owns.
+        let raw = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sizes the file we own.
+        assert_eq!(unsafe { libc::ftruncate(raw, 1 << 16) }, 0);
+        assert!(check_file(&fd, 0, 4096).unwrap_err().contains("sealed"));
+        let sealed = {
+            // SAFETY: a fresh memory file this test owns.
+            let raw = unsafe {
+                libc::memfd_create(c"s".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            };
+            // SAFETY: `raw` is ours; sized then sealed.
+            unsafe {
+                assert_eq!(libc::ftruncate(raw, 1 << 16), 0);
+                assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+                OwnedFd::from_raw_fd(raw)
+            }
+        };
+        check_file(&sealed, 0, 1 << 16).unwrap();
+        assert!(check_file(&sealed, 4096, 1 << 16).is_err(), "past the end");
+        assert!(check_file(&sealed, 100, 4096).is_err(), "unaligned offset");
+    }
+}
