@@ -41,10 +41,20 @@ def test_v1_round_trip_is_byte_exact_across_nodes(port, layout):
         dst = np.arange(8 * pb.page_size, 13 * pb.page_size)
         assert b.batch_get_v1(keys, dst) == [True] * 5
         assert pb.pages(dst) == pa.pages(idx)
-        st = b.stats()
-        assert st["transport_read_bytes"] > 0
-        # Both nodes share this host: the pages were copied out of A's shared pool.
-        assert st["transport_local_read_bytes"] == st["transport_read_bytes"]
+        assert b.stats()["transport_read_bytes"] > 0
+        # Both nodes share this host: after the first read B attaches to A's shared pool and
+        # copies the pages out of it.
+        deadline = time.monotonic() + 5
+        while json.loads(b._node.cluster_json())["transport"]["local_peers"] != 1:
+            assert time.monotonic() < deadline, "B never attached to A"
+            time.sleep(0.005)
+        before = b.stats()
+        dst = np.arange(2 * pb.page_size, 7 * pb.page_size)
+        assert b.batch_get_v1(keys, dst) == [True] * 5
+        assert pb.pages(dst) == pa.pages(idx)
+        after = b.stats()
+        local = after["transport_local_read_bytes"] - before["transport_local_read_bytes"]
+        assert local == after["transport_read_bytes"] - before["transport_read_bytes"] > 0
     finally:
         a.close()
         b.close()

@@ -267,13 +267,21 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
     assert!(c.put(&keys, &refs).unwrap().iter().all(|s| *s));
 
-    // The pages live in the other process's pool; this node copies them out of its memory file.
+    // The pages live in the other process's pool. The first read goes over TCP and attaches;
+    // then this node copies them out of the owner's memory file.
+    let (hits, got) = common::get(&reader, &keys, len);
+    assert!(hits.iter().all(|&h| h), "{hits:?}");
+    assert!(got == pages);
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while reader.cluster_view()["transport"]["local_peers"] != 1 {
+        assert!(std::time::Instant::now() < until, "never attached");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (hits, got) = common::get(&reader, &keys, len);
     assert!(hits.iter().all(|&h| h), "{hits:?}");
     assert!(got == pages, "a page read through shared memory differs");
     let local = reader.stats().transport_local_read_bytes;
     assert!(local >= 64 * len as u64, "local bytes {local}");
-    assert_eq!(reader.cluster_view()["transport"]["local_peers"], 1);
 
     // The owner dies: the kernel closes its lease, and no page is served from the mapping.
     owner.0.kill().unwrap();

@@ -47,13 +47,15 @@ pub use tcp::TcpTransport;
 pub type OpResults = Vec<Result<(), OpError>>;
 
 /// Runs the data server's request decoding and per-op validation on arbitrary bytes, against
-/// a fixed table of three regions (one of each access level). For the fuzz target: it must
-/// never panic, whatever the bytes.
+/// a fixed table of three regions (one of each access level), and the host-local decoders
+/// (invitation, region table) on the same bytes. For the fuzz target: it must never panic,
+/// whatever the bytes.
 #[doc(hidden)]
 pub fn fuzz_request(data: &[u8]) -> usize {
     use std::collections::HashMap;
+    let local = local::fuzz_decode(data);
     if data.len() < proto::HDR_LEN {
-        return 0;
+        return local;
     }
     let h = proto::Header::decode(data[..proto::HDR_LEN].try_into().expect("16 bytes"));
     let mut regions = HashMap::new();
@@ -86,4 +88,5 @@ pub fn fuzz_request(data: &[u8]) -> usize {
             server::check_remote_op(&regions, &op, write, 64 << 20, None).is_ok()
         })
         .count()
+        + local
 }

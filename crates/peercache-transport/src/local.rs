@@ -2,7 +2,9 @@
 //! of memory — one copy, no socket, no server thread — instead of over loopback TCP.
 //!
 //! A region is shared when its memory is a sealed memory file ([`crate::TcpTransport::share`];
-//! the pool maps one with `MemfdAlloc`). Attaching takes three steps:
+//! the pool maps one with `MemfdAlloc`). A reader attaches in the background after its first
+//! successful network read from a peer (never delaying a read, never asking a peer that does
+//! not answer), in three steps:
 //!
 //! 1. the reader opens the peer's data port on the [`Plane::HostLocal`] plane (the usual
 //!    authenticated handshake) and gets the name of an abstract Unix socket plus a 128-bit
@@ -313,37 +315,66 @@ fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
             .map_err(|e| format!("region table header: {e}"))?;
         n = TABLE_HDR;
     }
-    if body[..4] != TABLE_MAGIC.to_le_bytes() || body[4] != VERSION {
-        return Err("not a host-local region table".into());
-    }
-    let count = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
-    if count > MAX_SHARED_REGIONS || count != fds.len() {
-        return Err(format!(
-            "region table names {count} regions but carried {} descriptors",
-            fds.len()
-        ));
-    }
+    let count = table_count(&body[..TABLE_HDR], fds.len())?;
     let total = TABLE_HDR + count * ENTRY_LEN;
     if n < total {
         let mut r = s;
         r.read_exact(&mut body[n..total])
             .map_err(|e| format!("region table: {e}"))?;
     }
-    let word = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
-    Ok(fds
+    let entries = table_entries(&body[..total], count);
+    Ok(entries
         .into_iter()
-        .enumerate()
-        .map(|(i, fd)| {
+        .zip(fds)
+        .map(|((k, base, len, off), fd)| (k, base, len, off, fd))
+        .collect())
+}
+
+/// Validates a region table header against the descriptors that came with it; the count.
+fn table_count(hdr: &[u8], fds: usize) -> Result<usize, String> {
+    if hdr.len() < TABLE_HDR || hdr[..4] != TABLE_MAGIC.to_le_bytes() || hdr[4] != VERSION {
+        return Err("not a host-local region table".into());
+    }
+    let count = u32::from_le_bytes(hdr[8..12].try_into().expect("4 bytes")) as usize;
+    if count > MAX_SHARED_REGIONS || count != fds {
+        return Err(format!(
+            "region table names {count} regions but carried {fds} descriptors"
+        ));
+    }
+    Ok(count)
+}
+
+/// The `count` entries of a table whose header `table_count` accepted: key, the owner's base
+/// address, length, file offset.
+fn table_entries(body: &[u8], count: usize) -> Vec<(RegionKey, u64, u64, u64)> {
+    let word = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+    (0..count)
+        .map(|i| {
             let at = TABLE_HDR + i * ENTRY_LEN;
             (
                 RegionKey(word(at)),
                 word(at + 8),
                 word(at + 16),
                 word(at + 24),
-                fd,
             )
         })
-        .collect())
+        .collect()
+}
+
+/// Runs the host-local decoders (invitation, region table) on arbitrary bytes. For the fuzz
+/// target: never a panic, whatever the bytes.
+pub(crate) fn fuzz_decode(data: &[u8]) -> usize {
+    let inv = Invitation::decode(data).map_or(0, |i| i.name.len());
+    let fds = data
+        .first()
+        .map_or(0, |b| *b as usize % (MAX_SHARED_REGIONS + 2));
+    let entries = match data.get(..TABLE_HDR).map(|h| table_count(h, fds)) {
+        Some(Ok(count)) if data.len() >= TABLE_HDR + count * ENTRY_LEN => {
+            table_entries(&data[..TABLE_HDR + count * ENTRY_LEN], count).len()
+        }
+        _ => 0,
+    };
+    inv + entries
 }
 
 /// Checks a received memory file before mapping it: sealed against shrinking (so the mapping
@@ -429,76 +460,133 @@ impl View {
 }
 
 enum Entry {
+    /// An attach runs in the background.
+    Pending,
     Attached(Arc<View>),
+    /// Not attachable (another host, the path off there, a failed attach) until then.
     Unavailable(Instant),
 }
 
-/// The reader's side: attachments to peers on this host.
-pub(crate) struct LocalClient {
+/// What an attach needs, shared with the background thread that runs it.
+struct Attacher {
     hello: Hello,
     auth: Auth,
     timeout: Duration,
     peers: RwLock<HashMap<SocketAddr, Entry>>,
-    attaching: Mutex<()>,
+    counters: Arc<Counters>,
+}
+
+/// The reader's side: attachments to peers on this host.
+///
+/// Attaching never delays a read: it starts in the background after a network read from the
+/// peer succeeded (so only real, answering PeerCache nodes are ever asked), and batches keep
+/// taking the network until it is done.
+pub(crate) struct LocalClient {
+    inner: Arc<Attacher>,
 }
 
 impl LocalClient {
-    pub(crate) fn new(mut hello: Hello, auth: Auth, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        mut hello: Hello,
+        auth: Auth,
+        timeout: Duration,
+        counters: Arc<Counters>,
+    ) -> Self {
         hello.plane = Plane::HostLocal;
         LocalClient {
-            hello,
-            auth,
-            timeout,
-            peers: RwLock::new(HashMap::new()),
-            attaching: Mutex::new(()),
+            inner: Arc::new(Attacher {
+                hello,
+                auth,
+                timeout,
+                peers: RwLock::new(HashMap::new()),
+                counters,
+            }),
         }
     }
 
     pub(crate) fn forget(&self, peer: SocketAddr) {
-        self.peers.write().remove(&peer);
+        self.inner.peers.write().remove(&peer);
     }
 
     /// Number of peers currently attached.
     pub(crate) fn attached(&self) -> usize {
-        self.peers
+        self.inner
+            .peers
             .read()
             .values()
             .filter(|e| matches!(e, Entry::Attached(_)))
             .count()
     }
 
-    fn view(&self, peer: SocketAddr, counters: &Counters) -> Option<Arc<View>> {
-        match self.peers.read().get(&peer) {
-            Some(Entry::Attached(v)) if v.current() => return Some(v.clone()),
-            Some(Entry::Unavailable(t)) if Instant::now() < *t => return None,
-            _ => {}
-        }
-        let _one = self.attaching.lock();
-        // Another thread may have attached meanwhile.
-        match self.peers.read().get(&peer) {
-            Some(Entry::Attached(v)) if v.current() => return Some(v.clone()),
-            Some(Entry::Unavailable(t)) if Instant::now() < *t => return None,
-            _ => {}
-        }
-        let entry = match self.attach(peer) {
-            Ok(v) => {
-                Counters::add(&counters.local_attaches, 1);
-                tracing::info!(%peer, regions = v.regions.len(), "host-local path attached: reads from this peer copy from shared memory");
-                Entry::Attached(Arc::new(v))
-            }
-            Err(why) => {
-                tracing::debug!(%peer, %why, "no host-local path to this peer; reads go over the network");
-                Entry::Unavailable(Instant::now() + RETRY_AFTER)
-            }
-        };
-        let out = match &entry {
-            Entry::Attached(v) => Some(v.clone()),
-            Entry::Unavailable(_) => None,
-        };
-        self.peers.write().insert(peer, entry);
-        out
+    /// Whether reads from `peer` currently copy from its shared memory.
+    pub(crate) fn is_attached(&self, peer: SocketAddr) -> bool {
+        matches!(self.inner.peers.read().get(&peer), Some(Entry::Attached(v)) if v.current())
     }
 
+    /// The current attachment to `peer`, if any. A closed lease drops it (the next network
+    /// read from the peer attaches again).
+    fn view(&self, peer: SocketAddr) -> Option<Arc<View>> {
+        match self.inner.peers.read().get(&peer) {
+            Some(Entry::Attached(v)) if v.current() => return Some(v.clone()),
+            Some(Entry::Attached(_)) => {}
+            _ => return None,
+        }
+        let mut peers = self.inner.peers.write();
+        if matches!(peers.get(&peer), Some(Entry::Attached(v)) if !v.current()) {
+            peers.remove(&peer);
+        }
+        None
+    }
+
+    /// Called after a read from `peer` succeeded over the network: starts an attach in the
+    /// background unless one is running, done, or not due yet.
+    pub(crate) fn network_read_ok(&self, peer: SocketAddr) {
+        let due = |e: Option<&Entry>| match e {
+            None => true,
+            Some(Entry::Unavailable(t)) => Instant::now() >= *t,
+            Some(_) => false,
+        };
+        if !due(self.inner.peers.read().get(&peer)) {
+            return;
+        }
+        {
+            let mut peers = self.inner.peers.write();
+            if !due(peers.get(&peer)) {
+                return;
+            }
+            peers.insert(peer, Entry::Pending);
+        }
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pc-local-attach".into())
+            .spawn(move || {
+                let entry = match inner.attach(peer) {
+                    Ok(v) => {
+                        Counters::add(&inner.counters.local_attaches, 1);
+                        tracing::info!(%peer, regions = v.regions.len(), "host-local path attached: reads from this peer copy from shared memory");
+                        Entry::Attached(Arc::new(v))
+                    }
+                    Err(why) => {
+                        tracing::debug!(%peer, %why, "no host-local path to this peer; reads go over the network");
+                        Entry::Unavailable(Instant::now() + RETRY_AFTER)
+                    }
+                };
+                let mut peers = inner.peers.write();
+                // A `forget` meanwhile wins.
+                if matches!(peers.get(&peer), Some(Entry::Pending)) {
+                    peers.insert(peer, entry);
+                }
+            });
+        if spawned.is_err() {
+            self.inner
+                .peers
+                .write()
+                .insert(peer, Entry::Unavailable(Instant::now() + RETRY_AFTER));
+        }
+    }
+}
+
+impl Attacher {
     fn attach(&self, peer: SocketAddr) -> Result<View, String> {
         let until = Instant::now() + self.timeout;
         let left = || {
@@ -557,7 +645,9 @@ impl LocalClient {
         // An empty view is kept too: its lease says when the owner starts sharing.
         Ok(View { lease, regions })
     }
+}
 
+impl LocalClient {
     /// Runs a read batch over shared memory if every op names a region `peer` shares with
     /// this host; `None` hands the whole batch to the network path.
     pub(crate) fn read_batch(
@@ -571,7 +661,7 @@ impl LocalClient {
         if batch.is_empty() {
             return None;
         }
-        let view = self.view(peer, counters)?;
+        let view = self.view(peer)?;
         if !batch
             .ops()
             .iter()
@@ -653,6 +743,38 @@ mod tests {
         let mut cut = inv.encode();
         cut.truncate(cut.len() - 3);
         assert!(Invitation::decode(&cut).is_err());
+    }
+
+    #[test]
+    fn region_tables_must_match_their_descriptors() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
+        body.extend_from_slice(&[VERSION, 0, 0, 0]);
+        body.extend_from_slice(&2u32.to_le_bytes());
+        for v in [11u64, 0x1000, 8192, 0, 12, 0x9000, 4096, 8192] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(table_count(&body, 2).unwrap(), 2);
+        assert_eq!(
+            table_entries(&body, 2),
+            vec![
+                (RegionKey(11), 0x1000, 8192, 0),
+                (RegionKey(12), 0x9000, 4096, 8192)
+            ]
+        );
+        assert!(table_count(&body, 1).is_err(), "one descriptor short");
+        assert!(table_count(&body[..8], 2).is_err(), "truncated header");
+        let mut wrong = body.clone();
+        wrong[0] ^= 1;
+        assert!(table_count(&wrong, 2).is_err());
+        let mut huge = body.clone();
+        huge[8..12].copy_from_slice(&(MAX_SHARED_REGIONS as u32 + 1).to_le_bytes());
+        assert!(table_count(&huge, MAX_SHARED_REGIONS + 1).is_err());
+        assert_eq!(
+            fuzz_decode(&body),
+            0,
+            "two descriptors are not implied by the byte"
+        );
     }
 
     #[test]

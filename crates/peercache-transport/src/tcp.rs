@@ -87,7 +87,12 @@ impl TcpTransport {
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
         let hello = Hello::new(Plane::Data, node, incarnation);
         let local = local_server.map(|s| {
-            let c = crate::local::LocalClient::new(hello.clone(), cfg.auth.clone(), cfg.op_timeout);
+            let c = crate::local::LocalClient::new(
+                hello.clone(),
+                cfg.auth.clone(),
+                cfg.op_timeout,
+                counters.clone(),
+            );
             (s, c)
         });
         let client = Client::new(table.clone(), cfg, counters, hello, metrics);
@@ -293,12 +298,27 @@ impl TcpTransport {
             self.count_local(batch, &res);
             return Ok(res);
         }
-        if let Some(r) = &self.rdma
-            && let Some(res) = r.read_batch(peer, batch)
+        let res = match &self.rdma {
+            Some(r) => match r.read_batch(peer, batch) {
+                Some(res) => Ok(res),
+                None => self.client.read_batch(peer, batch),
+            },
+            None => self.client.read_batch(peer, batch),
+        };
+        if let Some((_, l)) = &self.local
+            && matches!(&res, Ok(r) if r.iter().any(|x| x.is_ok()))
         {
-            return Ok(res);
+            l.network_read_ok(peer);
         }
-        self.client.read_batch(peer, batch)
+        res
+    }
+
+    /// Whether reads from `peer` currently take the host-local path (it shares this host and
+    /// the attach, which starts after the first successful network read from it, is done).
+    pub fn host_local_attached(&self, peer: SocketAddr) -> bool {
+        self.local
+            .as_ref()
+            .is_some_and(|(_, l)| l.is_attached(peer))
     }
 
     /// Writes every op's local segments into its remote range on `peer`.

@@ -98,6 +98,21 @@ fn reads(h: &RegionHandle, d: &RegionHandle, n: u64, page: u32) -> Batch {
     b
 }
 
+/// Reads `b` once over the network (which starts the attach in the background) and waits,
+/// with a deadline, until reads from `owner` take the host-local path.
+fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
+    let r = reader.read_batch(owner, b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !reader.host_local_attached(owner) {
+        assert!(
+            std::time::Instant::now() < until,
+            "no host-local attach to {owner}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 const PAGE: u32 = 64 << 10;
 const LEN: usize = 1 << 20;
 
@@ -112,6 +127,10 @@ fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
     let mut dst = vec![0u8; LEN];
     let d = unsafe { reader.register(dst.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
     let b = reads(&h, &d, 16, PAGE);
+    // The first read goes over TCP and starts the attach.
+    attach(&reader, owner.local_endpoint(), &b);
+    assert_eq!(owner.stats().served_ops, 16);
+    dst.fill(0);
     let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     assert!(
@@ -121,9 +140,12 @@ fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
     let (rs, os) = (reader.stats(), owner.stats());
     assert_eq!(rs.local_read_ops, 16);
     assert_eq!(rs.local_read_bytes, 16 * PAGE as u64);
-    assert_eq!(rs.read_bytes, 16 * PAGE as u64, "counted as reads too");
+    assert_eq!(rs.read_bytes, 32 * PAGE as u64, "counted as reads too");
     assert_eq!((rs.local_attaches, rs.local_peers), (1, 1));
-    assert_eq!(os.served_ops, 0, "the owner's data server did no work");
+    assert_eq!(
+        os.served_ops, 16,
+        "the owner's data server did no more work"
+    );
     assert_eq!(os.local_leases, 1);
 
     // The owner rewrites a page: the next read sees the new bytes (the mapping is live).
@@ -196,6 +218,17 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
     assert!(r.iter().all(|x| x.is_ok()));
     assert!(dst[..8 * PAGE as usize] == plain[..8 * PAGE as usize]);
     assert_eq!(owner.stats().served_ops, 8);
+    // Attached now (the shared region), that region still goes to the data server.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !reader.host_local_attached(owner.local_endpoint()) {
+        assert!(std::time::Instant::now() < until);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let r = reader
+        .read_batch(owner.local_endpoint(), &reads(&unshared, &d, 8, PAGE))
+        .unwrap();
+    assert!(r.iter().all(|x| x.is_ok()));
+    assert_eq!(owner.stats().served_ops, 16);
     assert_eq!(reader.stats().local_read_ops, 0);
 
     // A reader with the path off, and an owner with it off, both stay on TCP.
@@ -207,7 +240,7 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
         .unwrap();
     assert!(r.iter().all(|x| x.is_ok()));
     assert!(dst2[..4 * PAGE as usize] == mem.bytes()[..4 * PAGE as usize]);
-    assert_eq!(owner.stats().served_ops, 12);
+    assert_eq!(owner.stats().served_ops, 20);
     assert_eq!(tcp_reader.stats().local_attaches, 0);
 
     let tcp_owner = on([127, 0, 0, 3], false);
@@ -235,6 +268,7 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
     let mut dst = vec![0u8; LEN];
     let d = unsafe { reader.register(dst.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
     let b = reads(&h, &d, 4, PAGE);
+    attach(&reader, owner.local_endpoint(), &b);
     assert!(
         reader
             .read_batch(owner.local_endpoint(), &b)
@@ -244,8 +278,8 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
     );
     assert_eq!(reader.stats().local_read_ops, 4);
 
-    // The owner deregisters: its leases close, the reader re-attaches, finds the region gone
-    // and asks the data server, which does not know it either.
+    // The owner deregisters: its leases close, the reader drops its mapping and asks the data
+    // server, which does not know the region either.
     drop(h);
     assert_eq!(owner.stats().local_leases, 0);
     let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
@@ -260,10 +294,11 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
         "no read from the stale mapping"
     );
 
-    // A newly shared region is found by re-attaching.
+    // A newly shared region is found by attaching again.
     let h = unsafe { owner.register(mem.ptr, LEN, Access::RemoteRead) }.unwrap();
     owner.share(&h, mem.fd.as_fd(), 0).unwrap();
     let b = reads(&h, &d, 4, PAGE);
+    attach(&reader, owner.local_endpoint(), &b);
     assert!(
         reader
             .read_batch(owner.local_endpoint(), &b)
