@@ -405,23 +405,10 @@ impl DirectoryClient {
             pending = next;
         }
         if retry_misses && !pending.is_empty() {
-            // Shortly after a ring change, a writer whose ring lagged may have put entries on
-            // nodes that are no owners in this ring, and the hand-off to the owners may not
-            // have landed yet: ask every member once for what is still missing.
-            self.fallbacks
-                .fetch_add(pending.len() as u64, Ordering::Relaxed);
-            self.m.fallbacks.increment(pending.len() as u64);
-            let max = self.cfg.max_keys_per_request.max(1);
-            let chunks: Vec<Chunk> = view
-                .ring
-                .members()
-                .iter()
-                .flat_map(|m| pending.chunks(max).map(move |c| (m.clone(), c.to_vec())))
-                .collect();
-            let replies = self.fan_out(&view, &chunks, |items| {
+            let replies = self.ask_every_member(&view, &pending, |items| {
                 DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
             });
-            for ((_, items), reply) in chunks.iter().zip(replies) {
+            for (items, reply) in replies {
                 if let Ok(DirReply::Found(v)) = reply
                     && v.len() == items.len()
                 {
@@ -436,7 +423,8 @@ impl DirectoryClient {
         Ok(out)
     }
 
-    /// Presence of each key (memory or disk of a live owner).
+    /// Presence of each key (memory or disk of a live owner). Within `handoff_grace` of a ring
+    /// change, a key no owner has is asked about on every member, as [`Self::lookup`] does.
     pub fn exists(&self, keys: &[PageKey]) -> Result<Vec<bool>, DirError> {
         let view = self.view();
         if view.ring.is_empty() {
@@ -474,7 +462,49 @@ impl DirectoryClient {
             }
             pending = next;
         }
+        if retry_misses && !pending.is_empty() {
+            let replies = self.ask_every_member(&view, &pending, |items| {
+                DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
+            });
+            for (items, reply) in replies {
+                if let Ok(DirReply::Exists(v)) = reply
+                    && v.len() == items.len()
+                {
+                    for (&i, present) in items.iter().zip(v) {
+                        out[i] |= present;
+                    }
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// Shortly after a ring change, a writer whose ring lagged may have put entries on nodes
+    /// that are no owners in this ring, and the hand-off to the owners may not have landed
+    /// yet: asks every member once about the `pending` keys (in chunks of at most
+    /// `max_keys_per_request`) and returns each chunk's key indices with its reply.
+    fn ask_every_member<'a>(
+        &self,
+        view: &View,
+        pending: &[usize],
+        build: impl Fn(&[usize]) -> DirRequest<'a>,
+    ) -> Vec<(Vec<usize>, Result<DirReply, DirError>)> {
+        self.fallbacks
+            .fetch_add(pending.len() as u64, Ordering::Relaxed);
+        self.m.fallbacks.increment(pending.len() as u64);
+        let max = self.cfg.max_keys_per_request.max(1);
+        let chunks: Vec<Chunk> = view
+            .ring
+            .members()
+            .iter()
+            .flat_map(|m| pending.chunks(max).map(move |c| (m.clone(), c.to_vec())))
+            .collect();
+        let replies = self.fan_out(view, &chunks, build);
+        chunks
+            .into_iter()
+            .map(|(_, items)| items)
+            .zip(replies)
+            .collect()
     }
 
     fn to_replicas(&self, items: &[OwnerRef], mark: bool) -> Result<u32, DirError> {

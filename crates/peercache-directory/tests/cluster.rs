@@ -311,8 +311,9 @@ fn handed_off_entries_stay_on_the_old_owner_for_the_drop_grace() {
 }
 
 /// A writer whose ring lags (it knows 2 of 4 members) puts every entry on those two; a reader
-/// with the full ring asks owners that have nothing yet. Within the hand-off grace the lookup
-/// asks every member once, so it still finds every key; once the grace is over it does not.
+/// with the full ring asks owners that have nothing yet. Within the hand-off grace lookups and
+/// `exists` ask every member once, so they still find every key; once the grace is over they
+/// do not.
 #[test]
 fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
     let nodes: Vec<TestNode> = (0..4)
@@ -342,6 +343,8 @@ fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
     for (f, e) in found.iter().zip(&entries) {
         assert_eq!(f.as_ref().unwrap()[0], e.1);
     }
+    // `exists` (what SGLang asks before it prefetches) counts them too.
+    assert!(nodes[3].client.exists(&keys).unwrap().iter().all(|&x| x));
     // Without a recent ring change (grace 0), the keys only nodes 2 and 3 own are misses.
     let strict = start(
         30,
@@ -360,5 +363,11 @@ fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
     assert!(
         found.iter().any(|f| f.is_none()),
         "some keys have no owner with them yet"
+    );
+    let present = strict.client.exists(&keys).unwrap();
+    assert_eq!(
+        present,
+        found.iter().map(|f| f.is_some()).collect::<Vec<_>>(),
+        "exists agrees with lookup outside the grace"
     );
 }
