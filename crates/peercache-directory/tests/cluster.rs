@@ -343,7 +343,7 @@ fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
     for (f, e) in found.iter().zip(&entries) {
         assert_eq!(f.as_ref().unwrap()[0], e.1);
     }
-    // `exists` (what SGLang asks before it prefetches) counts them too.
+    // `exists` agrees with the lookup.
     assert!(nodes[3].client.exists(&keys).unwrap().iter().all(|&x| x));
     // Without a recent ring change (grace 0), the keys only nodes 2 and 3 own are misses.
     let strict = start(

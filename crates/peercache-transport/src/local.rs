@@ -51,8 +51,35 @@ const TOKEN_LEN: usize = 16;
 pub(crate) const MAX_SHARED_REGIONS: usize = 32;
 const TABLE_HDR: usize = 12;
 const ENTRY_LEN: usize = 32;
-/// How long a peer that could not be attached stays on TCP before the next attempt.
+/// Longest wait for an attaching reader's token.
+const TOKEN_WAIT: Duration = Duration::from_millis(500);
+/// How long a peer that could not be attached (a timeout, a refused connection) stays on the
+/// network before the next attempt.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// The same when the answer is settled: the peer is on another host, or does not offer the
+/// path. Only a restart changes that, and a restarted peer is asked again after this.
+const RETRY_SETTLED: Duration = Duration::from_secs(300);
+
+/// Why an attach failed, and whether asking again soon could change the answer.
+struct AttachError {
+    why: String,
+    settled: bool,
+}
+
+impl AttachError {
+    fn transient(why: impl Into<String>) -> Self {
+        AttachError {
+            why: why.into(),
+            settled: false,
+        }
+    }
+    fn settled(why: impl Into<String>) -> Self {
+        AttachError {
+            why: why.into(),
+            settled: true,
+        }
+    }
+}
 
 /// A shared region's memory file, as registered.
 #[derive(Clone, Debug)]
@@ -176,8 +203,10 @@ fn accept_loop(
             break;
         }
         let Ok(mut s) = conn else { continue };
-        if s.set_read_timeout(Some(timeout)).is_err() || s.set_write_timeout(Some(timeout)).is_err()
-        {
+        // A reader sends its token right after connecting: a short wait keeps one stalled
+        // client from holding up the others.
+        let wait = timeout.min(TOKEN_WAIT);
+        if s.set_read_timeout(Some(wait)).is_err() || s.set_write_timeout(Some(timeout)).is_err() {
             continue;
         }
         let mut got = [0u8; TOKEN_LEN];
@@ -566,9 +595,11 @@ impl LocalClient {
                         tracing::info!(%peer, regions = v.regions.len(), "host-local path attached: reads from this peer copy from shared memory");
                         Entry::Attached(Arc::new(v))
                     }
-                    Err(why) => {
-                        tracing::debug!(%peer, %why, "no host-local path to this peer; reads go over the network");
-                        Entry::Unavailable(Instant::now() + RETRY_AFTER)
+                    Err(e) => {
+                        let why = e.why;
+                        tracing::debug!(%peer, %why, settled = e.settled, "no host-local path to this peer; reads go over the network");
+                        let wait = if e.settled { RETRY_SETTLED } else { RETRY_AFTER };
+                        Entry::Unavailable(Instant::now() + wait)
                     }
                 };
                 let mut peers = inner.peers.write();
@@ -587,32 +618,36 @@ impl LocalClient {
 }
 
 impl Attacher {
-    fn attach(&self, peer: SocketAddr) -> Result<View, String> {
+    fn attach(&self, peer: SocketAddr) -> Result<View, AttachError> {
         let until = Instant::now() + self.timeout;
         let left = || {
             until
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
         };
-        let mut tcp = TcpStream::connect_timeout(&peer, left()).map_err(|e| e.to_string())?;
-        handshake::client_sync(&mut tcp, &self.hello, &self.auth, left())
-            .map_err(|e| format!("handshake: {e}"))?;
-        tcp.set_read_timeout(Some(left()))
-            .map_err(|e| e.to_string())?;
+        let t = |e: std::io::Error| AttachError::transient(e.to_string());
+        let mut tcp = TcpStream::connect_timeout(&peer, left()).map_err(t)?;
+        handshake::client_sync(&mut tcp, &self.hello, &self.auth, left()).map_err(|e| match e {
+            // The peer answered and refused the plane: it does not offer the path.
+            WireError::Handshake(why) => AttachError::settled(format!("handshake: {why}")),
+            e => AttachError::transient(format!("handshake: {e}")),
+        })?;
+        tcp.set_read_timeout(Some(left())).map_err(t)?;
         let mut buf = Vec::new();
         peercache_wire::frame::read_frame(&mut tcp, 512, &mut buf)
-            .map_err(|e: WireError| format!("invitation: {e}"))?;
-        let inv = Invitation::decode(&buf)?;
-        let addr = UnixAddr::from_abstract_name(&inv.name).map_err(|e| e.to_string())?;
+            .map_err(|e: WireError| AttachError::transient(format!("invitation: {e}")))?;
+        let inv = Invitation::decode(&buf).map_err(AttachError::settled)?;
+        let addr = UnixAddr::from_abstract_name(&inv.name)
+            .map_err(|e| AttachError::settled(e.to_string()))?;
         // Only a process on this host (and network namespace) can reach the socket.
-        let mut lease =
-            UnixStream::connect_addr(&addr).map_err(|e| format!("not on this host: {e}"))?;
+        let mut lease = UnixStream::connect_addr(&addr)
+            .map_err(|e| AttachError::settled(format!("not on this host: {e}")))?;
         lease
             .set_read_timeout(Some(left()))
             .and_then(|_| lease.set_write_timeout(Some(left())))
-            .map_err(|e| e.to_string())?;
-        lease.write_all(&inv.token).map_err(|e| e.to_string())?;
-        let table = recv_table(&lease)?;
+            .map_err(t)?;
+        lease.write_all(&inv.token).map_err(t)?;
+        let table = recv_table(&lease).map_err(AttachError::transient)?;
         let mut regions = Vec::with_capacity(table.len());
         for (key, base, len, offset, fd) in table {
             if let Err(why) = check_file(&fd, offset, len) {
