@@ -283,9 +283,18 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     let local = reader.stats().transport_local_read_bytes;
     assert!(local >= 64 * len as u64, "local bytes {local}");
 
-    // The owner dies: the kernel closes its lease, and no page is served from the mapping.
+    // The owner dies: the kernel closes its lease, the reader drops the mapping (and with it
+    // the dead process's memory) without reading again, and no page is served from it.
     owner.0.kill().unwrap();
     owner.0.wait().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while reader.cluster_view()["transport"]["local_peers"] != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "mapping kept after the owner died"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (hits, _) = common::get(&reader, &keys, len);
     assert!(hits.iter().all(|&h| !h), "{hits:?}");
     assert_eq!(reader.stats().transport_local_read_bytes, local);

@@ -503,6 +503,61 @@ struct Attacher {
     timeout: Duration,
     peers: RwLock<HashMap<SocketAddr, Entry>>,
     counters: Arc<Counters>,
+    /// The lease watcher runs (started with the first attachment).
+    watching: AtomicBool,
+}
+
+/// How often the lease watcher picks up new attachments.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Drops attachments whose lease closed as soon as it closes, whether or not anything reads
+/// from that peer again: a mapping keeps the owner's whole pool alive, so a dead owner's memory
+/// must not stay pinned by a reader that simply stopped asking it. Ends once the client is gone.
+fn watch_leases(attacher: std::sync::Weak<Attacher>) {
+    loop {
+        let Some(a) = attacher.upgrade() else { return };
+        let views: Vec<(SocketAddr, Arc<View>)> = a
+            .peers
+            .read()
+            .iter()
+            .filter_map(|(p, e)| match e {
+                Entry::Attached(v) => Some((*p, v.clone())),
+                _ => None,
+            })
+            .collect();
+        drop(a);
+        let mut fds: Vec<libc::pollfd> = views
+            .iter()
+            .map(|(_, v)| libc::pollfd {
+                fd: v.lease.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd entries whose descriptors stay
+        // open for the call (the views are held).
+        let n = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                WATCH_EVERY.as_millis() as libc::c_int,
+            )
+        };
+        if n <= 0 {
+            continue;
+        }
+        let Some(a) = attacher.upgrade() else { return };
+        let mut peers = a.peers.write();
+        for ((peer, v), pfd) in views.iter().zip(&fds) {
+            if pfd.revents == 0 || v.current() {
+                continue;
+            }
+            if matches!(peers.get(peer), Some(Entry::Attached(cur)) if Arc::ptr_eq(cur, v)) {
+                peers.remove(peer);
+                tracing::debug!(%peer, "host-local lease closed by the owner; mapping dropped");
+            }
+        }
+    }
 }
 
 /// The reader's side: attachments to peers on this host.
@@ -529,6 +584,7 @@ impl LocalClient {
                 timeout,
                 peers: RwLock::new(HashMap::new()),
                 counters,
+                watching: AtomicBool::new(false),
             }),
         }
     }
@@ -602,10 +658,23 @@ impl LocalClient {
                         Entry::Unavailable(Instant::now() + wait)
                     }
                 };
-                let mut peers = inner.peers.write();
-                // A `forget` meanwhile wins.
-                if matches!(peers.get(&peer), Some(Entry::Pending)) {
-                    peers.insert(peer, entry);
+                let attached = matches!(entry, Entry::Attached(_));
+                {
+                    let mut peers = inner.peers.write();
+                    // A `forget` meanwhile wins.
+                    if matches!(peers.get(&peer), Some(Entry::Pending)) {
+                        peers.insert(peer, entry);
+                    }
+                }
+                if attached && !inner.watching.swap(true, Ordering::AcqRel) {
+                    let weak = Arc::downgrade(&inner);
+                    let started = std::thread::Builder::new()
+                        .name("pc-local-leases".into())
+                        .spawn(move || watch_leases(weak));
+                    if started.is_err() {
+                        // Batches still peek at their lease; try again with the next attach.
+                        inner.watching.store(false, Ordering::Release);
+                    }
                 }
             });
         if spawned.is_err() {

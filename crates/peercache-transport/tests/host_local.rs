@@ -308,8 +308,17 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
     );
     assert_eq!(reader.stats().local_read_ops, 8);
 
-    // The owner stops: the reader's next batch fails instead of reading stale memory.
+    // The owner stops: the reader drops its mapping (which would keep the owner's memory
+    // alive) without reading again, and its next batch fails instead of reading stale memory.
     owner.shutdown();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while reader.stats().local_peers != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "mapping kept after the owner stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     let r = reader.read_batch(owner.local_endpoint(), &b);
     assert!(r.is_err(), "{r:?}");
     assert_eq!(reader.stats().local_read_ops, 8);
