@@ -301,6 +301,20 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         unsafe { bufs.register(&r) }?;
         others.push((format!("peercache-{mode}-get"), r, all, bufs));
     }
+    // Every PeerCache row: its name, the reading node, the registered memory it reads into.
+    let mut readers = vec![
+        ("peercache-get".to_string(), b.clone(), dst.clone()),
+        (
+            "peercache-get-local".to_string(),
+            lc.clone(),
+            dst_local.clone(),
+        ),
+    ];
+    readers.extend(
+        others
+            .iter()
+            .map(|(name, r, _, bufs)| (name.clone(), r.clone(), bufs.clone())),
+    );
     let raw_buf = Arc::new(rawtcp::prefaulted(n as usize * page, 5));
     let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw.local_addr()?;
@@ -353,45 +367,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 &timing,
                 |t| crate::workload::raw_caller(raw_addr, page, batch, n, t as u64 * 997),
             ));
-            rows.push(run_row(
-                "peercache-get",
-                args.page_bytes,
-                args.batch,
-                c,
-                round,
-                &timing,
-                |t| {
-                    crate::workload::registered_get_caller(
-                        b.clone(),
-                        keys.clone(),
-                        dst.clone(),
-                        page,
-                        batch,
-                        t,
-                        t as u64 * 613,
-                    )
-                },
-            ));
-            rows.push(run_row(
-                "peercache-get-local",
-                args.page_bytes,
-                args.batch,
-                c,
-                round,
-                &timing,
-                |t| {
-                    crate::workload::registered_get_caller(
-                        lc.clone(),
-                        keys.clone(),
-                        dst_local.clone(),
-                        page,
-                        batch,
-                        t,
-                        t as u64 * 613,
-                    )
-                },
-            ));
-            for (name, r, _, bufs) in &others {
+            for (name, r, bufs) in &readers {
                 rows.push(run_row(
                     name,
                     args.page_bytes,
@@ -450,6 +426,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         }
     }
     let local_bytes = lc.stats().transport_local_read_bytes;
+    drop(readers);
     a.shutdown();
     b.shutdown();
     lc.shutdown();

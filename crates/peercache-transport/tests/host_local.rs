@@ -116,16 +116,46 @@ fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
 const PAGE: u32 = 64 << 10;
 const LEN: usize = 1 << 20;
 
-#[test]
-fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
-    let owner = on([127, 0, 0, 1], true);
-    let reader = on([127, 0, 0, 2], true);
+/// An owner on 127.0.0.`ips[0]` sharing `LEN` bytes of pattern `seed` (region `h`), and a
+/// reader on 127.0.0.`ips[1]` with a registered `LEN`-byte destination (`d`, over `dst`).
+struct Pair {
+    d: RegionHandle,
+    h: RegionHandle,
+    owner: TcpTransport,
+    reader: TcpTransport,
+    dst: Vec<u8>,
+    mem: SharedMem,
+}
+
+fn pair(ips: [u8; 2], seed: u64) -> Pair {
+    let owner = on([127, 0, 0, ips[0]], true);
+    let reader = on([127, 0, 0, ips[1]], true);
     let mut mem = SharedMem::new(LEN, true);
-    mem.bytes().copy_from_slice(&pattern(7, LEN));
+    mem.bytes().copy_from_slice(&pattern(seed, LEN));
     let h = unsafe { owner.register(mem.ptr, LEN, Access::RemoteRead) }.unwrap();
     owner.share(&h, mem.fd.as_fd(), 0).unwrap();
     let mut dst = vec![0u8; LEN];
     let d = unsafe { reader.register(dst.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
+    Pair {
+        d,
+        h,
+        owner,
+        reader,
+        dst,
+        mem,
+    }
+}
+
+#[test]
+fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
+    let Pair {
+        d,
+        h,
+        owner,
+        reader,
+        mut dst,
+        mut mem,
+    } = pair([1, 2], 7);
     let b = reads(&h, &d, 16, PAGE);
     // The first read goes over TCP and starts the attach.
     attach(&reader, owner.local_endpoint(), &b);
@@ -259,14 +289,14 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
 
 #[test]
 fn a_dropped_region_is_never_read_from_the_old_mapping() {
-    let owner = on([127, 0, 0, 5], true);
-    let reader = on([127, 0, 0, 6], true);
-    let mut mem = SharedMem::new(LEN, true);
-    mem.bytes().copy_from_slice(&pattern(11, LEN));
-    let h = unsafe { owner.register(mem.ptr, LEN, Access::RemoteRead) }.unwrap();
-    owner.share(&h, mem.fd.as_fd(), 0).unwrap();
-    let mut dst = vec![0u8; LEN];
-    let d = unsafe { reader.register(dst.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
+    let Pair {
+        d,
+        h,
+        owner,
+        reader,
+        dst: _dst,
+        mem,
+    } = pair([5, 6], 11);
     let b = reads(&h, &d, 4, PAGE);
     attach(&reader, owner.local_endpoint(), &b);
     assert!(
