@@ -57,6 +57,9 @@ pub(crate) struct Inner {
     pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
     /// Recovered disk pages still to re-publish once the ring includes this node.
     pub(crate) republish_pending: AtomicBool,
+    /// Data endpoints of the members at the last membership sync (departed ones are forgotten
+    /// by the transport: pooled connections, host-local attachment).
+    pub(crate) member_data: Mutex<std::collections::HashSet<SocketAddr>>,
     pub(crate) data_endpoint: SocketAddr,
     pub(crate) control_endpoint: SocketAddr,
     pub(crate) pool_key: u64,
@@ -687,6 +690,7 @@ impl Inner {
             republish_pending: AtomicBool::new(
                 disk.as_ref().is_some_and(|d| d.stats().recovered > 0),
             ),
+            member_data: Mutex::new(Default::default()),
             disk,
             data_endpoint,
             control_endpoint,
@@ -748,6 +752,7 @@ impl Inner {
                 Arc::new(crate::central::StorageView::of(&infos, self.cfg.vnodes));
         }
         self.reap_reservations();
+        self.forget_departed(&infos);
         let members: Vec<Member> = infos
             .into_iter()
             .map(|m| Member {
@@ -775,6 +780,27 @@ impl Inner {
                 *ready = true;
                 self.ring_ready.1.notify_all();
             }
+        }
+    }
+
+    /// Tells the transport to drop what it keeps for members that left: their idle pooled
+    /// connections and any host-local attachment.
+    fn forget_departed(&self, infos: &[NodeInfo]) {
+        if infos.is_empty() {
+            // No view of the cluster right now (not "everyone left").
+            return;
+        }
+        let now: std::collections::HashSet<SocketAddr> =
+            infos.iter().flat_map(|m| m.data.iter().copied()).collect();
+        let gone: Vec<SocketAddr> = {
+            let mut known = self.member_data.lock();
+            let gone = known.difference(&now).copied().collect();
+            *known = now;
+            gone
+        };
+        for peer in gone {
+            tracing::debug!(%peer, "member left; its transport state is dropped");
+            self.transport.forget_peer(peer);
         }
     }
 

@@ -539,6 +539,7 @@ fn same_host_peers_read_through_shared_memory_unless_host_local_is_off() {
     assert!(served(&a) >= served0 + 48 * len as u64);
 
     // a leaves: b's lease closes and b never serves a page from the old mapping.
+    assert_eq!(b.cluster_view()["peers"].as_array().unwrap().len(), 1);
     drop(a);
     let (hits, _) = read_all(&b, &keys, len);
     assert!(hits.iter().all(|&h| !h), "{hits:?}");
@@ -546,4 +547,14 @@ fn same_host_peers_read_through_shared_memory_unless_host_local_is_off() {
         b.stats().transport_local_read_bytes,
         sb.transport_local_read_bytes
     );
+    // Once b's membership drops a, its transport forgets a (pooled connections, attachment).
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !b.cluster_view()["peers"].as_array().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < until,
+            "b still tracks the departed a"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(b.cluster_view()["transport"]["local_peers"], 0);
 }
