@@ -327,18 +327,25 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
              (--mooncake-venv or PEERCACHE_MOONCAKE_VENV)"
         );
     }
-    let fill = |m: &Mooncake| {
-        m.client(&[
-            "--fill".into(),
-            "--pages".into(),
+    // The operation shape every Mooncake client run shares.
+    let shape = |extra: &[String]| -> Vec<String> {
+        let mut a = vec![
+            "--pages".to_string(),
             n.to_string(),
             "--page-bytes".into(),
             page.to_string(),
             "--batch".into(),
             batch.to_string(),
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let fill = |m: &Mooncake| {
+        m.client(&shape(&[
+            "--fill".into(),
             "--seconds".into(),
             "0.05".into(),
-        ])
+        ]))
     };
     let start_mc = |same_host: bool| -> Option<Mooncake> {
         let what = if same_host { "same-host " } else { "" };
@@ -393,18 +400,12 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 ("mooncake-get-local", &mooncake_local),
             ] {
                 let Some(mc) = mc else { continue };
-                let v = mc.client(&[
-                    "--pages".into(),
-                    n.to_string(),
-                    "--page-bytes".into(),
-                    page.to_string(),
-                    "--batch".into(),
-                    batch.to_string(),
+                let v = mc.client(&shape(&[
                     "--threads".into(),
                     c.to_string(),
                     "--seconds".into(),
                     args.secs.to_string(),
-                ])?;
+                ]))?;
                 let pps = v["pages_per_s"].as_f64().unwrap_or(0.0);
                 rows.push(Row {
                     name: name.into(),

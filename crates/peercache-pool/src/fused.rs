@@ -306,15 +306,7 @@ mod tests {
     use super::*;
 
     fn pattern(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        peercache_wire::testkit::pattern(seed, len)
     }
 
     /// Random lengths cut into many segments of random sizes (empty ones, one-byte ones, ones

@@ -6,18 +6,7 @@ use std::time::{Duration, Instant};
 
 use peercache_pool::disk::{DiskConfig, DiskError, DiskTier, RecordError};
 use peercache_wire::PageKey;
-
-fn page(i: u64, len: usize) -> Vec<u8> {
-    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use peercache_wire::testkit::pattern as page;
 
 fn key(i: u64) -> PageKey {
     PageKey::from_key(&format!("disk-{i}"))

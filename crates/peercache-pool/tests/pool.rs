@@ -13,15 +13,7 @@ fn key(i: u64) -> PageKey {
 }
 
 fn bytes_for(k: PageKey, len: usize) -> Vec<u8> {
-    let mut x = k.lo() | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    peercache_wire::testkit::pattern(k.lo(), len)
 }
 
 struct Harness {

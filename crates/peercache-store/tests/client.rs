@@ -147,6 +147,27 @@ fn the_client_api_is_off_unless_enabled() {
     nodes[0].shutdown();
 }
 
+/// Runs the `peercache-node` binary with `args` (no cluster secret in its environment).
+fn node_tool(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
+        .args(args)
+        .env_remove("PEERCACHE_CLUSTER_SECRET")
+        .output()
+        .unwrap()
+}
+
+/// [`node_tool`], which must succeed; its standard output.
+fn node_tool_ok(args: &[&str]) -> String {
+    let out = node_tool(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
     let port = common::free_port();
@@ -159,39 +180,37 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
         assert!(n.wait_members(3, Duration::from_secs(10)));
         n.sync_membership();
     }
-    let exe = env!("CARGO_BIN_EXE_peercache-node");
-    let out = std::process::Command::new(exe)
-        .args(["drive", "--discovery-addr", &format!("127.0.0.43:{port}")])
-        .args(["--write-on", nodes[0].node_id().as_str(), "--members", "3"])
-        .args(["--pages", "64", "--page-size", "16kb", "--wait", "10"])
-        .env_remove("PEERCACHE_CLUSTER_SECRET")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let seed = format!("127.0.0.43:{port}");
+    let writer = nodes[0].node_id().to_string();
+    let stdout = node_tool_ok(&[
+        "drive",
+        "--discovery-addr",
+        &seed,
+        "--write-on",
+        &writer,
+        "--members",
+        "3",
+        "--pages",
+        "64",
+        "--page-size",
+        "16kb",
+        "--wait",
+        "10",
+    ]);
     assert!(stdout.contains("stored=64/64"), "{stdout}");
     for n in &nodes[1..] {
         let line = format!("READ {} hits=64/64 wrong=0 remote_hits=+64", n.node_id());
         assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
     }
     // locate: the pages the driver wrote live on the writer.
-    let out = std::process::Command::new(exe)
-        .args(["locate", "--discovery-addr", &format!("127.0.0.43:{port}")])
-        .args(["drive/0", "drive/63", "no-such-key"])
-        .env_remove("PEERCACHE_CLUSTER_SECRET")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let writer = nodes[0].node_id().to_string();
+    let stdout = node_tool_ok(&[
+        "locate",
+        "--discovery-addr",
+        &seed,
+        "drive/0",
+        "drive/63",
+        "no-such-key",
+    ]);
     assert!(
         stdout.contains(&format!("drive/0: {writer} resident Retained")),
         "{stdout}"
@@ -205,17 +224,17 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
         "{stdout}"
     );
     // A reader that does not exist: a clear failure, not a hang.
-    let out = std::process::Command::new(exe)
-        .args(["drive", "--discovery-addr", &format!("127.0.0.43:{port}")])
-        .args([
-            "--write-on",
-            nodes[0].node_id().as_str(),
-            "--read-on",
-            "nobody",
-        ])
-        .args(["--wait", "0.5"])
-        .output()
-        .unwrap();
+    let out = node_tool(&[
+        "drive",
+        "--discovery-addr",
+        &seed,
+        "--write-on",
+        &writer,
+        "--read-on",
+        "nobody",
+        "--wait",
+        "0.5",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("client_enabled"));
     for n in &nodes {

@@ -330,6 +330,11 @@ impl Client {
         }
     }
 
+    /// Counts a read batch that another path (host-local) carried, like one of this client's.
+    pub(crate) fn count_reads(&self, batch: &Batch, results: &OpResults) {
+        self.count(&Kind::Read, batch, results);
+    }
+
     fn count(&self, kind: &Kind, batch: &Batch, results: &OpResults) {
         let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
         for (op, r) in batch.ops().iter().zip(results) {

@@ -567,6 +567,8 @@ fn watch_leases(attacher: std::sync::Weak<Attacher>) {
 /// taking the network until it is done.
 pub(crate) struct LocalClient {
     inner: Arc<Attacher>,
+    /// `peercache_transport_local_read_bytes_total`.
+    local_read_bytes: metrics::Counter,
 }
 
 impl LocalClient {
@@ -575,9 +577,11 @@ impl LocalClient {
         auth: Auth,
         timeout: Duration,
         counters: Arc<Counters>,
+        local_read_bytes: metrics::Counter,
     ) -> Self {
         hello.plane = Plane::HostLocal;
         LocalClient {
+            local_read_bytes,
             inner: Arc::new(Attacher {
                 hello,
                 auth,
@@ -801,9 +805,10 @@ impl LocalClient {
             results.push(r);
         }
         drop(regions);
+        // Reads, bytes and errors are counted with the transport's other reads by the caller.
         Counters::add(&counters.local_read_ops, ok);
         Counters::add(&counters.local_read_bytes, bytes);
-        Counters::add(&counters.op_errors, batch.len() as u64 - ok);
+        self.local_read_bytes.increment(bytes);
         Some(results)
     }
 }

@@ -92,6 +92,7 @@ impl TcpTransport {
                 cfg.auth.clone(),
                 cfg.op_timeout,
                 counters.clone(),
+                metrics.local_read_bytes.clone(),
             );
             (s, c)
         });
@@ -295,7 +296,7 @@ impl TcpTransport {
                 &self.server.counters,
             )
         {
-            self.count_local(batch, &res);
+            self.client.count_reads(batch, &res);
             return Ok(res);
         }
         let res = match &self.rdma {
@@ -335,30 +336,6 @@ impl TcpTransport {
             return Ok(res);
         }
         self.client.write_batch(peer, batch)
-    }
-
-    /// Counts a host-local batch in the transport's read counters and metrics.
-    fn count_local(&self, batch: &Batch, res: &OpResults) {
-        let (mut ops, mut bytes) = (0u64, 0u64);
-        for (op, r) in batch.ops().iter().zip(res) {
-            match r {
-                Ok(()) => {
-                    ops += 1;
-                    bytes += op.remote.len as u64;
-                }
-                Err(e) => {
-                    metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => e.label())
-                        .increment(1);
-                }
-            }
-        }
-        let c = &self.server.counters;
-        Counters::add(&c.read_ops, ops);
-        Counters::add(&c.read_bytes, bytes);
-        let m = &self.server.metrics;
-        m.client_read_ops.increment(ops);
-        m.client_read_bytes.increment(bytes);
-        m.local_read_bytes.increment(bytes);
     }
 
     /// Drops pooled connections (and a host-local attachment) to a peer that left.

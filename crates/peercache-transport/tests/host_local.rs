@@ -98,11 +98,14 @@ fn reads(h: &RegionHandle, d: &RegionHandle, n: u64, page: u32) -> Batch {
     b
 }
 
-/// Reads `b` once over the network (which starts the attach in the background) and waits,
-/// with a deadline, until reads from `owner` take the host-local path.
-fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
-    let r = reader.read_batch(owner, b).unwrap();
+/// Reads `b` from `peer` and asserts every op succeeded.
+fn read_ok(reader: &TcpTransport, peer: SocketAddr, b: &Batch) {
+    let r = reader.read_batch(peer, b).unwrap();
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+}
+
+/// Waits, with a deadline, until reads from `owner` take the host-local path.
+fn wait_attached(reader: &TcpTransport, owner: SocketAddr) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !reader.host_local_attached(owner) {
         assert!(
@@ -111,6 +114,13 @@ fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
         );
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// Reads `b` once over the network (which starts the attach in the background) and waits
+/// until reads from `owner` take the host-local path.
+fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
+    read_ok(reader, owner, b);
+    wait_attached(reader, owner);
 }
 
 const PAGE: u32 = 64 << 10;
@@ -161,8 +171,7 @@ fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
     attach(&reader, owner.local_endpoint(), &b);
     assert_eq!(owner.stats().served_ops, 16);
     dst.fill(0);
-    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
-    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    read_ok(&reader, owner.local_endpoint(), &b);
     assert!(
         dst == mem.bytes()[..],
         "the pages read are the pages written"
@@ -180,8 +189,7 @@ fn same_host_reads_copy_from_shared_memory_and_never_touch_the_data_server() {
 
     // The owner rewrites a page: the next read sees the new bytes (the mapping is live).
     mem.bytes()[..PAGE as usize].fill(0xab);
-    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
-    assert!(r.iter().all(|x| x.is_ok()));
+    read_ok(&reader, owner.local_endpoint(), &b);
     assert!(dst[..PAGE as usize].iter().all(|x| *x == 0xab));
     assert_eq!(
         reader.stats().local_attaches,
@@ -242,22 +250,20 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
     let d = unsafe { reader.register(dst.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
 
     // A batch naming a region the owner does not share goes to the data server.
-    let r = reader
-        .read_batch(owner.local_endpoint(), &reads(&unshared, &d, 8, PAGE))
-        .unwrap();
-    assert!(r.iter().all(|x| x.is_ok()));
+    read_ok(
+        &reader,
+        owner.local_endpoint(),
+        &reads(&unshared, &d, 8, PAGE),
+    );
     assert!(dst[..8 * PAGE as usize] == plain[..8 * PAGE as usize]);
     assert_eq!(owner.stats().served_ops, 8);
     // Attached now (the shared region), that region still goes to the data server.
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !reader.host_local_attached(owner.local_endpoint()) {
-        assert!(std::time::Instant::now() < until);
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    let r = reader
-        .read_batch(owner.local_endpoint(), &reads(&unshared, &d, 8, PAGE))
-        .unwrap();
-    assert!(r.iter().all(|x| x.is_ok()));
+    wait_attached(&reader, owner.local_endpoint());
+    read_ok(
+        &reader,
+        owner.local_endpoint(),
+        &reads(&unshared, &d, 8, PAGE),
+    );
     assert_eq!(owner.stats().served_ops, 16);
     assert_eq!(reader.stats().local_read_ops, 0);
 
@@ -265,10 +271,11 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
     let tcp_reader = on([127, 0, 0, 4], false);
     let mut dst2 = vec![0u8; LEN];
     let d2 = unsafe { tcp_reader.register(dst2.as_mut_ptr(), LEN, Access::LocalOnly) }.unwrap();
-    let r = tcp_reader
-        .read_batch(owner.local_endpoint(), &reads(&shared, &d2, 4, PAGE))
-        .unwrap();
-    assert!(r.iter().all(|x| x.is_ok()));
+    read_ok(
+        &tcp_reader,
+        owner.local_endpoint(),
+        &reads(&shared, &d2, 4, PAGE),
+    );
     assert!(dst2[..4 * PAGE as usize] == mem.bytes()[..4 * PAGE as usize]);
     assert_eq!(owner.stats().served_ops, 20);
     assert_eq!(tcp_reader.stats().local_attaches, 0);
@@ -278,10 +285,11 @@ fn unshared_regions_and_peers_without_the_path_go_over_tcp() {
     mem2.bytes().copy_from_slice(&pattern(10, LEN));
     let h2 = unsafe { tcp_owner.register(mem2.ptr, LEN, Access::RemoteRead) }.unwrap();
     tcp_owner.share(&h2, mem2.fd.as_fd(), 0).unwrap();
-    let r = reader
-        .read_batch(tcp_owner.local_endpoint(), &reads(&h2, &d, 4, PAGE))
-        .unwrap();
-    assert!(r.iter().all(|x| x.is_ok()));
+    read_ok(
+        &reader,
+        tcp_owner.local_endpoint(),
+        &reads(&h2, &d, 4, PAGE),
+    );
     assert!(dst[..4 * PAGE as usize] == mem2.bytes()[..4 * PAGE as usize]);
     assert_eq!(tcp_owner.stats().served_ops, 4);
     drop((d, d2));
@@ -299,13 +307,7 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
     } = pair([5, 6], 11);
     let b = reads(&h, &d, 4, PAGE);
     attach(&reader, owner.local_endpoint(), &b);
-    assert!(
-        reader
-            .read_batch(owner.local_endpoint(), &b)
-            .unwrap()
-            .iter()
-            .all(|x| x.is_ok())
-    );
+    read_ok(&reader, owner.local_endpoint(), &b);
     assert_eq!(reader.stats().local_read_ops, 4);
 
     // The owner deregisters: its leases close, the reader drops its mapping and asks the data
@@ -329,13 +331,7 @@ fn a_dropped_region_is_never_read_from_the_old_mapping() {
     owner.share(&h, mem.fd.as_fd(), 0).unwrap();
     let b = reads(&h, &d, 4, PAGE);
     attach(&reader, owner.local_endpoint(), &b);
-    assert!(
-        reader
-            .read_batch(owner.local_endpoint(), &b)
-            .unwrap()
-            .iter()
-            .all(|x| x.is_ok())
-    );
+    read_ok(&reader, owner.local_endpoint(), &b);
     assert_eq!(reader.stats().local_read_ops, 8);
 
     // The owner stops: the reader drops its mapping (which would keep the owner's memory

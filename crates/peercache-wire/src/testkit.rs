@@ -1,4 +1,5 @@
-//! Test support for crates that define wire messages (feature `testkit`, for dev-dependencies).
+//! Test support (feature `testkit`, for dev-dependencies): wire-message fixtures and test
+//! page contents.
 
 use std::fmt::Debug;
 use std::path::Path;
@@ -23,4 +24,18 @@ pub fn check_fixture<M: Message + PartialEq + Debug>(dir: &Path, name: &str, msg
         Ok(got) => assert_eq!(&got, msg, "fixture {name} decodes to another message"),
         Err(e) => panic!("fixture {name} no longer decodes: {e}"),
     }
+}
+
+/// `len` pseudo-random bytes determined by `seed` (xorshift): recognisable test pages, the
+/// same in every crate's tests.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }

@@ -75,17 +75,8 @@ pub(crate) fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<Store> {
 }
 
 /// `len` pseudo-random bytes determined by `seed`.
-pub(crate) fn page(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)] // each test file uses a different subset
+pub(crate) use peercache_wire::testkit::pattern as page;
 
 /// Reads `keys` (one `len`-byte page each) on `s`: (hits, pages).
 pub(crate) fn get(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec<u8>>) {

@@ -32,17 +32,8 @@ pub(crate) fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
 }
 
 /// `len` pseudo-random bytes determined by `seed`.
-pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)] // each test file uses a different subset
+pub(crate) use peercache_wire::testkit::pattern;
 
 /// Options of [`soft_transport`].
 #[derive(Clone, Copy, Default)]
