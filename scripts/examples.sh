@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 cargo run --release --locked -q -p peercache-store --example two_nodes
 cargo run --release --locked -q -p peercache-store --example node_from_config
 source scripts/venv.sh
-python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m crates/peercache-py/Cargo.toml
+python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m peercache-py/Cargo.toml
 python examples/python_roundtrip.py
 # The four-process walk-through of docs/multi-node.md.
 bash scripts/multi-node.sh

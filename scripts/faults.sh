@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the fault suite (crates/peercache-bench/tests/faults.rs): real node processes on
+# Runs the fault suite (peercache-bench/tests/faults.rs): real node processes on
 # 127.0.0.N killed with -9, stopped with SIGSTOP, cut off by a silent proxy, discovery masters
 # killed one by one — under a steady exists/get/set load with every byte checked. Each scenario
 # prints a `FAULT-RESULT {json}` line; they are collected into $FAULTS_OUT when set.

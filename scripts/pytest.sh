@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-maturin develop --release -q -m crates/peercache-py/Cargo.toml
-pytest -q crates/peercache-py/tests "$@"
+maturin develop --release -q -m peercache-py/Cargo.toml
+pytest -q peercache-py/tests "$@"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The SGLang contract test: builds the wheel into the cached venv with the real sglang 0.5.23
-# (scripts/sglang-venv.sh) and runs crates/peercache-py/tests/sglang/ against SGLang's own classes.
+# (scripts/sglang-venv.sh) and runs peercache-py/tests/sglang/ against SGLang's own classes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/sglang-venv.sh
-maturin develop --release -q -m crates/peercache-py/Cargo.toml
+maturin develop --release -q -m peercache-py/Cargo.toml
 python -c 'import sglang, torch; print(f"sglang {sglang.__version__}, torch {torch.__version__} (cuda available: {torch.cuda.is_available()})")'
-pytest -q -p no:cacheprovider crates/peercache-py/tests/sglang "$@"
+pytest -q -p no:cacheprovider peercache-py/tests/sglang "$@"

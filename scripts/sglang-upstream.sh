@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/sglang-venv.sh
-python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m crates/peercache-py/Cargo.toml
+python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m peercache-py/Cargo.toml
 site=$(python -c 'import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

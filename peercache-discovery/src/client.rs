@@ -60,6 +60,53 @@ struct State {
 }
 
 /// A running membership client. All methods take `&self`.
+///
+/// # Example
+///
+/// One master on loopback and two members that register with it; each member sees both
+/// within a deadline, and a member that stops is gone at once (it deregisters):
+///
+/// ```
+/// use std::net::{IpAddr, SocketAddr};
+/// use std::time::Duration;
+///
+/// use peercache_discovery::{DiscoveryClient, DiscoveryConfig, DiscoveryServer, NodeInfo};
+/// use peercache_wire::{Auth, Incarnation, NodeId};
+///
+/// let master = DiscoveryServer::start(
+///     "127.0.0.1:0".parse()?,
+///     Duration::from_secs(2), // a member whose heartbeats stop is dropped after this
+///     None,
+///     Auth::none(),
+/// )?;
+/// let cfg = DiscoveryConfig {
+///     seeds: vec![master.local_addr()],
+///     heartbeat: Duration::from_millis(200),
+///     ..DiscoveryConfig::default()
+/// };
+/// let member = |name: &str, port: u16| -> Result<DiscoveryClient, Box<dyn std::error::Error>> {
+///     let host = IpAddr::from([127, 0, 0, 1]);
+///     let info = NodeInfo {
+///         node: NodeId::new(name)?,
+///         incarnation: Incarnation::fresh(),
+///         host,
+///         meta: None,
+///         control: SocketAddr::new(host, port),
+///         data: vec![SocketAddr::new(host, port + 1)],
+///         role: "inference".into(),
+///         attrs: vec![],
+///     };
+///     Ok(DiscoveryClient::start(info, cfg.clone())?)
+/// };
+/// let a = member("node-a", 7100)?;
+/// let b = member("node-b", 7200)?;
+/// assert!(a.wait_for(Duration::from_secs(5), |m| m.len() == 2));
+///
+/// b.shutdown();
+/// assert!(a.wait_for(Duration::from_secs(5), |m| m.len() == 1));
+/// assert_eq!(a.members()[0].node.as_str(), "node-a");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct DiscoveryClient {
     shared: Arc<Shared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,

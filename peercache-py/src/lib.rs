@@ -1,6 +1,6 @@
 //! `peercache._peercache`: the Rust core behind the `peercache` Python package.
 //!
-//! A thin layer: [`Node`] wraps a [`peercache_store::Store`]; every call that does I/O releases
+//! A thin layer: `Node` wraps a [`peercache_store::Store`]; every call that does I/O releases
 //! the GIL, so SGLang's prefetch, backup and scheduler threads run concurrently. Pointers come
 //! from SGLang (`get_page_buffer_meta`, tensor `data_ptr()`), bytes-like objects through the
 //! buffer protocol. The pure-Python `peercache.store.PeerCacheStore` adapts this to SGLang's

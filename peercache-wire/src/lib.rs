@@ -13,6 +13,8 @@
 //!
 //! Nothing here depends on another PeerCache crate.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod envelope;
 pub mod error;

@@ -15,6 +15,8 @@
 //! * [`derive_node_id`] — stable identities (never ephemeral ports or randomness);
 //!   [`peercache_wire::Incarnation`] tells a restarted node's lives apart.
 
+#![forbid(unsafe_code)]
+
 mod client;
 pub mod client_core;
 mod error;

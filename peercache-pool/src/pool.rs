@@ -165,6 +165,39 @@ pub struct PoolStats {
 
 /// The published pool: one contiguous pre-faulted region cut into size-class slabs, every slot
 /// with a verified header, two-class LRU eviction, leases for local readers.
+///
+/// # Example
+///
+/// Publish a page gathered from two segments (K and V), then read it back under a lease the
+/// way a local reader does:
+///
+/// ```
+/// use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, ReplClass};
+/// use peercache_wire::PageKey;
+///
+/// let pool = Pool::new(PoolConfig::new(8 << 20))?;
+/// let key = PageKey::from_key("model/layer0/page42");
+/// let (k, v) = (vec![1u8; 2048], vec![2u8; 2048]);
+/// let segments: [&[u8]; 2] = [&k, &v];
+///
+/// // Scratch and output vectors are reused across batches: no allocation per page.
+/// let (mut scratch, mut out, mut evicted) = (PublishScratch::default(), Vec::new(), Vec::new());
+/// pool.publish_batch(
+///     &[PageWrite { key, segments: &segments, valid_len: None }],
+///     ReplClass::Retained,
+///     &mut scratch,
+///     &mut out,
+///     &mut evicted,
+/// );
+/// assert!(matches!(out[0], Published::New(_)));
+///
+/// let leases = pool.lease_batch(&[key]);
+/// let mut page = vec![0u8; 4096];
+/// pool.read_leased(&leases, 0, key, &mut [&mut page[..]])?;
+/// assert_eq!(&page[..2048], &k[..]);
+/// assert_eq!(&page[2048..], &v[..]);
+/// # Ok::<(), peercache_pool::PoolError>(())
+/// ```
 pub struct Pool {
     map: Mapping,
     state: Mutex<State>,

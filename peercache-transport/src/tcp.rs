@@ -19,6 +19,40 @@ use crate::{
 
 /// The TCP transport of one node: a data server for its registered regions and a client for
 /// peers' regions. Cheap to share behind an `Arc`; all methods take `&self`.
+///
+/// # Example
+///
+/// An owner publishes a buffer read-only; a reader pulls a range of it straight into its own
+/// registered memory (two transports on loopback, each with its own data server):
+///
+/// ```
+/// use peercache_transport::{
+///     Access, Batch, RemoteRange, Segment, TcpTransport, TransportConfig,
+/// };
+///
+/// let owner = TcpTransport::start(TransportConfig::default(), None)?;
+/// let mut published = vec![7u8; 64 << 10];
+/// // SAFETY: `published` outlives the transport, which is shut down below.
+/// let src = unsafe { owner.register(published.as_mut_ptr(), published.len(), Access::RemoteRead) }?;
+///
+/// let reader = TcpTransport::start(TransportConfig::default(), None)?;
+/// let mut landing = vec![0u8; 4096];
+/// // SAFETY: as above, `landing` outlives `reader`.
+/// let dst = unsafe { reader.register(landing.as_mut_ptr(), landing.len(), Access::LocalOnly) }?;
+///
+/// let mut batch = Batch::new();
+/// batch.push(
+///     RemoteRange { region: src.key(), addr: src.addr(1024), len: 4096 },
+///     &[Segment { region: dst.key(), addr: dst.addr(0), len: 4096 }],
+/// );
+/// let results = reader.read_batch(owner.local_endpoint(), &batch)?;
+/// assert!(results.iter().all(|r| r.is_ok()));
+/// reader.shutdown();
+/// owner.shutdown();
+/// drop((src, dst));
+/// assert!(landing.iter().all(|&b| b == 7));
+/// # Ok::<(), peercache_transport::TransportError>(())
+/// ```
 pub struct TcpTransport {
     table: Arc<RegionTable>,
     client: Client,

@@ -94,6 +94,90 @@ pub struct ClientStats {
 }
 
 /// Routes directory operations to shard owners (the local shard directly, peers over RPC).
+///
+/// # Example
+///
+/// Two nodes on loopback, each serving its shard on a control port. Node A records where a
+/// page lives; node B finds it, wherever the ring put the entry:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use peercache_directory::{
+///     ClientConfig, CopyClass, DirectoryClient, DirectoryService, Location, Member, Rail,
+///     ShardConfig,
+/// };
+/// use peercache_wire::handshake::{Hello, Plane};
+/// use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+/// use peercache_wire::{Auth, Incarnation, NodeId, PageKey};
+///
+/// /// One node: its shard behind an RPC server, and a routing client.
+/// fn node(name: &str) -> (NodeId, RpcServer, DirectoryClient) {
+///     let id = NodeId::new(name).unwrap();
+///     let shard = Arc::new(DirectoryService::new(ShardConfig::default()));
+///     let served = shard.clone();
+///     let handler: rpc::Handler = Arc::new(move |env| {
+///         served.handle(env).unwrap_or(Reply::Error {
+///             error: RpcError { code: RpcError::CODE_UNKNOWN_KIND, message: "not mine".into() },
+///             close: false,
+///         })
+///     });
+///     let server = RpcServer::start(
+///         ServerConfig {
+///             bind: "127.0.0.1:0".parse().unwrap(),
+///             planes: vec![Plane::Control],
+///             node: Some(id.clone()),
+///             incarnation: Incarnation(1),
+///             max_frame: 16 << 20,
+///             handshake_timeout: Duration::from_secs(2),
+///             max_connections: 64,
+///             workers: 1,
+///             name: "doc",
+///             auth: Auth::none(),
+///         },
+///         handler,
+///     )
+///     .unwrap();
+///     let rpc = RpcClient::new(rpc::ClientConfig {
+///         hello: Hello::new(Plane::Control, Some(id.clone()), Incarnation(1)),
+///         max_idle_per_peer: 4,
+///         max_frame: 16 << 20,
+///         auth: Auth::none(),
+///     });
+///     let client = DirectoryClient::new(id.clone(), shard, rpc, ClientConfig::default());
+///     (id, server, client)
+/// }
+///
+/// let (a, server_a, dir_a) = node("node-a");
+/// let (b, server_b, dir_b) = node("node-b");
+/// let members = [
+///     Member { node: a.clone(), control: server_a.local_addr() },
+///     Member { node: b.clone(), control: server_b.local_addr() },
+/// ];
+/// dir_a.apply_membership(&members);
+/// dir_b.apply_membership(&members);
+///
+/// let key = PageKey::from_key("model/layer0/page42");
+/// let here = Location {
+///     node: a.clone(),
+///     incarnation: Incarnation(1),
+///     rails: [Rail { endpoint: "127.0.0.1:7000".parse().unwrap(), region: 1 }].into_iter().collect(),
+///     addr: 0x1000,
+///     len: 4096,
+///     valid_len: 4096,
+///     generation: 1,
+///     checksum: 0xfeed,
+///     resident: true,
+///     class: CopyClass::Retained,
+/// };
+/// dir_a.insert(&[(key, here.clone())])?;
+///
+/// let found = dir_b.lookup(&[key])?;
+/// assert_eq!(found[0].as_ref().map(|owners| owners[0].clone()), Some(here));
+/// assert_eq!(dir_b.exists(&[key, PageKey::from_key("never-written")])?, [true, false]);
+/// # Ok::<(), peercache_directory::DirError>(())
+/// ```
 pub struct DirectoryClient {
     me: NodeId,
     local: Arc<DirectoryService>,

@@ -1159,7 +1159,7 @@ mod tests {
 
     #[test]
     fn every_key_is_documented() {
-        let doc = include_str!("../../../docs/configuration.md");
+        let doc = include_str!("../../docs/configuration.md");
         for k in KEYS {
             assert!(
                 doc.contains(&format!("`{k}`")),

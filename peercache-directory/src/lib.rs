@@ -12,6 +12,8 @@
 //!   keys by shard, sends one request per shard per batch to all shards at once, splits large
 //!   batches, and falls back to replicas.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 mod error;
 pub mod handoff;

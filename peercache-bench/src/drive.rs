@@ -153,7 +153,7 @@ fn start_owner(
 }
 
 /// The reader child: joins, waits for the working set, then runs one step per `GO <threads>`
-/// line on stdin and answers each with a [`StepResult`] line.
+/// line on stdin and answers each with a `StepResult` line.
 pub fn reader(args: &ReaderArgs) -> Result<()> {
     let c = &args.common;
     c.shape.validate()?;

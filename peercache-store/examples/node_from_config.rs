@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 fn main() -> Result<()> {
     let file = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/node.toml").to_string()
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/node.toml").to_string()
     });
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

@@ -133,6 +133,40 @@ pub struct StoreStats {
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
+///
+/// # Example
+///
+/// A one-node cluster on loopback (the node is its own discovery seed): publish two pages,
+/// check which are present, read them back byte for byte.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use peercache_store::{PeerCacheConfig, Store};
+///
+/// let meta_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// let settings = serde_json::json!({
+///     "discovery_addr": format!("127.0.0.1:{meta_port}"),
+///     "protocol": "tcp",
+///     "global_segment_size": "16mb",
+///     "metrics_enabled": false,
+/// });
+/// let (cfg, warnings) = PeerCacheConfig::from_map(settings.as_object().unwrap())?;
+/// assert!(warnings.is_empty(), "{warnings:?}");
+///
+/// let store = Store::start(cfg)?;
+/// store.wait_ready(Some(Duration::from_secs(10)))?;
+///
+/// let (a, b) = (vec![1u8; 4096], vec![2u8; 4096]);
+/// assert_eq!(store.batch_set(&["p0", "p1"], &[&a[..], &b[..]])?, [true, true]);
+/// assert_eq!(store.batch_exists(&["p0", "p1", "p2"])?, 2); // the leading present pages
+///
+/// let (mut x, mut y) = (vec![0u8; 4096], vec![0u8; 4096]);
+/// assert_eq!(store.batch_get(&["p0", "p1"], &mut [&mut x[..], &mut y[..]])?, [true, true]);
+/// assert_eq!((x, y), (a, b));
+/// store.shutdown();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
