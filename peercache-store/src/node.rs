@@ -730,6 +730,7 @@ impl Inner {
                     inner.metrics.refresh(ps.retained + ps.reclaimable);
                     inner.reap_reservations();
                     inner.dir.drop_due();
+                    inner.forget_strangers();
                     if got.is_err() && *inner.ring_ready.0.lock() {
                         continue;
                     }
@@ -801,6 +802,21 @@ impl Inner {
         for peer in gone {
             tracing::debug!(%peer, "member left; its transport state is dropped");
             self.transport.forget_peer(peer);
+        }
+    }
+
+    /// Drops transport state for peers that are not members (a read may have reached a member
+    /// after it left, re-creating what [`Inner::forget_departed`] dropped). Once a heartbeat.
+    fn forget_strangers(&self) {
+        let known = self.member_data.lock().clone();
+        if known.is_empty() {
+            return;
+        }
+        for p in self.transport.peer_stats() {
+            if !known.contains(&p.peer) {
+                tracing::debug!(peer = %p.peer, "not a member; its transport state is dropped");
+                self.transport.forget_peer(p.peer);
+            }
         }
     }
 

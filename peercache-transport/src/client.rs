@@ -373,54 +373,6 @@ impl Client {
     }
 }
 
-/// Validates an op's local segments: registered (or explicitly [`crate::RegionKey::UNREGISTERED`]
-/// caller memory), in bounds, adding up to the remote length.
-pub(crate) fn check_local(
-    regions: &HashMap<crate::RegionKey, crate::region::Region>,
-    batch: &Batch,
-    op: &crate::OpDesc,
-    max_op_bytes: u32,
-) -> Result<(), OpError> {
-    let len = op.remote.len;
-    if len == 0 || len > max_op_bytes {
-        return Err(OpError::BadLength {
-            len: len as u64,
-            max: max_op_bytes as u64,
-        });
-    }
-    let mut sum = 0u64;
-    for s in batch.op_segments(op) {
-        if s.region == crate::RegionKey::UNREGISTERED && batch.allows_unregistered() {
-            // Caller memory valid for the call (its unsafe promise): a sane range suffices.
-            if s.addr == 0 || s.addr.checked_add(s.len as u64).is_none() {
-                return Err(OpError::OutOfRegion {
-                    region: s.region,
-                    addr: s.addr,
-                    len: s.len as u64,
-                    region_len: 0,
-                });
-            }
-            sum += s.len as u64;
-            continue;
-        }
-        let r = regions
-            .get(&s.region)
-            .ok_or(OpError::UnknownRegion(s.region))?;
-        if r.device {
-            return Err(OpError::DeviceOnly(s.region));
-        }
-        r.check_range(s.region, s.addr, s.len as u64)?;
-        sum += s.len as u64;
-    }
-    if sum != len as u64 {
-        return Err(OpError::LengthMismatch {
-            segments: sum,
-            remote: len as u64,
-        });
-    }
-    Ok(())
-}
-
 /// Rebuilds a typed error from a server status code.
 fn from_code(code: u8, op: &crate::OpDesc, max: u32) -> OpError {
     let r = op.remote;
@@ -454,7 +406,7 @@ fn exchange(
     c.req.clear();
     c.req.resize(proto::HDR_LEN, 0);
     for (i, op) in batch.ops().iter().enumerate() {
-        match check_local(regions, batch, op, cfg.max_op_bytes) {
+        match crate::validate::local_segments(regions, batch, op, cfg.max_op_bytes) {
             Ok(()) => {
                 c.sent.push(i as u32);
                 WireOp {

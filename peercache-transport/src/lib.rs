@@ -25,6 +25,7 @@ mod client;
 mod config;
 mod device;
 mod error;
+mod handle;
 mod iov;
 mod local;
 pub mod metrics;
@@ -34,12 +35,14 @@ mod region;
 mod server;
 mod stats;
 mod tcp;
+mod validate;
 
 pub use batch::{Batch, OpDesc, RemoteRange, Segment};
 pub use config::TransportConfig;
 pub use device::{DeviceMemory, peermem_loaded};
 pub use error::{OpError, TransportError};
-pub use region::{Access, RegionHandle, RegionKey, WriteGuard};
+pub use handle::RegionHandle;
+pub use region::{Access, RegionKey, WriteGuard};
 pub use stats::{PeerStats, TransportStats};
 pub use tcp::TcpTransport;
 
@@ -85,7 +88,7 @@ pub fn fuzz_request(data: &[u8]) -> usize {
     (0..n)
         .filter(|i| {
             let op = proto::WireOp::decode(&ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-            server::check_remote_op(&regions, &op, write, 64 << 20, None).is_ok()
+            validate::remote_op(&regions, op.region, op.addr, op.len, write, 64 << 20, None).is_ok()
         })
         .count()
         + local

@@ -39,9 +39,10 @@ use peercache_wire::WireError;
 use peercache_wire::auth::Auth;
 use peercache_wire::handshake::{self, Hello, Plane};
 
-use crate::region::{Region, RegionTable};
+use crate::region::{Region, RegionTable, SharedFile};
 use crate::stats::Counters;
-use crate::{Batch, OpError, OpResults, RegionKey};
+use crate::validate;
+use crate::{Batch, OpResults, RegionKey};
 
 const REPLY_MAGIC: u32 = 0x5043_484c;
 const TABLE_MAGIC: u32 = 0x5043_4854;
@@ -60,33 +61,88 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// path. Only a restart changes that, and a restarted peer is asked again after this.
 const RETRY_SETTLED: Duration = Duration::from_secs(300);
 
+/// Why the same-host path could not attach to a peer or use one of its regions.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LocalError {
+    /// A socket step failed (connect, timeouts, token, reading the table).
+    #[error("{step}: {source}")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The data port's handshake or invitation frame failed.
+    #[error("{step}: {source}")]
+    Wire {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: WireError,
+    },
+    /// The peer's abstract socket is not reachable: it runs on another host or network
+    /// namespace.
+    #[error("not on this host: {0}")]
+    NotOnThisHost(#[source] std::io::Error),
+    /// The bytes are not what this build of the path sends.
+    #[error("not a host-local {0}")]
+    NotOurs(&'static str),
+    /// The peer speaks another version of the path.
+    #[error("host-local version {got} (this build speaks {VERSION})")]
+    Version {
+        /// The version received.
+        got: u8,
+    },
+    /// A message ended early.
+    #[error("truncated host-local {0}")]
+    Truncated(&'static str),
+    /// The invitation's socket name is not UTF-8.
+    #[error("socket name is not UTF-8")]
+    BadName,
+    /// More descriptors than a table may carry.
+    #[error("too many descriptors in the region table")]
+    TooManyDescriptors,
+    /// The table's count and the descriptors that came with it disagree.
+    #[error("region table names {count} regions but carried {fds} descriptors")]
+    CountMismatch {
+        /// Regions named.
+        count: usize,
+        /// Descriptors received.
+        fds: usize,
+    },
+    /// A memory file is not sealed against shrinking (a mapping could lose pages).
+    #[error("memory file is not sealed against shrinking")]
+    Unsealed,
+    /// A memory file cannot hold the region at its offset.
+    #[error("memory file of {size} bytes cannot hold {len} bytes at offset {offset}")]
+    BadFileRange {
+        /// File size.
+        size: u64,
+        /// Region length.
+        len: u64,
+        /// Offset in the file (page-aligned when valid).
+        offset: u64,
+    },
+}
+
 /// Why an attach failed, and whether asking again soon could change the answer.
 struct AttachError {
-    why: String,
+    why: LocalError,
     settled: bool,
 }
 
 impl AttachError {
-    fn transient(why: impl Into<String>) -> Self {
+    fn transient(why: LocalError) -> Self {
         AttachError {
-            why: why.into(),
+            why,
             settled: false,
         }
     }
-    fn settled(why: impl Into<String>) -> Self {
-        AttachError {
-            why: why.into(),
-            settled: true,
-        }
+    fn settled(why: LocalError) -> Self {
+        AttachError { why, settled: true }
     }
-}
-
-/// A shared region's memory file, as registered.
-#[derive(Clone, Debug)]
-pub(crate) struct SharedFile {
-    pub(crate) fd: Arc<OwnedFd>,
-    /// Offset in the file of the region's first byte (page-aligned).
-    pub(crate) offset: u64,
 }
 
 /// What the data port tells a host-local client: where to attach and with which token.
@@ -108,22 +164,19 @@ impl Invitation {
         out
     }
 
-    fn decode(b: &[u8]) -> Result<Self, String> {
+    fn decode(b: &[u8]) -> Result<Self, LocalError> {
         if b.len() < 6 + TOKEN_LEN || b[..4] != REPLY_MAGIC.to_le_bytes() {
-            return Err("not a host-local invitation".into());
+            return Err(LocalError::NotOurs("invitation"));
         }
         if b[4] != VERSION {
-            return Err(format!(
-                "host-local version {} (this build speaks {VERSION})",
-                b[4]
-            ));
+            return Err(LocalError::Version { got: b[4] });
         }
         let n = b[5] as usize;
         let name = b
             .get(6 + TOKEN_LEN..6 + TOKEN_LEN + n)
-            .ok_or("truncated host-local invitation")?;
+            .ok_or(LocalError::Truncated("invitation"))?;
         Ok(Invitation {
-            name: String::from_utf8(name.to_vec()).map_err(|_| "socket name is not UTF-8")?,
+            name: String::from_utf8(name.to_vec()).map_err(|_| LocalError::BadName)?,
             token: b[6..6 + TOKEN_LEN].try_into().expect("16 bytes"),
         })
     }
@@ -156,6 +209,34 @@ pub(crate) struct LocalServer {
     pub(crate) invitation: Invitation,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    leases: Arc<Leases>,
+}
+
+/// The lease connections of attached peers. All are closed whenever the region table's set of
+/// shared regions changes, so readers re-attach (or fall back) before their next read.
+#[derive(Debug, Default)]
+struct Leases {
+    open: Mutex<Vec<UnixStream>>,
+}
+
+impl Leases {
+    /// Keeps `lease` open, unless the shared set changed since the table was sent
+    /// (`seen`): then the table the peer got may be stale, and the lease is closed at once.
+    fn add(&self, lease: UnixStream, seen: u64, table: &RegionTable) {
+        let mut v = self.open.lock();
+        v.retain(lease_open);
+        if table.shared_changes() != seen {
+            let _ = lease.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        v.push(lease);
+    }
+
+    fn revoke(&self) {
+        for s in self.open.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 impl LocalServer {
@@ -166,17 +247,34 @@ impl LocalServer {
         let tag = u64::from_le_bytes(random_bytes::<8>()?);
         let name = format!("peercache-local-{}-{tag:016x}", std::process::id());
         let listener = UnixListener::bind_addr(&UnixAddr::from_abstract_name(&name)?)?;
+        let leases = Arc::new(Leases::default());
+        table.watch({
+            let leases = leases.clone();
+            move || leases.revoke()
+        });
         let thread = std::thread::Builder::new()
             .name("pc-local-accept".into())
             .spawn({
                 let stop = stop.clone();
-                move || accept_loop(listener, table, stop, token, timeout)
+                let leases = leases.clone();
+                move || accept_loop(listener, table, stop, token, timeout, &leases)
             })?;
         Ok(LocalServer {
             invitation: Invitation { name, token },
             stop,
             thread: Mutex::new(Some(thread)),
+            leases,
         })
+    }
+
+    /// Closes every lease (readers stop using their mappings before their next read).
+    pub(crate) fn revoke(&self) {
+        self.leases.revoke();
+    }
+
+    /// Number of open leases.
+    pub(crate) fn lease_count(&self) -> usize {
+        self.leases.open.lock().len()
     }
 
     /// Stops the accept thread. Idempotent.
@@ -197,6 +295,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     token: [u8; TOKEN_LEN],
     timeout: Duration,
+    leases: &Leases,
 ) {
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -217,11 +316,12 @@ fn accept_loop(
         // Hold the table's read guard while sending, so no shared region goes away between
         // listing it and handing out its descriptor (deregistration also revokes attachments).
         let regions = table.read();
+        let seen = table.shared_changes();
         let shared = shared_regions(&regions);
         let sent = send_table(&s, &shared);
         drop(regions);
         match sent {
-            Ok(()) => table.attach(s),
+            Ok(()) => leases.add(s, seen, &table),
             Err(e) => tracing::debug!(error = %e, "host-local attach failed while sending"),
         }
     }
@@ -297,7 +397,7 @@ fn send_with_fds(s: &UnixStream, body: &[u8], fds: &[i32]) -> std::io::Result<()
 type Received = (RegionKey, u64, u64, u64, OwnedFd);
 
 /// Receives the region table and its descriptors.
-fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
+fn recv_table(s: &UnixStream) -> Result<Vec<Received>, LocalError> {
     let max = TABLE_HDR + MAX_SHARED_REGIONS * ENTRY_LEN;
     let mut body = vec![0u8; max];
     let mut control = vec![0u64; cmsg_room(MAX_SHARED_REGIONS).div_ceil(8)];
@@ -314,7 +414,10 @@ fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
     // SAFETY: `msg` points at live buffers of the lengths it names.
     let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
-        return Err(format!("recvmsg: {}", std::io::Error::last_os_error()));
+        return Err(LocalError::Io {
+            step: "recvmsg",
+            source: std::io::Error::last_os_error(),
+        });
     }
     // Take ownership of every descriptor first, so each is closed whatever happens next.
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -335,13 +438,16 @@ fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err("too many descriptors in the region table".into());
+        return Err(LocalError::TooManyDescriptors);
     }
     let mut n = n as usize;
     if n < TABLE_HDR {
         let mut r = s;
         r.read_exact(&mut body[n..TABLE_HDR])
-            .map_err(|e| format!("region table header: {e}"))?;
+            .map_err(|source| LocalError::Io {
+                step: "region table header",
+                source,
+            })?;
         n = TABLE_HDR;
     }
     let count = table_count(&body[..TABLE_HDR], fds.len())?;
@@ -349,7 +455,10 @@ fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
     if n < total {
         let mut r = s;
         r.read_exact(&mut body[n..total])
-            .map_err(|e| format!("region table: {e}"))?;
+            .map_err(|source| LocalError::Io {
+                step: "region table",
+                source,
+            })?;
     }
     let entries = table_entries(&body[..total], count);
     Ok(entries
@@ -360,15 +469,13 @@ fn recv_table(s: &UnixStream) -> Result<Vec<Received>, String> {
 }
 
 /// Validates a region table header against the descriptors that came with it; the count.
-fn table_count(hdr: &[u8], fds: usize) -> Result<usize, String> {
+fn table_count(hdr: &[u8], fds: usize) -> Result<usize, LocalError> {
     if hdr.len() < TABLE_HDR || hdr[..4] != TABLE_MAGIC.to_le_bytes() || hdr[4] != VERSION {
-        return Err("not a host-local region table".into());
+        return Err(LocalError::NotOurs("region table"));
     }
     let count = u32::from_le_bytes(hdr[8..12].try_into().expect("4 bytes")) as usize;
     if count > MAX_SHARED_REGIONS || count != fds {
-        return Err(format!(
-            "region table names {count} regions but carried {fds} descriptors"
-        ));
+        return Err(LocalError::CountMismatch { count, fds });
     }
     Ok(count)
 }
@@ -408,24 +515,25 @@ pub(crate) fn fuzz_decode(data: &[u8]) -> usize {
 
 /// Checks a received memory file before mapping it: sealed against shrinking (so the mapping
 /// can never lose pages under us) and long enough for the range.
-pub(crate) fn check_file(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), String> {
+pub(crate) fn check_file(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), LocalError> {
     // SAFETY: fcntl on a descriptor we own.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-        return Err("memory file is not sealed against shrinking".into());
+        return Err(LocalError::Unsealed);
     }
     // SAFETY: a zeroed stat is valid output space for fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat into `st` on a descriptor we own.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(format!("fstat: {}", std::io::Error::last_os_error()));
+        return Err(LocalError::Io {
+            step: "fstat",
+            source: std::io::Error::last_os_error(),
+        });
     }
-    let end = offset.checked_add(len).ok_or("range wraps")?;
-    if (st.st_size as u64) < end || len == 0 || !offset.is_multiple_of(4096) {
-        return Err(format!(
-            "memory file of {} bytes cannot hold {len} bytes at offset {offset}",
-            st.st_size
-        ));
+    let size = st.st_size as u64;
+    let fits = offset.checked_add(len).is_some_and(|end| end <= size);
+    if !fits || len == 0 || !offset.is_multiple_of(4096) {
+        return Err(LocalError::BadFileRange { size, len, offset });
     }
     Ok(())
 }
@@ -698,28 +806,42 @@ impl Attacher {
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
         };
-        let t = |e: std::io::Error| AttachError::transient(e.to_string());
-        let mut tcp = TcpStream::connect_timeout(&peer, left()).map_err(t)?;
-        handshake::client_sync(&mut tcp, &self.hello, &self.auth, left()).map_err(|e| match e {
+        let t = |step: &'static str| {
+            move |source: std::io::Error| AttachError::transient(LocalError::Io { step, source })
+        };
+        let mut tcp = TcpStream::connect_timeout(&peer, left()).map_err(t("connect"))?;
+        handshake::client_sync(&mut tcp, &self.hello, &self.auth, left()).map_err(|source| {
+            let settled = matches!(source, WireError::Handshake(_));
+            let why = LocalError::Wire {
+                step: "handshake",
+                source,
+            };
             // The peer answered and refused the plane: it does not offer the path.
-            WireError::Handshake(why) => AttachError::settled(format!("handshake: {why}")),
-            e => AttachError::transient(format!("handshake: {e}")),
+            AttachError { why, settled }
         })?;
-        tcp.set_read_timeout(Some(left())).map_err(t)?;
+        tcp.set_read_timeout(Some(left())).map_err(t("timeout"))?;
         let mut buf = Vec::new();
-        peercache_wire::frame::read_frame(&mut tcp, 512, &mut buf)
-            .map_err(|e: WireError| AttachError::transient(format!("invitation: {e}")))?;
+        peercache_wire::frame::read_frame(&mut tcp, 512, &mut buf).map_err(|source| {
+            AttachError::transient(LocalError::Wire {
+                step: "invitation",
+                source,
+            })
+        })?;
         let inv = Invitation::decode(&buf).map_err(AttachError::settled)?;
-        let addr = UnixAddr::from_abstract_name(&inv.name)
-            .map_err(|e| AttachError::settled(e.to_string()))?;
+        let addr = UnixAddr::from_abstract_name(&inv.name).map_err(|source| {
+            AttachError::settled(LocalError::Io {
+                step: "socket name",
+                source,
+            })
+        })?;
         // Only a process on this host (and network namespace) can reach the socket.
         let mut lease = UnixStream::connect_addr(&addr)
-            .map_err(|e| AttachError::settled(format!("not on this host: {e}")))?;
+            .map_err(|e| AttachError::settled(LocalError::NotOnThisHost(e)))?;
         lease
             .set_read_timeout(Some(left()))
             .and_then(|_| lease.set_write_timeout(Some(left())))
-            .map_err(t)?;
-        lease.write_all(&inv.token).map_err(t)?;
+            .map_err(t("timeout"))?;
+        lease.write_all(&inv.token).map_err(t("token"))?;
         let table = recv_table(&lease).map_err(AttachError::transient)?;
         let mut regions = Vec::with_capacity(table.len());
         for (key, base, len, offset, fd) in table {
@@ -783,15 +905,18 @@ impl LocalClient {
         let (mut ok, mut bytes) = (0u64, 0u64);
         for op in batch.ops() {
             let m = view.find(op.remote.region).expect("checked above");
-            let r = check_remote(m, op, max_op_bytes)
-                .and_then(|()| crate::client::check_local(&regions, batch, op, max_op_bytes));
+            let r = validate::op_len(op.remote.len, max_op_bytes)
+                .and_then(|()| {
+                    validate::range(m.key, m.base, m.len, op.remote.addr, op.remote.len.into())
+                })
+                .and_then(|()| validate::local_segments(&regions, batch, op, max_op_bytes));
             if r.is_ok() {
                 let mut src = m.ptr.wrapping_add((op.remote.addr - m.base) as usize);
                 for s in batch.op_segments(op) {
                     // SAFETY: `src..src+len` lies inside the read-only mapping (checked by
-                    // `check_remote`; the segments add up to the op's length); the
+                    // the range check; the segments add up to the op's length); the
                     // destination is a registered local region (kept alive by `regions`) or
-                    // caller memory the batch vouches for (`check_local`). The owner may
+                    // caller memory the batch vouches for (`local_segments`). The owner may
                     // write the source concurrently: bytes may be torn, never out of
                     // bounds, and callers verify them.
                     unsafe {
@@ -813,25 +938,6 @@ impl LocalClient {
     }
 }
 
-fn check_remote(m: &Mapped, op: &crate::OpDesc, max_op_bytes: u32) -> Result<(), OpError> {
-    let len = op.remote.len as u64;
-    if len == 0 || op.remote.len > max_op_bytes {
-        return Err(OpError::BadLength {
-            len,
-            max: max_op_bytes as u64,
-        });
-    }
-    match op.remote.addr.checked_add(len) {
-        Some(end) if op.remote.addr >= m.base && end <= m.base + m.len => Ok(()),
-        _ => Err(OpError::OutOfRegion {
-            region: m.key,
-            addr: op.remote.addr,
-            len,
-            region_len: m.len,
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,7 +954,10 @@ mod tests {
         assert!(Invitation::decode(b"short").is_err());
         let mut bad = inv.encode();
         bad[4] = 9;
-        assert!(Invitation::decode(&bad).unwrap_err().contains("version"));
+        assert!(matches!(
+            Invitation::decode(&bad),
+            Err(LocalError::Version { .. })
+        ));
         let mut cut = inv.encode();
         cut.truncate(cut.len() - 3);
         assert!(Invitation::decode(&cut).is_err());
@@ -904,7 +1013,10 @@ mod tests {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: sizes the file we own.
         assert_eq!(unsafe { libc::ftruncate(raw, 1 << 16) }, 0);
-        assert!(check_file(&fd, 0, 4096).unwrap_err().contains("sealed"));
+        assert!(matches!(
+            check_file(&fd, 0, 4096),
+            Err(LocalError::Unsealed)
+        ));
         let sealed = {
             // SAFETY: a fresh memory file this test owns.
             let raw = unsafe {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::{OpError, TransportError};
+use crate::TransportError;
 
 /// What peers may do with a region. Checked on every op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,37 +58,42 @@ pub(crate) struct Region {
     /// Device memory: the TCP plane must never touch it.
     pub(crate) device: bool,
     /// The memory file behind it, when it is shared with peers on this host.
-    pub(crate) shared: Option<crate::local::SharedFile>,
+    pub(crate) shared: Option<SharedFile>,
 }
 
-impl Region {
-    /// Checks that `[addr, addr+len)` lies inside the region.
-    pub(crate) fn check_range(&self, key: RegionKey, addr: u64, len: u64) -> Result<(), OpError> {
-        let end = addr.checked_add(len);
-        match end {
-            Some(end) if addr >= self.base && end <= self.base + self.len => Ok(()),
-            _ => Err(OpError::OutOfRegion {
-                region: key,
-                addr,
-                len,
-                region_len: self.len,
-            }),
-        }
-    }
+/// A shared region's memory file, as registered.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedFile {
+    pub(crate) fd: Arc<std::os::fd::OwnedFd>,
+    /// Offset in the file of the region's first byte (page-aligned).
+    pub(crate) offset: u64,
 }
+
+/// Called after every change to the set of shared regions (see [`RegionTable::watch`]).
+type Watcher = Box<dyn Fn() + Send + Sync>;
 
 /// The table of registered regions, shared by the client and the server of one transport.
 ///
 /// Ops look regions up under a read guard held for the whole batch; deregistration takes the
 /// write lock, so memory is never released while a batch still reads or writes it.
-#[derive(Debug)]
 pub(crate) struct RegionTable {
     regions: RwLock<HashMap<RegionKey, Region>>,
     next: AtomicU64,
     salt: u64,
-    /// Lease connections of peers attached over the host-local path; closed whenever the set
-    /// of shared regions changes, so they re-attach (or fall back) before their next read.
-    attached: parking_lot::Mutex<Vec<std::os::unix::net::UnixStream>>,
+    /// Changes to the set of shared regions so far (a region shared, or a shared one removed).
+    shared_changes: AtomicU64,
+    /// Told after each such change, synchronously: the same-host path closes its leases there,
+    /// so a region is never read through an old mapping once its handle is dropped.
+    watchers: RwLock<Vec<Watcher>>,
+}
+
+impl std::fmt::Debug for RegionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionTable")
+            .field("regions", &self.regions.read().len())
+            .field("shared_changes", &self.shared_changes())
+            .finish()
+    }
 }
 
 impl RegionTable {
@@ -100,35 +105,30 @@ impl RegionTable {
             regions: RwLock::new(HashMap::new()),
             next: AtomicU64::new(1),
             salt,
-            attached: parking_lot::Mutex::new(Vec::new()),
+            shared_changes: AtomicU64::new(0),
+            watchers: RwLock::new(Vec::new()),
         }
     }
 
-    /// Keeps a host-local lease open (dropping leases whose reader went away).
-    pub(crate) fn attach(&self, lease: std::os::unix::net::UnixStream) {
-        let mut v = self.attached.lock();
-        v.retain(crate::local::lease_open);
-        v.push(lease);
+    /// How many times the set of shared regions has changed.
+    pub(crate) fn shared_changes(&self) -> u64 {
+        self.shared_changes.load(Ordering::Acquire)
     }
 
-    /// Closes every host-local lease.
-    pub(crate) fn revoke_attached(&self) {
-        for s in self.attached.lock().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+    /// Calls `f` after every change to the set of shared regions, on the changing thread.
+    pub(crate) fn watch(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.watchers.write().push(Box::new(f));
+    }
+
+    fn shared_changed(&self) {
+        self.shared_changes.fetch_add(1, Ordering::AcqRel);
+        for w in self.watchers.read().iter() {
+            w();
         }
-    }
-
-    /// Number of open host-local leases.
-    pub(crate) fn attached_count(&self) -> usize {
-        self.attached.lock().len()
     }
 
     /// Marks a region as shared through `file`; attached peers re-attach to see it.
-    pub(crate) fn share(
-        &self,
-        key: RegionKey,
-        file: crate::local::SharedFile,
-    ) -> Result<(), TransportError> {
+    pub(crate) fn share(&self, key: RegionKey, file: SharedFile) -> Result<(), TransportError> {
         let mut map = self.regions.write();
         let r = map
             .get_mut(&key)
@@ -138,7 +138,7 @@ impl RegionTable {
         }
         r.shared = Some(file);
         drop(map);
-        self.revoke_attached();
+        self.shared_changed();
         Ok(())
     }
 
@@ -194,56 +194,7 @@ impl RegionTable {
     pub(crate) fn remove(&self, key: RegionKey) {
         let gone = self.regions.write().remove(&key);
         if gone.is_some_and(|r| r.shared.is_some()) {
-            self.revoke_attached();
+            self.shared_changed();
         }
-    }
-}
-
-/// A registered region. Dropping it deregisters the region; the drop waits until no batch is
-/// using it, so the memory may be released right after.
-#[derive(Debug)]
-pub struct RegionHandle {
-    pub(crate) table: Arc<RegionTable>,
-    pub(crate) key: RegionKey,
-    pub(crate) base: u64,
-    pub(crate) len: u64,
-    pub(crate) access: Access,
-    /// The RDMA path that also registered it (deregistered first on drop).
-    pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
-}
-
-impl RegionHandle {
-    /// The key peers use to name this region.
-    pub fn key(&self) -> RegionKey {
-        self.key
-    }
-    /// Start address.
-    pub fn base(&self) -> u64 {
-        self.base
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-    /// True if the region is empty (never: registration rejects zero length).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Access level.
-    pub fn access(&self) -> Access {
-        self.access
-    }
-    /// Address of byte `offset` of the region.
-    pub fn addr(&self, offset: u64) -> u64 {
-        self.base + offset
-    }
-}
-
-impl Drop for RegionHandle {
-    fn drop(&mut self) {
-        if let Some(r) = &self.rdma {
-            r.deregister(self.key);
-        }
-        self.table.remove(self.key);
     }
 }

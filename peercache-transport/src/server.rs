@@ -11,52 +11,15 @@ use parking_lot::Mutex;
 use peercache_wire::handshake::{self, Acceptor, Plane};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
+use crate::TransportConfig;
 use crate::iov::{self, Deadline};
 use crate::proto::{self, Header, WireOp};
-use crate::region::{Region, RegionTable};
+use crate::region::RegionTable;
 use crate::stats::Counters;
-use crate::{OpError, RegionKey, TransportConfig};
+use crate::validate;
 
 /// Largest total payload of one inbound write batch.
 const MAX_WRITE_BATCH_BYTES: u64 = 1 << 30;
-
-/// Checks a peer's op against the region table.
-pub(crate) fn check_remote_op(
-    regions: &HashMap<RegionKey, Region>,
-    op: &WireOp,
-    write: bool,
-    max_op_bytes: u32,
-    peer: Option<&NodeId>,
-) -> Result<(), OpError> {
-    if op.len == 0 || op.len > max_op_bytes {
-        return Err(OpError::BadLength {
-            len: op.len as u64,
-            max: max_op_bytes as u64,
-        });
-    }
-    let region = regions
-        .get(&op.region)
-        .ok_or(OpError::UnknownRegion(op.region))?;
-    if region.device {
-        return Err(OpError::DeviceOnly(op.region));
-    }
-    let allowed = if write {
-        region.access.allows_remote_write()
-    } else {
-        region.access.allows_remote_read()
-    };
-    if !allowed {
-        return Err(OpError::AccessDenied(op.region));
-    }
-    region.check_range(op.region, op.addr, op.len as u64)?;
-    if write
-        && let Some(g) = &region.guard
-        && !g.allow_write(peer, op.addr, op.len as u64)
-    {
-        return Err(OpError::AccessDenied(op.region));
-    }
-    Ok(())
-}
 
 pub(crate) struct ServerShared {
     pub(crate) table: Arc<RegionTable>,
@@ -281,7 +244,15 @@ fn serve_read(
     let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
     for i in 0..n {
         let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-        match check_remote_op(&regions, &op, false, sh.cfg.max_op_bytes, None) {
+        match validate::remote_op(
+            &regions,
+            op.region,
+            op.addr,
+            op.len,
+            false,
+            sh.cfg.max_op_bytes,
+            None,
+        ) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
                 bufs.iov.push(iov::iovec(op.addr, op.len as usize));
@@ -332,7 +303,15 @@ fn serve_write(
     let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
     for i in 0..n {
         let op = WireOp::decode(&bufs.ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-        match check_remote_op(&regions, &op, true, sh.cfg.max_op_bytes, bufs.peer.as_ref()) {
+        match validate::remote_op(
+            &regions,
+            op.region,
+            op.addr,
+            op.len,
+            true,
+            sh.cfg.max_op_bytes,
+            bufs.peer.as_ref(),
+        ) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
                 bufs.iov.push(iov::iovec(op.addr, op.len as usize));

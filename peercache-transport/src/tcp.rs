@@ -244,7 +244,7 @@ impl TcpTransport {
         // SAFETY: forwarded from the caller.
         if let Err(e) = unsafe { r.register_device(key, &mem, access) } {
             self.table.remove(key);
-            return Err(TransportError::Device(e));
+            return Err(TransportError::Device(e.to_string()));
         }
         Ok(RegionHandle {
             table: self.table.clone(),
@@ -283,7 +283,7 @@ impl TcpTransport {
         })?;
         self.table.share(
             handle.key(),
-            crate::local::SharedFile {
+            crate::region::SharedFile {
                 fd: Arc::new(owned),
                 offset,
             },
@@ -393,9 +393,9 @@ impl TcpTransport {
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         let mut s = self.server.counters.snapshot();
-        if let Some((_, l)) = &self.local {
+        if let Some((srv, l)) = &self.local {
             s.local_peers = l.attached() as u64;
-            s.local_leases = self.table.attached_count() as u64;
+            s.local_leases = srv.lease_count() as u64;
         }
         if let Some(r) = &self.rdma {
             let x = r.stats();
@@ -436,7 +436,7 @@ impl TcpTransport {
         }
         if let Some((srv, _)) = &self.local {
             srv.stop();
-            self.table.revoke_attached();
+            srv.revoke();
         }
         if let Some(h) = self.accept.lock().take() {
             let _ = h.join();

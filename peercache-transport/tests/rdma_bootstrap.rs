@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use peercache_transport::rdma::RdmaError;
 use peercache_transport::rdma::bootstrap::{self, BootstrapError, QpInfo, Responder};
 use peercache_wire::auth::Auth;
 use peercache_wire::handshake::{Acceptor, Plane};
@@ -37,7 +38,7 @@ impl Responder for SoftResponder {
     fn rails(&self) -> usize {
         self.rails
     }
-    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, Held), String> {
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, Held), RdmaError> {
         self.accepted.fetch_add(1, Ordering::SeqCst);
         self.live.fetch_add(1, Ordering::SeqCst);
         let mine = QpInfo {

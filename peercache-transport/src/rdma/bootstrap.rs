@@ -75,7 +75,7 @@ pub trait Responder: Send + Sync {
     fn rails(&self) -> usize;
     /// Creates a queue pair on `remote.rail` connected to `remote` (path MTU: the smaller of
     /// its own and `remote.mtu`, [`negotiate_mtu`]) and returns its information.
-    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, Self::Held), String>;
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, Self::Held), super::RdmaError>;
 }
 
 /// A client's connected bootstrap: the peer's queue pair, and the socket that keeps the
@@ -214,7 +214,7 @@ pub fn serve_request<R: Responder + ?Sized>(
     };
     let reply = match validate(&remote, responder.rails()) {
         Err(e) => Err(e.to_string()),
-        Ok(()) => responder.accept(&remote),
+        Ok(()) => responder.accept(&remote).map_err(|e| e.to_string()),
     };
     let (msg, held) = match reply {
         Ok((mine, held)) => (QpReply::Accept(mine), Some(held)),

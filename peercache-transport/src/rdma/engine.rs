@@ -17,6 +17,7 @@
 //! * **Counters**: work-completion errors (with the last status), timeouts, discarded
 //!   channels, post failures.
 
+use super::RdmaError;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,15 +83,10 @@ pub struct Completion {
     pub status: WcStatus,
 }
 
-/// Posting failed (the queue pair is unusable).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("post failed: {0}")]
-pub struct PostError(pub String);
-
 /// One queue pair with its private completion queue, as the engine sees it.
 pub trait QueuePair: Send {
     /// Posts a chain of work requests.
-    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError>;
+    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), RdmaError>;
     /// Appends completions to `out` (about `max`; a backend may return more when its device
     /// hands them over in bigger batches — none may be dropped); returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
@@ -109,7 +105,7 @@ pub trait Verbs: Send + Sync {
     /// Rails (NICs) of this host.
     fn rails(&self) -> usize;
     /// Connects a new queue pair to `peer` on `rail`.
-    fn connect(&self, peer: &str, rail: usize) -> Result<Self::Qp, PostError>;
+    fn connect(&self, peer: &str, rail: usize) -> Result<Self::Qp, RdmaError>;
 }
 
 /// Most rails the engine drives (the largest hosts carry eight NICs).
@@ -269,7 +265,7 @@ impl<V: Verbs> Engine<V> {
         &self.verbs
     }
 
-    fn lease(&self, peer: &str, rail: usize) -> Result<V::Qp, PostError> {
+    fn lease(&self, peer: &str, rail: usize) -> Result<V::Qp, RdmaError> {
         if let Some(q) = self
             .pools
             .lock()

@@ -25,6 +25,71 @@
 
 use std::fmt;
 
+/// Why an RDMA step failed: a verbs call, a queue pair's setup or posting, a registration.
+/// The verbs library's own message is kept in `reason`, with the call that failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RdmaError {
+    /// The rail index names no device.
+    #[error("no rail {0}")]
+    NoRail(usize),
+    /// A verbs (rdma-core) call failed.
+    #[error("{call} failed: {reason}")]
+    Verbs {
+        /// The call, e.g. `ibv_reg_mr` or `ibv_modify_qp(RTR)`.
+        call: &'static str,
+        /// What the library said.
+        reason: String,
+    },
+    /// The queue-pair exchange with a peer failed.
+    #[error("queue-pair bootstrap with {peer}: {reason}")]
+    Bootstrap {
+        /// The peer's bootstrap endpoint.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// More work requests than the send queue holds.
+    #[error("send queue full: {wanted} work requests for a depth of {depth}")]
+    QueueFull {
+        /// Outstanding plus newly posted.
+        wanted: usize,
+        /// The send queue's depth.
+        depth: usize,
+    },
+    /// A work request has more scatter/gather entries than the device takes.
+    #[error("{sges} SGEs > max_sge {max}")]
+    TooManySges {
+        /// Entries in the request.
+        sges: usize,
+        /// The device's limit.
+        max: usize,
+    },
+    /// Memory could not be registered; the text names the missing prerequisite.
+    #[error("{0}")]
+    Register(String),
+    /// This backend cannot do what was asked.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+impl RdmaError {
+    /// A verbs-call failure, for `map_err`.
+    pub fn verbs<E: fmt::Display>(call: &'static str) -> impl FnOnce(E) -> RdmaError {
+        move |e| RdmaError::Verbs {
+            call,
+            reason: e.to_string(),
+        }
+    }
+
+    /// A bootstrap failure with `peer`, for `map_err`.
+    pub fn bootstrap<E: fmt::Display>(peer: &str) -> impl FnOnce(E) -> RdmaError + '_ {
+        move |e| RdmaError::Bootstrap {
+            peer: peer.to_string(),
+            reason: e.to_string(),
+        }
+    }
+}
+
 pub mod bootstrap;
 pub mod engine;
 pub mod path;

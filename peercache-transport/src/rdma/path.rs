@@ -7,6 +7,7 @@
 //! against the writer's reservation — unless the transport enables `rdma_writes` and the
 //! peer registered the region remote-writable on its NIC (then verification happens at commit).
 
+use super::RdmaError;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -37,8 +38,12 @@ pub trait Registrar: Send + Sync {
     ///
     /// # Safety
     /// The memory must stay valid until [`Registrar::deregister`] is called with the result.
-    unsafe fn register(&self, ptr: *mut u8, len: usize, access: Access)
-    -> Result<RailKeys, String>;
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<RailKeys, RdmaError>;
     /// Registers device memory on every rail (GPUDirect); backends without it say so.
     ///
     /// # Safety
@@ -47,9 +52,11 @@ pub trait Registrar: Send + Sync {
         &self,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<RailKeys, String> {
+    ) -> Result<RailKeys, RdmaError> {
         let _ = (mem, access);
-        Err("this RDMA backend cannot register device memory".into())
+        Err(RdmaError::Unsupported(
+            "this RDMA backend cannot register device memory",
+        ))
     }
     /// Releases a registration (no queue pair targets it any more).
     fn deregister(&self, keys: &RailKeys);
@@ -74,7 +81,7 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
         ptr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<(), String>;
+    ) -> Result<(), RdmaError>;
     /// Registers device memory the transport just registered under `key` (GPUDirect).
     ///
     /// # Safety
@@ -84,7 +91,7 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
         key: RegionKey,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<(), String>;
+    ) -> Result<(), RdmaError>;
     /// Forgets a region (its handle was dropped).
     fn deregister(&self, key: RegionKey);
     /// Reads the batch over RDMA, or `None` when it must go over TCP.
@@ -321,7 +328,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                     lazy.keys_for(s.addr, u64::from(s.len))?
                 } else {
                     let l = local.get(&s.region.0)?;
-                    if s.addr < l.base || s.addr + u64::from(s.len) > l.base + l.len {
+                    if !crate::validate::contains(l.base, l.len, s.addr, u64::from(s.len)) {
                         return None;
                     }
                     l.keys.lkeys
@@ -553,23 +560,8 @@ fn check_op(batch: &Batch, i: usize, remote: &HashMap<u64, RegionRkeys>) -> Resu
     let op = &batch.ops()[i];
     let key = op.remote.region;
     let r = remote.get(&key.0).ok_or(OpError::UnknownRegion(key))?;
-    let len = u64::from(op.remote.len);
-    if op.remote.addr < r.base || op.remote.addr + len > r.base + r.len {
-        return Err(OpError::OutOfRegion {
-            region: key,
-            addr: op.remote.addr,
-            len,
-            region_len: r.len,
-        });
-    }
-    let segs: u64 = batch.op_segments(op).iter().map(|s| u64::from(s.len)).sum();
-    if segs != len {
-        return Err(OpError::LengthMismatch {
-            segments: segs,
-            remote: len,
-        });
-    }
-    Ok(())
+    crate::validate::range(key, r.base, r.len, op.remote.addr, u64::from(op.remote.len))?;
+    crate::validate::segments_add_up(batch, op)
 }
 
 impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
@@ -579,7 +571,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
         ptr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<(), String> {
+    ) -> Result<(), RdmaError> {
         // SAFETY: forwarded from the caller.
         let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, len, access) }?;
         self.local.write().insert(
@@ -599,7 +591,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
         key: RegionKey,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<(), String> {
+    ) -> Result<(), RdmaError> {
         // SAFETY: forwarded from the caller.
         let keys = unsafe { Registrar::register_device(self.engine.verbs(), mem, access) }?;
         self.local.write().insert(

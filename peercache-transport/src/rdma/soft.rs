@@ -5,6 +5,7 @@
 //! is in that state. Faults are injectable: stall a queue pair (nothing executes until
 //! released), or fail the n-th request with a status. The engine's tests run on it.
 
+use super::RdmaError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,9 +14,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::bootstrap::{self, QpInfo, Responder};
-use super::engine::{
-    Completion, MAX_RAILS, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest,
-};
+use super::engine::{Completion, MAX_RAILS, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest};
 use super::path::{RailKeys, Registrar};
 use crate::Access;
 
@@ -179,16 +178,14 @@ impl Verbs for SoftVerbs {
         self.rails
     }
 
-    fn connect(&self, peer: &str, rail: usize) -> Result<SoftQp, PostError> {
+    fn connect(&self, peer: &str, rail: usize) -> Result<SoftQp, RdmaError> {
         if rail >= self.rails {
-            return Err(PostError(format!("no rail {rail}")));
+            return Err(RdmaError::NoRail(rail));
         }
         let keepalive = match &self.bootstrap {
             None => None,
             Some(b) => {
-                let addr = peer
-                    .parse()
-                    .map_err(|e| PostError(format!("bootstrap address {peer:?}: {e}")))?;
+                let addr = peer.parse().map_err(RdmaError::bootstrap(peer))?;
                 let local = QpInfo {
                     rail: rail as u8,
                     qpn: 1 + self.connects.lock().iter().sum::<u64>() as u32,
@@ -199,7 +196,7 @@ impl Verbs for SoftVerbs {
                     rd_atomic: 16,
                 };
                 let done = bootstrap::connect(addr, b.node.clone(), &b.auth, &local, b.timeout)
-                    .map_err(|e| PostError(e.to_string()))?;
+                    .map_err(RdmaError::bootstrap(peer))?;
                 Some(done.keepalive)
             }
         };
@@ -279,8 +276,12 @@ impl SoftQp {
                 match lmrs.get(&s.lkey) {
                     Some(m)
                         if m.rail == self.rail
-                            && s.addr >= m.base
-                            && s.addr + u64::from(s.len) <= m.base + m.len =>
+                            && crate::validate::contains(
+                                m.base,
+                                m.len,
+                                s.addr,
+                                u64::from(s.len),
+                            ) =>
                     {
                         local.push(m.host + (s.addr - m.base));
                     }
@@ -292,11 +293,7 @@ impl SoftQp {
         let Some(mr) = self.fabric.mrs.lock().get(&wr.rkey).copied() else {
             return WcStatus::Error(10); // remote access error
         };
-        let inside = wr.remote_addr >= mr.base
-            && wr
-                .remote_addr
-                .checked_add(total)
-                .is_some_and(|e| e <= mr.base + mr.len);
+        let inside = crate::validate::contains(mr.base, mr.len, wr.remote_addr, total);
         if !inside || (wr.op == RdmaOp::Write && !mr.writable) {
             return WcStatus::Error(10);
         }
@@ -328,16 +325,18 @@ impl SoftQp {
 }
 
 impl QueuePair for SoftQp {
-    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
+    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), RdmaError> {
         if self.sq.len() + wrs.len() > self.sq_depth + 1 {
-            return Err(PostError("send queue full".into()));
+            return Err(RdmaError::QueueFull {
+                wanted: self.sq.len() + wrs.len(),
+                depth: self.sq_depth + 1,
+            });
         }
         if let Some(w) = wrs.iter().find(|w| w.sges.len() > self.max_sge) {
-            return Err(PostError(format!(
-                "{} SGEs > max_sge {}",
-                w.sges.len(),
-                self.max_sge
-            )));
+            return Err(RdmaError::TooManySges {
+                sges: w.sges.len(),
+                max: self.max_sge,
+            });
         }
         self.fabric
             .outstanding
@@ -380,7 +379,7 @@ impl Registrar for SoftVerbs {
         ptr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<RailKeys, String> {
+    ) -> Result<RailKeys, RdmaError> {
         let rkey = match access {
             Access::LocalOnly => 0,
             // SAFETY: forwarded from the caller.
@@ -411,12 +410,13 @@ impl Registrar for SoftVerbs {
         &self,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<RailKeys, String> {
+    ) -> Result<RailKeys, RdmaError> {
         let (host, mapped) = match *mem {
             crate::DeviceMemory::Dmabuf {
                 fd, offset, len, ..
             } => {
-                let off = libc::off_t::try_from(offset).map_err(|_| "offset too large")?;
+                let off = libc::off_t::try_from(offset)
+                    .map_err(|_| RdmaError::Unsupported("dma-buf offset too large"))?;
                 // SAFETY: a fresh shared mapping of the caller's fd; unmapped at deregister.
                 let p = unsafe {
                     libc::mmap(
@@ -429,10 +429,10 @@ impl Registrar for SoftVerbs {
                     )
                 };
                 if p == libc::MAP_FAILED {
-                    return Err(format!(
-                        "mapping the dma-buf failed: {}",
-                        std::io::Error::last_os_error()
-                    ));
+                    return Err(RdmaError::Verbs {
+                        call: "mmap(dma-buf)",
+                        reason: std::io::Error::last_os_error().to_string(),
+                    });
                 }
                 (p as u64, Some((p as usize, len)))
             }
@@ -486,7 +486,7 @@ impl Responder for SoftVerbs {
         self.rails
     }
 
-    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, ()), String> {
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, ()), RdmaError> {
         let mine = QpInfo {
             rail: remote.rail,
             qpn: 0x100 + remote.qpn,

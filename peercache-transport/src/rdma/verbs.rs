@@ -11,6 +11,7 @@
 //! two-host procedure in `docs/rdma-validation.md`. The engine logic above it is tested with
 //! the software backend.
 
+use super::RdmaError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,9 +36,7 @@ use peercache_wire::auth::Auth;
 
 use super::RdmaUnavailable;
 use super::bootstrap::{self, QpInfo, Responder};
-use super::engine::{
-    Completion, MAX_RAILS, PostError, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest,
-};
+use super::engine::{Completion, MAX_RAILS, QueuePair, RdmaOp, Verbs, WcStatus, WorkRequest};
 use super::path::{RailKeys, Registrar};
 use crate::region::Access;
 
@@ -225,11 +224,8 @@ impl SidewayVerbs {
     fn create(
         &self,
         rail: usize,
-    ) -> Result<(BasicQueuePair, Arc<ExtendedCompletionQueue>, u32), String> {
-        let r = self
-            .rails
-            .get(rail)
-            .ok_or_else(|| format!("no rail {rail}"))?;
+    ) -> Result<(BasicQueuePair, Arc<ExtendedCompletionQueue>, u32), RdmaError> {
+        let r = self.rails.get(rail).ok_or(RdmaError::NoRail(rail))?;
         let depth = self.cfg.sq_depth.max(1);
         let cq = r
             .ctx
@@ -237,7 +233,7 @@ impl SidewayVerbs {
             .setup_cqe(depth + 1)
             // The extended CQ polls without allocating (ibv_start_poll / ibv_next_poll).
             .build_ex()
-            .map_err(|e| e.to_string())?;
+            .map_err(RdmaError::verbs("ibv_create_cq_ex"))?;
         let handle = GenericCompletionQueue::from(Arc::clone(&cq));
         let mut qp =
             r.pd.create_qp_builder()
@@ -248,7 +244,7 @@ impl SidewayVerbs {
                 .setup_send_cq(handle.clone())
                 .setup_recv_cq(handle)
                 .build()
-                .map_err(|e| e.to_string())?;
+                .map_err(RdmaError::verbs("ibv_create_qp"))?;
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
@@ -256,9 +252,10 @@ impl SidewayVerbs {
             .setup_access_flags(
                 AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
             );
-        qp.modify(&attr).map_err(|e| e.to_string())?;
+        qp.modify(&attr)
+            .map_err(RdmaError::verbs("ibv_modify_qp(INIT)"))?;
         let psn = u32::from_le_bytes(
-            peercache_wire::auth::nonce().map_err(|e| e.to_string())?[..4]
+            peercache_wire::auth::nonce().map_err(RdmaError::verbs("getrandom(psn)"))?[..4]
                 .try_into()
                 .expect("4 bytes"),
         ) & 0x00ff_ffff;
@@ -285,7 +282,7 @@ impl SidewayVerbs {
         qp: &mut BasicQueuePair,
         psn: u32,
         remote: &QpInfo,
-    ) -> Result<(), String> {
+    ) -> Result<(), RdmaError> {
         let r = &self.rails[rail];
         let mtu = bootstrap::negotiate_mtu(r.mtu, remote.mtu);
         let rd = r.rd_atomic.min(remote.rd_atomic).max(1);
@@ -306,7 +303,8 @@ impl SidewayVerbs {
                 .setup_grh_hop_limit(64);
         }
         attr.setup_address_vector(&ah);
-        qp.modify(&attr).map_err(|e| e.to_string())?;
+        qp.modify(&attr)
+            .map_err(RdmaError::verbs("ibv_modify_qp(RTR)"))?;
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(psn)
@@ -314,7 +312,8 @@ impl SidewayVerbs {
             .setup_retry_cnt(7)
             .setup_rnr_retry(7)
             .setup_max_read_atomic(rd);
-        qp.modify(&attr).map_err(|e| e.to_string())
+        qp.modify(&attr)
+            .map_err(RdmaError::verbs("ibv_modify_qp(RTS)"))
     }
 }
 
@@ -330,7 +329,7 @@ pub struct SidewayQp {
 }
 
 impl QueuePair for SidewayQp {
-    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), PostError> {
+    fn post(&mut self, wrs: &[WorkRequest]) -> Result<(), RdmaError> {
         let mut guard = self.qp.start_post_send();
         for wr in wrs {
             let flags = if wr.signaled {
@@ -353,7 +352,7 @@ impl QueuePair for SidewayQp {
             // the request completes or is flushed (drain-before-release).
             unsafe { h.setup_sge_list(&self.sges) };
         }
-        guard.post().map_err(|e| PostError(e.to_string()))
+        guard.post().map_err(RdmaError::verbs("ibv_post_send"))
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _max: usize) -> usize {
@@ -427,11 +426,9 @@ impl Verbs for SidewayVerbs {
     }
 
     /// `peer` is the peer's bootstrap endpoint (`host:port`).
-    fn connect(&self, peer: &str, rail: usize) -> Result<SidewayQp, PostError> {
-        let addr: SocketAddr = peer
-            .parse()
-            .map_err(|e| PostError(format!("bootstrap address {peer:?}: {e}")))?;
-        let (mut qp, cq, psn) = self.create(rail).map_err(PostError)?;
+    fn connect(&self, peer: &str, rail: usize) -> Result<SidewayQp, RdmaError> {
+        let addr: SocketAddr = peer.parse().map_err(RdmaError::bootstrap(peer))?;
+        let (mut qp, cq, psn) = self.create(rail)?;
         let local = self.info(rail, &qp, psn);
         let b = bootstrap::connect(
             addr,
@@ -440,9 +437,8 @@ impl Verbs for SidewayVerbs {
             &local,
             self.cfg.bootstrap_timeout,
         )
-        .map_err(|e| PostError(e.to_string()))?;
-        self.connect_to(rail, &mut qp, psn, &b.remote)
-            .map_err(PostError)?;
+        .map_err(RdmaError::bootstrap(peer))?;
+        self.connect_to(rail, &mut qp, psn, &b.remote)?;
         Ok(self.wrap(rail, qp, cq, Some(b.keepalive)))
     }
 }
@@ -457,7 +453,7 @@ impl SidewayVerbs {
         &self,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<RailRegions, String> {
+    ) -> Result<RailRegions, RdmaError> {
         let flags = access_flags(access);
         let mut mrs = Vec::with_capacity(self.rails.len());
         for (i, r) in self.rails.iter().enumerate() {
@@ -470,20 +466,22 @@ impl SidewayVerbs {
                 } => {
                     // SAFETY: forwarded from the caller.
                     unsafe { r.pd.reg_dmabuf_mr(offset, len, iova, fd, flags) }.map_err(|e| {
-                        format!(
+                        RdmaError::Register(format!(
                             "ibv_reg_dmabuf_mr on rail {i} failed: {e} (needs Linux >= 5.12 \
                              and a NIC driver with dma-buf support, e.g. mlx5 with rdma-core \
                              >= 34; or use a device address with nvidia-peermem)"
-                        )
+                        ))
                     })?
                 }
                 crate::DeviceMemory::PeerMem { addr, len } => {
                     if !crate::peermem_loaded() {
-                        return Err(crate::device::NO_PEERMEM.into());
+                        return Err(RdmaError::Register(crate::device::NO_PEERMEM.into()));
                     }
                     // SAFETY: forwarded from the caller.
                     unsafe { r.pd.reg_mr(addr as usize, len, flags) }.map_err(|e| {
-                        format!("ibv_reg_mr of device memory on rail {i} failed: {e}")
+                        RdmaError::Register(format!(
+                            "ibv_reg_mr of device memory on rail {i} failed: {e}"
+                        ))
                     })?
                 }
             };
@@ -524,7 +522,7 @@ impl Registrar for SidewayVerbs {
         &self,
         mem: &crate::DeviceMemory,
         access: Access,
-    ) -> Result<RailKeys, String> {
+    ) -> Result<RailKeys, RdmaError> {
         // SAFETY: forwarded from the caller.
         let regions = unsafe { self.register_device_rails(mem, access) }?;
         Ok(self.keys_of(regions, access))
@@ -535,10 +533,10 @@ impl Registrar for SidewayVerbs {
         ptr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<RailKeys, String> {
+    ) -> Result<RailKeys, RdmaError> {
         // SAFETY: forwarded from the caller.
-        let regions =
-            unsafe { self.register_rails(ptr, len, access) }.map_err(|e| e.to_string())?;
+        let regions = unsafe { self.register_rails(ptr, len, access) }
+            .map_err(|e| RdmaError::Register(e.to_string()))?;
         Ok(self.keys_of(regions, access))
     }
 
@@ -555,7 +553,7 @@ impl Responder for SidewayVerbs {
         self.rails.len()
     }
 
-    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, SidewayQp), String> {
+    fn accept(&self, remote: &QpInfo) -> Result<(QpInfo, SidewayQp), RdmaError> {
         let rail = usize::from(remote.rail);
         let (mut qp, cq, psn) = self.create(rail)?;
         let mine = self.info(rail, &qp, psn);

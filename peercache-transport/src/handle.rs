@@ -1,0 +1,55 @@
+//! [`RegionHandle`]: a registered region as its owner holds it; dropping it deregisters the
+//! region from the table and from the RDMA path that also registered it.
+
+use std::sync::Arc;
+
+use crate::region::{Access, RegionKey, RegionTable};
+
+/// A registered region. Dropping it deregisters the region; the drop waits until no batch is
+/// using it, so the memory may be released right after.
+#[derive(Debug)]
+pub struct RegionHandle {
+    pub(crate) table: Arc<RegionTable>,
+    pub(crate) key: RegionKey,
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+    /// The RDMA path that also registered it (deregistered first on drop).
+    pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
+}
+
+impl RegionHandle {
+    /// The key peers use to name this region.
+    pub fn key(&self) -> RegionKey {
+        self.key
+    }
+    /// Start address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// True if the region is empty (never: registration rejects zero length).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access level.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Address of byte `offset` of the region.
+    pub fn addr(&self, offset: u64) -> u64 {
+        self.base + offset
+    }
+}
+
+impl Drop for RegionHandle {
+    fn drop(&mut self) {
+        if let Some(r) = &self.rdma {
+            r.deregister(self.key);
+        }
+        self.table.remove(self.key);
+    }
+}
