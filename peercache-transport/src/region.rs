@@ -12,7 +12,7 @@ use crate::TransportError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// Only this process uses it (a read destination or a write source). Peers get
-    /// [`OpError::AccessDenied`].
+    /// [`OpError::AccessDenied`](crate::OpError::AccessDenied).
     LocalOnly,
     /// Peers may read it (the published pool).
     RemoteRead,
