@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use peercache_transport::{
-    Access, Batch, RegionHandle, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, RegionHandle, RegionKey, RemoteRange, Segment, Transport, TransportConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,7 +81,7 @@ pub struct ServerInfo {
 /// The child: serves a region over the transport and the baseline until stdin closes.
 pub fn serve(region_mib: u64) -> Result<()> {
     let len = (region_mib as usize) << 20;
-    let t = TcpTransport::start(TransportConfig::default(), None)?;
+    let t = Transport::start(TransportConfig::default(), None)?;
     let mut region = rawtcp::prefaulted(len, 3);
     // SAFETY: `region` outlives the handle (both live until this function returns, and the
     // handle is dropped first).
@@ -255,7 +255,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let max_conc = *args.concurrency.iter().max().context("no concurrency")? as usize;
     let batch = args.batch as usize;
     let slot = batch * max_page;
-    let client = Arc::new(TcpTransport::start(TransportConfig::default(), None)?);
+    let client = Arc::new(Transport::start(TransportConfig::default(), None)?);
     let mut local = rawtcp::prefaulted(slot * max_conc, 9);
     let local_ptr = local.as_mut_ptr() as u64;
     // SAFETY: `local` is dropped after `handle` at the end of this function.

@@ -12,7 +12,7 @@ use peercache_directory::{
 };
 use peercache_discovery::{DiscoveryClient, DiscoveryConfig, DiscoveryServer, Hosting, NodeInfo};
 use peercache_pool::{Pool, PoolConfig, PublishScratch, Published};
-use peercache_transport::{Access, RegionHandle, TcpTransport, TransportConfig};
+use peercache_transport::{Access, RegionHandle, Transport, TransportConfig};
 use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
@@ -52,7 +52,7 @@ pub(crate) struct Inner {
     pub(crate) scratch: Mutex<Vec<Scratch>>,
     pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
-    pub(crate) transport: Arc<TcpTransport>,
+    pub(crate) transport: Arc<Transport>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
     /// Recovered disk pages still to re-publish once the ring includes this node.
@@ -443,7 +443,7 @@ impl Inner {
         } else {
             transport_why
         };
-        let transport = Arc::new(TcpTransport::start_with_rdma(
+        let transport = Arc::new(Transport::start_with_rdma(
             TransportConfig {
                 bind: bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
                 max_channels_per_peer: cfg.max_channels_per_peer,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use peercache_directory::DirRequest;
 use peercache_store::{PeerCacheConfig, Store, StoreError};
 use peercache_transport::{
-    Access, Batch, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig, TransportError,
+    Access, Batch, RegionKey, RemoteRange, Segment, Transport, TransportConfig, TransportError,
 };
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
@@ -29,8 +29,8 @@ fn cfg(n: u8, port: u16, secret: Option<&str>) -> PeerCacheConfig {
     common::config(&format!("127.0.0.{n}"), "127.0.0.20", port, extra)
 }
 
-fn transport(auth: Auth) -> TcpTransport {
-    TcpTransport::start(
+fn transport(auth: Auth) -> Transport {
+    Transport::start(
         TransportConfig {
             op_timeout: Duration::from_secs(1),
             auth,
@@ -89,7 +89,7 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
     let loc = &loc[0];
     let rail = loc.rails[0];
     let len = 64 + loc.len;
-    let read = |t: &TcpTransport, into: &mut Vec<u8>| {
+    let read = |t: &Transport, into: &mut Vec<u8>| {
         // SAFETY: the buffer outlives the handle, which is dropped before it.
         let h = unsafe { t.register(into.as_mut_ptr(), into.len(), Access::LocalOnly) }.unwrap();
         let mut batch = Batch::new();

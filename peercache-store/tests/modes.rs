@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use peercache_store::Store;
 use peercache_store::control::{PrepareOutcome, StoreReply, StoreRequest};
 use peercache_transport::{
-    Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, OpError, RegionKey, RemoteRange, Segment, Transport, TransportConfig,
 };
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
@@ -134,8 +134,8 @@ fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
 
     // Least privilege on the data plane: only the reserving node may write the slot.
     let write_as = |who: &str, addr: u64| {
-        let t = TcpTransport::start(TransportConfig::default(), Some(NodeId::new(who).unwrap()))
-            .unwrap();
+        let t =
+            Transport::start(TransportConfig::default(), Some(NodeId::new(who).unwrap())).unwrap();
         let mut src = page(5, len);
         // SAFETY: `src` outlives the handle (dropped at the end of this closure).
         let h = unsafe { t.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
@@ -333,7 +333,7 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
     let len = 8 << 10;
     let pk = PageKey::from_key("checked-0");
     let writer =
-        TcpTransport::start(TransportConfig::default(), Some(NodeId::new("w").unwrap())).unwrap();
+        Transport::start(TransportConfig::default(), Some(NodeId::new("w").unwrap())).unwrap();
     let mut src = page(11, len);
     // SAFETY: `src` outlives the handle (dropped before it at the end of the test).
     let h = unsafe { writer.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();

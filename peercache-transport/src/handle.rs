@@ -1,5 +1,5 @@
 //! [`RegionHandle`]: a registered region as its owner holds it; dropping it deregisters the
-//! region from the table and from the RDMA path that also registered it.
+//! region from the data paths that hold it (the RDMA path), then from the table.
 
 use std::sync::Arc;
 
@@ -14,8 +14,8 @@ pub struct RegionHandle {
     pub(crate) base: u64,
     pub(crate) len: u64,
     pub(crate) access: Access,
-    /// The RDMA path that also registered it (deregistered first on drop).
-    pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
+    /// The data paths that also hold it (told first on drop).
+    pub(crate) paths: Vec<Arc<dyn crate::path::DataPath>>,
 }
 
 impl RegionHandle {
@@ -47,8 +47,8 @@ impl RegionHandle {
 
 impl Drop for RegionHandle {
     fn drop(&mut self) {
-        if let Some(r) = &self.rdma {
-            r.deregister(self.key);
+        for p in &self.paths {
+            p.deregister(self.key);
         }
         self.table.remove(self.key);
     }

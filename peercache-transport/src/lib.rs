@@ -6,35 +6,37 @@
 //! (scatter/gather), so a header and a payload, K and V, or many layers land where they belong
 //! in one call.
 //!
-//! The TCP engine ([`TcpTransport`]) serves only registered regions with the right access
-//! (bounds, key and access checked per op), keeps a per-peer pool of connections, streams
-//! payloads with vectored I/O straight between registered memory and the socket (no
-//! intermediate buffer, no per-page allocation) and bounds every wait with `op_timeout`.
-//! After a timeout the peer is marked suspect for a short time so callers fail fast.
+//! [`Transport`] owns the region table and the data server, and hands each batch to the first
+//! of its data paths that can carry it for that peer — one module each, behind one small
+//! internal trait (`path`):
 //!
-//! Peers on the same host skip the network: a region registered with its memory file
-//! ([`TcpTransport::share`]) is mapped read-only by such peers, whose reads become one copy
-//! out of shared memory (the host-local path; `TransportConfig::host_local`).
+//! * `local/` — peers on the same host skip the network: a region registered with its memory
+//!   file ([`Transport::share`]) is mapped read-only by such peers, whose reads become one copy
+//!   out of shared memory (the host-local path; `TransportConfig::host_local`);
+//! * [`rdma`] — reads go one-sided through the NIC, and device (GPU) memory can be registered
+//!   too ([`DeviceMemory`], [`Transport::register_device`]): only the RDMA path reaches it;
+//! * `tcp/` — reaches every peer, so it is tried last: the server serves only registered
+//!   regions with the right access, the client keeps a per-peer pool of connections, streams
+//!   payloads with vectored I/O straight between registered memory and the socket (no
+//!   intermediate buffer, no per-page allocation) and bounds every wait with `op_timeout`;
+//!   after a timeout the peer is marked suspect for a short time so callers fail fast.
 //!
-//! With an RDMA path ([`rdma::path`]) reads go one-sided through the NIC, and device (GPU)
-//! memory can be registered too ([`DeviceMemory`], [`TcpTransport::register_device`]): the
-//! RDMA path reaches it, the TCP plane refuses it.
+//! Every path and server checks ops with the same functions (`validate`: region known, access,
+//! overflow-safe bounds, lengths), so a check cannot differ between paths.
 
 mod batch;
-mod client;
 mod config;
 mod device;
 mod error;
 mod handle;
-mod iov;
 mod local;
 pub mod metrics;
-mod proto;
+mod path;
 pub mod rdma;
 mod region;
-mod server;
 mod stats;
 mod tcp;
+mod transport;
 mod validate;
 
 pub use batch::{Batch, OpDesc, RemoteRange, Segment};
@@ -44,7 +46,7 @@ pub use error::{OpError, TransportError};
 pub use handle::RegionHandle;
 pub use region::{Access, RegionKey, WriteGuard};
 pub use stats::{PeerStats, TransportStats};
-pub use tcp::TcpTransport;
+pub use transport::Transport;
 
 /// Per-op outcome of a batch, in op order.
 pub type OpResults = Vec<Result<(), OpError>>;
@@ -56,6 +58,7 @@ pub type OpResults = Vec<Result<(), OpError>>;
 #[doc(hidden)]
 pub fn fuzz_request(data: &[u8]) -> usize {
     use std::collections::HashMap;
+    use tcp::proto;
     let local = local::fuzz_decode(data);
     if data.len() < proto::HDR_LEN {
         return local;

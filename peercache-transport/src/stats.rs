@@ -83,6 +83,51 @@ impl Counters {
         }
     }
 
+    /// Counts a batch this node carried as a client (over any path that shares this
+    /// accounting: TCP, same-host): ops and bytes that succeeded, per-op errors by kind.
+    pub(crate) fn count_batch(
+        &self,
+        m: &crate::metrics::Handles,
+        write: bool,
+        batch: &crate::Batch,
+        results: &crate::OpResults,
+    ) {
+        let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
+        for (op, r) in batch.ops().iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    ok += 1;
+                    bytes += u64::from(op.remote.len);
+                }
+                Err(e) => {
+                    errs += 1;
+                    metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => e.label())
+                        .increment(1);
+                }
+            }
+        }
+        let (ops_c, bytes_c, ops_m, bytes_m) = if write {
+            (
+                &self.write_ops,
+                &self.write_bytes,
+                &m.client_write_ops,
+                &m.client_write_bytes,
+            )
+        } else {
+            (
+                &self.read_ops,
+                &self.read_bytes,
+                &m.client_read_ops,
+                &m.client_read_bytes,
+            )
+        };
+        Counters::add(ops_c, ok);
+        Counters::add(bytes_c, bytes);
+        Counters::add(&self.op_errors, errs);
+        ops_m.increment(ok);
+        bytes_m.increment(bytes);
+    }
+
     pub(crate) fn snapshot(&self) -> TransportStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         TransportStats {

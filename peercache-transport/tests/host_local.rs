@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use peercache_transport::{
-    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, Transport, TransportConfig,
     TransportError,
 };
 
@@ -66,8 +66,8 @@ impl Drop for SharedMem {
     }
 }
 
-fn on(ip: [u8; 4], host_local: bool) -> TcpTransport {
-    TcpTransport::start(
+fn on(ip: [u8; 4], host_local: bool) -> Transport {
+    Transport::start(
         TransportConfig {
             bind: SocketAddr::from((ip, 0)),
             host_local,
@@ -99,13 +99,13 @@ fn reads(h: &RegionHandle, d: &RegionHandle, n: u64, page: u32) -> Batch {
 }
 
 /// Reads `b` from `peer` and asserts every op succeeded.
-fn read_ok(reader: &TcpTransport, peer: SocketAddr, b: &Batch) {
+fn read_ok(reader: &Transport, peer: SocketAddr, b: &Batch) {
     let r = reader.read_batch(peer, b).unwrap();
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
 }
 
 /// Waits, with a deadline, until reads from `owner` take the host-local path.
-fn wait_attached(reader: &TcpTransport, owner: SocketAddr) {
+fn wait_attached(reader: &Transport, owner: SocketAddr) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !reader.host_local_attached(owner) {
         assert!(
@@ -118,7 +118,7 @@ fn wait_attached(reader: &TcpTransport, owner: SocketAddr) {
 
 /// Reads `b` once over the network (which starts the attach in the background) and waits
 /// until reads from `owner` take the host-local path.
-fn attach(reader: &TcpTransport, owner: SocketAddr, b: &Batch) {
+fn attach(reader: &Transport, owner: SocketAddr, b: &Batch) {
     read_ok(reader, owner, b);
     wait_attached(reader, owner);
 }
@@ -131,8 +131,8 @@ const LEN: usize = 1 << 20;
 struct Pair {
     d: RegionHandle,
     h: RegionHandle,
-    owner: TcpTransport,
-    reader: TcpTransport,
+    owner: Transport,
+    reader: Transport,
     dst: Vec<u8>,
     mem: SharedMem,
 }
@@ -370,7 +370,7 @@ fn only_sealed_files_and_authenticated_peers_share() {
     let _ = unsealed.bytes();
 
     // A peer without the cluster secret neither attaches nor reads.
-    let stranger = TcpTransport::start(
+    let stranger = Transport::start(
         TransportConfig {
             bind: SocketAddr::from(([127, 0, 0, 8], 0)),
             ..TransportConfig::default()

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
-    Access, Batch, DeviceMemory, OpError, RemoteRange, Segment, TcpTransport, TransportError,
+    Access, Batch, DeviceMemory, OpError, RemoteRange, Segment, Transport, TransportError,
 };
 
 const LEN: usize = 1 << 20;
@@ -122,7 +122,7 @@ fn device_regions_are_read_and_written_one_sided_and_never_over_tcp() {
 
     // A peer without RDMA asks for the device region over TCP: refused per op (the owner's
     // TCP server never touches it), with the access-denied code.
-    let tcp_only = TcpTransport::start(cfg(), None).unwrap();
+    let tcp_only = Transport::start(cfg(), None).unwrap();
     let mut buf = vec![0u8; 4096];
     let bh = unsafe { tcp_only.register(buf.as_mut_ptr(), 4096, Access::LocalOnly) }.unwrap();
     let mut b = Batch::new();
@@ -170,7 +170,7 @@ fn device_regions_are_read_and_written_one_sided_and_never_over_tcp() {
 #[test]
 fn device_registration_names_what_is_missing() {
     // No RDMA path: the error says device memory needs RDMA.
-    let tcp = TcpTransport::start(cfg(), None).unwrap();
+    let tcp = Transport::start(cfg(), None).unwrap();
     let fd = memfd(&[]);
     match unsafe { tcp.register_device(dmabuf(&fd, IOVA_SRC), Access::LocalOnly) } {
         Err(TransportError::Device(why)) => assert!(why.contains("only over RDMA"), "{why}"),

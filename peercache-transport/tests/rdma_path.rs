@@ -9,9 +9,7 @@
 use std::sync::Arc;
 
 use peercache_transport::rdma::soft::Fabric;
-use peercache_transport::{
-    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport,
-};
+use peercache_transport::{Access, Batch, OpError, RegionHandle, RemoteRange, Segment, Transport};
 
 mod common;
 use common::{Soft, cfg, pattern, rdma_transport, soft_transport};
@@ -21,7 +19,7 @@ struct Region {
     mem: Vec<u8>,
 }
 
-fn region(t: &TcpTransport, len: usize, access: Access, seed: u64) -> Region {
+fn region(t: &Transport, len: usize, access: Access, seed: u64) -> Region {
     let mut mem = pattern(seed, len);
     let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
     Region { h, mem }
@@ -130,7 +128,7 @@ fn a_region_dropped_by_its_owner_is_an_error_not_stale_bytes() {
 fn peers_without_rdma_and_unregistered_destinations_are_read_over_tcp() {
     let fabric = Fabric::new();
     let reader = rdma_transport(&fabric);
-    let plain = TcpTransport::start(cfg(), None).unwrap();
+    let plain = Transport::start(cfg(), None).unwrap();
     let src = region(&plain, 65536, Access::RemoteRead, 5);
     let dst = region(&reader, 65536, Access::LocalOnly, 6);
     let mut b = Batch::new();
@@ -162,7 +160,7 @@ impl peercache_transport::WriteGuard for OnlyW {
     }
 }
 
-fn transport_with_writes(fabric: &Arc<Fabric>, rdma_writes: bool) -> TcpTransport {
+fn transport_with_writes(fabric: &Arc<Fabric>, rdma_writes: bool) -> Transport {
     soft_transport(
         fabric,
         Soft {
@@ -179,7 +177,7 @@ fn writes_go_one_sided_only_when_both_sides_enable_rdma_writes() {
     let mut target = vec![0u8; 1 << 20];
     let th = unsafe { owner.register_guarded(target.as_mut_ptr(), target.len(), Arc::new(OnlyW)) }
         .unwrap();
-    let write = |t: &TcpTransport, src: &Region, off: u64| {
+    let write = |t: &Transport, src: &Region, off: u64| {
         let mut b = Batch::new();
         for i in 0..4u64 {
             b.push(

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use peercache_transport::{
-    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, Transport, TransportConfig,
     TransportError,
 };
 
@@ -22,13 +22,13 @@ mod common;
 use common::pattern;
 
 struct Node {
-    t: TcpTransport,
+    t: Transport,
     mem: Vec<u8>,
     h: RegionHandle,
 }
 
 fn node(len: usize, access: Access, seed: u64) -> Node {
-    let t = TcpTransport::start(cfg(2000), None).unwrap();
+    let t = Transport::start(cfg(2000), None).unwrap();
     let mut mem = pattern(seed, len);
     // SAFETY: `mem` lives in the same struct as the handle and is dropped after it.
     let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
@@ -202,7 +202,7 @@ fn silent_peer_times_out_within_deadline_and_is_suspect() {
     // Accepts connections (kernel backlog) and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let peer: SocketAddr = silent.local_addr().unwrap();
-    let t = TcpTransport::start(cfg(300), None).unwrap();
+    let t = Transport::start(cfg(300), None).unwrap();
     let mut mem = vec![0u8; 4096];
     let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), Access::LocalOnly) }.unwrap();
     let mut b = Batch::new();
@@ -269,7 +269,7 @@ fn stall_after_handshake_marks_suspect_and_fails_fast() {
         let _ = release_rx.recv();
         drop(held);
     });
-    let t = TcpTransport::start(cfg(300), None).unwrap();
+    let t = Transport::start(cfg(300), None).unwrap();
     let mut mem = vec![0u8; 4096];
     let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), Access::LocalOnly) }.unwrap();
     let mut b = Batch::new();
@@ -358,7 +358,7 @@ fn oversize_batches_and_ops_are_rejected_locally() {
     let mut c = cfg(1000);
     c.max_batch_ops = 4;
     c.max_op_bytes = 8192;
-    let t = TcpTransport::start(c, None).unwrap();
+    let t = Transport::start(c, None).unwrap();
     let owner = node(1 << 20, Access::RemoteRead, 12);
     let mut mem = vec![0u8; 1 << 16];
     let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), Access::LocalOnly) }.unwrap();
@@ -386,7 +386,7 @@ fn oversize_batches_and_ops_are_rejected_locally() {
 
 #[test]
 fn registration_rejects_bad_ranges() {
-    let t = TcpTransport::start(cfg(1000), None).unwrap();
+    let t = Transport::start(cfg(1000), None).unwrap();
     let mut mem = vec![0u8; 4096];
     assert!(unsafe { t.register(std::ptr::null_mut(), 10, Access::LocalOnly) }.is_err());
     assert!(unsafe { t.register(mem.as_mut_ptr(), 0, Access::LocalOnly) }.is_err());

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use peercache_transport::rdma::soft::Fabric;
 use peercache_transport::{
-    Access, Batch, OpError, RegionKey, RemoteRange, Segment, TcpTransport, TransportConfig,
+    Access, Batch, OpError, RegionKey, RemoteRange, Segment, Transport, TransportConfig,
 };
 
 mod common;
@@ -25,8 +25,8 @@ fn unreg(buf: &mut [u8], off: usize, len: u32) -> Segment {
 
 #[test]
 fn tcp_reads_into_and_writes_from_unregistered_memory_only_when_allowed() {
-    let owner = TcpTransport::start(TransportConfig::default(), None).unwrap();
-    let reader = TcpTransport::start(TransportConfig::default(), None).unwrap();
+    let owner = Transport::start(TransportConfig::default(), None).unwrap();
+    let reader = Transport::start(TransportConfig::default(), None).unwrap();
     let mut src = pattern(1, 1 << 16);
     let sh =
         unsafe { owner.register(src.as_mut_ptr(), src.len(), Access::RemoteReadWrite) }.unwrap();

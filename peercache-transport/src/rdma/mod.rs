@@ -93,6 +93,7 @@ impl RdmaError {
 pub mod bootstrap;
 pub mod engine;
 pub mod path;
+pub(crate) mod route;
 pub mod soft;
 #[cfg(feature = "rdma")]
 pub mod verbs;

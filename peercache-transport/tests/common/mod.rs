@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
 use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
-use peercache_transport::{TcpTransport, TransportConfig};
+use peercache_transport::{Transport, TransportConfig};
 use peercache_wire::auth::Auth;
 
 /// The cluster secret of the RDMA tests.
@@ -27,7 +27,7 @@ pub(crate) fn cfg() -> TransportConfig {
 }
 
 /// A transport with a default soft RDMA path over `fabric`.
-pub(crate) fn rdma_transport(fabric: &Arc<Fabric>) -> TcpTransport {
+pub(crate) fn rdma_transport(fabric: &Arc<Fabric>) -> Transport {
     soft_transport(fabric, Soft::default())
 }
 
@@ -46,7 +46,7 @@ pub(crate) struct Soft {
 
 /// A transport whose RDMA path runs on the software `fabric` (two rails; queue pairs
 /// bootstrapped over the peer's real data port, authenticated with [`SECRET`]).
-pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> TcpTransport {
+pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> Transport {
     let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
     if opts.odp {
         verbs = verbs.with_implicit_odp();
@@ -61,5 +61,5 @@ pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> TcpTransport {
         rdma_writes: opts.rdma_writes,
         ..cfg()
     };
-    TcpTransport::start_with_rdma(cfg, None, Some(path)).unwrap()
+    Transport::start_with_rdma(cfg, None, Some(path)).unwrap()
 }

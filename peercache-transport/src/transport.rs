@@ -1,4 +1,5 @@
-//! [`TcpTransport`]: the TCP engine (server + client sharing one region table).
+//! [`Transport`]: one node's data plane — its region table, the data server on the data port,
+//! and the ordered data paths a batch is handed to (same-host, RDMA, then TCP).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,17 +9,21 @@ use parking_lot::Mutex;
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::{Incarnation, NodeId};
 
-use crate::client::Client;
+use crate::local::LocalPath;
+use crate::path::DataPath;
 use crate::rdma::path::RdmaPlane;
+use crate::rdma::route::RdmaRoute;
 use crate::region::RegionTable;
-use crate::server::{self, ServerShared};
 use crate::stats::Counters;
+use crate::tcp::{Client, ServerShared, server};
 use crate::{
     Access, Batch, OpResults, RegionHandle, TransportConfig, TransportError, TransportStats,
 };
 
-/// The TCP transport of one node: a data server for its registered regions and a client for
-/// peers' regions. Cheap to share behind an `Arc`; all methods take `&self`.
+/// The data plane of one node: a data server for its registered regions and a client for
+/// peers' regions, over the fastest path that reaches each peer — same-host shared memory,
+/// RDMA, or TCP, which reaches every peer and is tried last. Cheap to share behind an `Arc`;
+/// all methods take `&self`.
 ///
 /// # Example
 ///
@@ -27,15 +32,15 @@ use crate::{
 ///
 /// ```
 /// use peercache_transport::{
-///     Access, Batch, RemoteRange, Segment, TcpTransport, TransportConfig,
+///     Access, Batch, RemoteRange, Segment, Transport, TransportConfig,
 /// };
 ///
-/// let owner = TcpTransport::start(TransportConfig::default(), None)?;
+/// let owner = Transport::start(TransportConfig::default(), None)?;
 /// let mut published = vec![7u8; 64 << 10];
 /// // SAFETY: `published` outlives the transport, which is shut down below.
 /// let src = unsafe { owner.register(published.as_mut_ptr(), published.len(), Access::RemoteRead) }?;
 ///
-/// let reader = TcpTransport::start(TransportConfig::default(), None)?;
+/// let reader = Transport::start(TransportConfig::default(), None)?;
 /// let mut landing = vec![0u8; 4096];
 /// // SAFETY: as above, `landing` outlives `reader`.
 /// let dst = unsafe { reader.register(landing.as_mut_ptr(), landing.len(), Access::LocalOnly) }?;
@@ -53,35 +58,36 @@ use crate::{
 /// assert!(landing.iter().all(|&b| b == 7));
 /// # Ok::<(), peercache_transport::TransportError>(())
 /// ```
-pub struct TcpTransport {
+pub struct Transport {
     table: Arc<RegionTable>,
-    client: Client,
+    /// The paths tried before TCP, in order: same-host, then RDMA.
+    paths: Vec<Arc<dyn DataPath>>,
+    /// The same-host path, for what only it does (sharing, attachment state).
+    local: Option<Arc<LocalPath>>,
+    /// The RDMA path, for what only it does (device memory, its counters).
+    rdma: Option<Arc<RdmaRoute>>,
+    /// The TCP client: the last path, always answers.
+    tcp: Client,
     server: Arc<ServerShared>,
     endpoint: SocketAddr,
     accept: Mutex<Option<std::thread::JoinHandle<()>>>,
-    rdma: Option<Arc<dyn RdmaPlane>>,
-    /// Writes go one-sided over the RDMA path (`TransportConfig::rdma_writes`).
-    rdma_writes: bool,
-    /// The host-local path (`TransportConfig::host_local`): this node's listener and its
-    /// attachments to peers on the same host.
-    local: Option<(crate::local::LocalServer, crate::local::LocalClient)>,
 }
 
-impl std::fmt::Debug for TcpTransport {
+impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpTransport")
+        f.debug_struct("Transport")
             .field("endpoint", &self.endpoint)
             .finish()
     }
 }
 
-impl TcpTransport {
+impl Transport {
     /// Binds the data server and returns the running transport.
     pub fn start(cfg: TransportConfig, node: Option<NodeId>) -> Result<Self, TransportError> {
         Self::start_with_rdma(cfg, node, None)
     }
 
-    /// [`TcpTransport::start`] with an RDMA path: regions are registered on it too, reads go
+    /// [`Transport::start`] with an RDMA path: regions are registered on it too, reads go
     /// over it when the peer has one (else over TCP), and the data port also serves its
     /// bootstrap plane.
     pub fn start_with_rdma(
@@ -93,9 +99,16 @@ impl TcpTransport {
         let counters = Arc::new(Counters::default());
         let incarnation = Incarnation::fresh();
         let metrics = crate::metrics::Handles::register();
-        let local_server = if cfg.host_local {
-            match crate::local::LocalServer::start(table.clone(), cfg.op_timeout) {
-                Ok(s) => Some(s),
+        let hello = Hello::new(Plane::Data, node, incarnation);
+        let local = if cfg.host_local {
+            match LocalPath::start(
+                table.clone(),
+                &cfg,
+                hello.clone(),
+                counters.clone(),
+                metrics.clone(),
+            ) {
+                Ok(l) => Some(Arc::new(l)),
                 Err(e) => {
                     tracing::warn!(error = %e, "host-local path unavailable (no abstract Unix socket); peers on this host read over TCP");
                     None
@@ -115,32 +128,28 @@ impl TcpTransport {
             next_conn: AtomicU64::new(0),
             metrics: metrics.clone(),
             rdma: rdma.clone(),
-            local: local_server.as_ref().map(|s| s.invitation.clone()),
+            local: local.as_ref().map(|l| l.invitation()),
         });
-        let rdma_writes = cfg.rdma_writes && rdma.is_some();
+        let rdma = rdma.map(|r| Arc::new(RdmaRoute::new(r, cfg.rdma_writes)));
+        let mut paths: Vec<Arc<dyn DataPath>> = Vec::new();
+        if let Some(l) = &local {
+            paths.push(l.clone());
+        }
+        if let Some(r) = &rdma {
+            paths.push(r.clone());
+        }
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
-        let hello = Hello::new(Plane::Data, node, incarnation);
-        let local = local_server.map(|s| {
-            let c = crate::local::LocalClient::new(
-                hello.clone(),
-                cfg.auth.clone(),
-                cfg.op_timeout,
-                counters.clone(),
-                metrics.local_read_bytes.clone(),
-            );
-            (s, c)
-        });
-        let client = Client::new(table.clone(), cfg, counters, hello, metrics);
-        tracing::debug!(%endpoint, "tcp transport listening");
-        Ok(TcpTransport {
+        let tcp = Client::new(table.clone(), cfg, counters, hello, metrics);
+        tracing::debug!(%endpoint, paths = ?paths, "transport listening");
+        Ok(Transport {
             table,
-            client,
+            paths,
+            local,
+            rdma,
+            tcp,
             server,
             endpoint,
             accept: Mutex::new(Some(accept)),
-            rdma,
-            rdma_writes,
-            local,
         })
     }
 
@@ -166,14 +175,14 @@ impl TcpTransport {
             .table
             .insert(ptr as u64, len as u64, access, None, false)?;
         // SAFETY: forwarded from the caller (the handle deregisters before the memory goes).
-        let rdma = unsafe { self.rdma_register(key, ptr, len, access) };
+        let paths = unsafe { self.register_on_paths(key, ptr, len, access, false) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
             base: ptr as u64,
             len: len as u64,
             access,
-            rdma,
+            paths,
         })
     }
 
@@ -181,7 +190,7 @@ impl TcpTransport {
     /// checked by `guard` (e.g. only ranges the writing node reserved).
     ///
     /// # Safety
-    /// As [`TcpTransport::register`].
+    /// As [`Transport::register`].
     pub unsafe fn register_guarded(
         &self,
         ptr: *mut u8,
@@ -192,22 +201,15 @@ impl TcpTransport {
         let key = self
             .table
             .insert(ptr as u64, len as u64, access, Some(guard), false)?;
-        // Guarded regions are read over RDMA like any other; writes into them go over TCP,
-        // where the guard runs — unless `rdma_writes` trades the guard for one-sided writes.
-        let on_nic = if self.rdma_writes {
-            Access::RemoteReadWrite
-        } else {
-            Access::RemoteRead
-        };
         // SAFETY: forwarded from the caller.
-        let rdma = unsafe { self.rdma_register(key, ptr, len, on_nic) };
+        let paths = unsafe { self.register_on_paths(key, ptr, len, access, true) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
             base: ptr as u64,
             len: len as u64,
             access,
-            rdma,
+            paths,
         })
     }
 
@@ -242,7 +244,7 @@ impl TcpTransport {
             .table
             .insert(mem.base(), mem.len() as u64, access, None, true)?;
         // SAFETY: forwarded from the caller.
-        if let Err(e) = unsafe { r.register_device(key, &mem, access) } {
+        if let Err(e) = unsafe { r.plane.register_device(key, &mem, access) } {
             self.table.remove(key);
             return Err(TransportError::Device(e.to_string()));
         }
@@ -252,7 +254,7 @@ impl TcpTransport {
             base: mem.base(),
             len: mem.len() as u64,
             access,
-            rdma: Some(r.clone()),
+            paths: vec![r.clone() as Arc<dyn DataPath>],
         })
     }
 
@@ -290,126 +292,99 @@ impl TcpTransport {
         )
     }
 
-    /// Registers a region on the RDMA path too; on failure the region stays TCP-only.
+    /// Registers a region on every path that keeps its own registrations; a path that fails
+    /// leaves the region to the others.
     ///
     /// # Safety
-    /// As [`TcpTransport::register`].
-    unsafe fn rdma_register(
+    /// As [`Transport::register`].
+    unsafe fn register_on_paths(
         &self,
         key: crate::RegionKey,
         ptr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Option<Arc<dyn RdmaPlane>> {
-        let r = self.rdma.as_ref()?;
-        // SAFETY: forwarded from the caller.
-        match unsafe { r.register(key, ptr, len, access) } {
-            Ok(()) => Some(r.clone()),
-            Err(e) => {
-                tracing::warn!(error = %e, len, "RDMA registration failed; region served over TCP only");
-                None
-            }
-        }
+        guarded: bool,
+    ) -> Vec<Arc<dyn DataPath>> {
+        self.paths
+            .iter()
+            // SAFETY: forwarded from the caller.
+            .filter(|p| unsafe { p.register(key, ptr, len, access, guarded) })
+            .cloned()
+            .collect()
     }
 
-    /// Reads every op's remote range from `peer` into its local segments.
-    pub fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Result<OpResults, TransportError> {
+    fn check_batch(&self, batch: &Batch) -> Result<(), TransportError> {
         self.check_open()?;
-        if batch.len() > self.client.cfg.max_batch_ops {
+        let max = self.tcp.cfg.max_batch_ops;
+        if batch.len() > max {
             return Err(TransportError::BatchTooLarge {
                 ops: batch.len(),
-                max: self.client.cfg.max_batch_ops,
+                max,
             });
         }
-        if let Some((_, l)) = &self.local
-            && let Some(res) = l.read_batch(
-                peer,
-                batch,
-                &self.table,
-                self.client.cfg.max_op_bytes,
-                &self.server.counters,
-            )
-        {
-            self.client.count_reads(batch, &res);
-            return Ok(res);
+        Ok(())
+    }
+
+    /// Reads every op's remote range from `peer` into its local segments, over the first path
+    /// that takes the batch.
+    pub fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Result<OpResults, TransportError> {
+        self.check_batch(batch)?;
+        for (i, p) in self.paths.iter().enumerate() {
+            if let Some(res) = p.read_batch(peer, batch) {
+                self.paths[..i]
+                    .iter()
+                    .for_each(|q| q.read_elsewhere(peer, &res));
+                return res;
+            }
         }
-        let res = match &self.rdma {
-            Some(r) => match r.read_batch(peer, batch) {
-                Some(res) => Ok(res),
-                None => self.client.read_batch(peer, batch),
-            },
-            None => self.client.read_batch(peer, batch),
-        };
-        if let Some((_, l)) = &self.local
-            && matches!(&res, Ok(r) if r.iter().any(|x| x.is_ok()))
-        {
-            l.network_read_ok(peer);
-        }
+        let res = self.tcp.read_batch(peer, batch);
+        self.paths.iter().for_each(|q| q.read_elsewhere(peer, &res));
         res
     }
 
     /// Whether reads from `peer` currently take the host-local path (it shares this host and
     /// the attach, which starts after the first successful network read from it, is done).
     pub fn host_local_attached(&self, peer: SocketAddr) -> bool {
-        self.local
-            .as_ref()
-            .is_some_and(|(_, l)| l.is_attached(peer))
+        self.local.as_ref().is_some_and(|l| l.is_attached(peer))
     }
 
-    /// Writes every op's local segments into its remote range on `peer`.
+    /// Writes every op's local segments into its remote range on `peer`, over the first path
+    /// that takes the batch.
     pub fn write_batch(
         &self,
         peer: SocketAddr,
         batch: &Batch,
     ) -> Result<OpResults, TransportError> {
         self.check_open()?;
-        if self.rdma_writes
-            && let Some(r) = &self.rdma
-            && let Some(res) = r.write_batch(peer, batch)
-        {
-            return Ok(res);
+        for p in &self.paths {
+            if let Some(res) = p.write_batch(peer, batch) {
+                return res;
+            }
         }
-        self.client.write_batch(peer, batch)
+        self.tcp.write_batch(peer, batch)
     }
 
-    /// Drops pooled connections (and a host-local attachment) to a peer that left.
+    /// Drops what every path keeps for a peer that left (pooled connections, a same-host
+    /// attachment).
     pub fn forget_peer(&self, peer: SocketAddr) {
-        self.client.forget(peer);
-        if let Some((_, l)) = &self.local {
-            l.forget(peer);
-        }
+        self.tcp.forget(peer);
+        self.paths.iter().for_each(|p| p.forget_peer(peer));
     }
 
     /// Per-peer counters of this node's client.
     pub fn peer_stats(&self) -> Vec<crate::PeerStats> {
-        self.client.peer_stats()
+        self.tcp.peer_stats()
     }
 
     /// The RDMA path's counters (None without one).
     pub fn rdma_stats(&self) -> Option<crate::rdma::path::RdmaStats> {
-        self.rdma.as_ref().map(|r| r.stats())
+        self.rdma.as_ref().map(|r| r.plane.stats())
     }
 
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         let mut s = self.server.counters.snapshot();
-        if let Some((srv, l)) = &self.local {
-            s.local_peers = l.attached() as u64;
-            s.local_leases = srv.lease_count() as u64;
-        }
-        if let Some(r) = &self.rdma {
-            let x = r.stats();
-            s.read_ops += x.read_ops;
-            s.read_bytes += x.read_bytes;
-            s.op_errors += x.op_errors;
-            s.rdma_read_ops = x.read_ops;
-            s.rdma_read_bytes = x.read_bytes;
-            s.rdma_fallbacks = x.fallbacks;
-            s.write_ops += x.write_ops;
-            s.write_bytes += x.write_bytes;
-            s.rdma_write_ops = x.write_ops;
-            s.rdma_write_bytes = x.write_bytes;
-        }
+        self.paths.iter().for_each(|p| p.add_stats(&mut s));
         s
     }
 
@@ -434,10 +409,7 @@ impl TcpTransport {
         for (_, s) in self.server.conns.lock().drain() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        if let Some((srv, _)) = &self.local {
-            srv.stop();
-            srv.revoke();
-        }
+        self.paths.iter().for_each(|p| p.shutdown());
         if let Some(h) = self.accept.lock().take() {
             let _ = h.join();
         }
@@ -449,7 +421,7 @@ impl TcpTransport {
     }
 }
 
-impl Drop for TcpTransport {
+impl Drop for Transport {
     fn drop(&mut self) {
         self.shutdown();
     }

@@ -9,8 +9,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use peercache_wire::WireError;
 use peercache_wire::handshake::{self, Hello};
 
-use crate::iov::{self, Deadline};
-use crate::proto::{self, Header, WireOp};
+use super::iov::{self, Deadline};
+use super::proto::{self, Header, WireOp};
 use crate::region::RegionTable;
 use crate::stats::Counters;
 use crate::{Batch, OpError, OpResults, TransportConfig, TransportError};
@@ -295,7 +295,12 @@ impl Client {
         match outcome {
             Ok(()) => {
                 self.release(&pool, Some(conn), false);
-                self.count(&kind, batch, &results);
+                self.counters.count_batch(
+                    &self.metrics,
+                    matches!(kind, Kind::Write),
+                    batch,
+                    &results,
+                );
                 Ok(results)
             }
             Err(e) => {
@@ -328,48 +333,6 @@ impl Client {
                 }
             }
         }
-    }
-
-    /// Counts a read batch that another path (host-local) carried, like one of this client's.
-    pub(crate) fn count_reads(&self, batch: &Batch, results: &OpResults) {
-        self.count(&Kind::Read, batch, results);
-    }
-
-    fn count(&self, kind: &Kind, batch: &Batch, results: &OpResults) {
-        let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
-        for (op, r) in batch.ops().iter().zip(results) {
-            match r {
-                Ok(()) => {
-                    ok += 1;
-                    bytes += op.remote.len as u64;
-                }
-                Err(e) => {
-                    errs += 1;
-                    metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => e.label())
-                        .increment(1);
-                }
-            }
-        }
-        let m = &self.metrics;
-        let (ops_c, bytes_c, ops_m, bytes_m) = match kind {
-            Kind::Read => (
-                &self.counters.read_ops,
-                &self.counters.read_bytes,
-                &m.client_read_ops,
-                &m.client_read_bytes,
-            ),
-            Kind::Write => (
-                &self.counters.write_ops,
-                &self.counters.write_bytes,
-                &m.client_write_ops,
-                &m.client_write_bytes,
-            ),
-        };
-        Counters::add(ops_c, ok);
-        Counters::add(bytes_c, bytes);
-        Counters::add(&self.counters.op_errors, errs);
-        ops_m.increment(ok);
-        bytes_m.increment(bytes);
     }
 }
 

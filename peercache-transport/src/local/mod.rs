@@ -1,7 +1,7 @@
 //! The host-local path: a peer on the same host reads this node's shared regions straight out
 //! of memory — one copy, no socket, no server thread — instead of over loopback TCP.
 //!
-//! A region is shared when its memory is a sealed memory file ([`crate::TcpTransport::share`];
+//! A region is shared when its memory is a sealed memory file ([`crate::Transport::share`];
 //! the pool maps one with `MemfdAlloc`). A reader attaches in the background after its first
 //! successful network read from a peer (never delaying a read, never asking a peer that does
 //! not answer), in three steps:
@@ -935,6 +935,93 @@ impl LocalClient {
         Counters::add(&counters.local_read_bytes, bytes);
         self.local_read_bytes.increment(bytes);
         Some(results)
+    }
+}
+
+/// The same-host path as one of the transport's data paths: this node's listener (what it
+/// shares) and its attachments to peers on this host (what it reads).
+pub(crate) struct LocalPath {
+    server: LocalServer,
+    client: LocalClient,
+    table: Arc<RegionTable>,
+    max_op_bytes: u32,
+    counters: Arc<Counters>,
+    metrics: crate::metrics::Handles,
+}
+
+impl LocalPath {
+    /// Starts the listener; `hello` is the data plane's (the attach uses its own plane).
+    pub(crate) fn start(
+        table: Arc<RegionTable>,
+        cfg: &crate::TransportConfig,
+        hello: Hello,
+        counters: Arc<Counters>,
+        metrics: crate::metrics::Handles,
+    ) -> std::io::Result<Self> {
+        let server = LocalServer::start(table.clone(), cfg.op_timeout)?;
+        let client = LocalClient::new(
+            hello,
+            cfg.auth.clone(),
+            cfg.op_timeout,
+            counters.clone(),
+            metrics.local_read_bytes.clone(),
+        );
+        Ok(LocalPath {
+            server,
+            client,
+            table,
+            max_op_bytes: cfg.max_op_bytes,
+            counters,
+            metrics,
+        })
+    }
+
+    /// What the data port answers on the same-host plane.
+    pub(crate) fn invitation(&self) -> Invitation {
+        self.server.invitation.clone()
+    }
+
+    /// Whether reads from `peer` currently copy from its shared memory.
+    pub(crate) fn is_attached(&self, peer: SocketAddr) -> bool {
+        self.client.is_attached(peer)
+    }
+}
+
+impl std::fmt::Debug for LocalPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalPath")
+            .field("socket", &self.server.invitation.name)
+            .finish()
+    }
+}
+
+impl crate::path::DataPath for LocalPath {
+    fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> crate::path::Carried {
+        let res =
+            self.client
+                .read_batch(peer, batch, &self.table, self.max_op_bytes, &self.counters)?;
+        self.counters.count_batch(&self.metrics, false, batch, &res);
+        Some(Ok(res))
+    }
+
+    fn read_elsewhere(&self, peer: SocketAddr, outcome: &Result<OpResults, crate::TransportError>) {
+        if matches!(outcome, Ok(r) if r.iter().any(|x| x.is_ok())) {
+            self.client.network_read_ok(peer);
+        }
+    }
+
+    fn forget_peer(&self, peer: SocketAddr) {
+        self.client.forget(peer);
+    }
+
+    fn add_stats(&self, s: &mut crate::TransportStats) {
+        s.local_peers = self.client.attached() as u64;
+        s.local_leases = self.server.lease_count() as u64;
+    }
+
+    fn shutdown(&self) {
+        self.server.stop();
+        self.server.revoke();
     }
 }
 

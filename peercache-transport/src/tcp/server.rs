@@ -11,9 +11,9 @@ use parking_lot::Mutex;
 use peercache_wire::handshake::{self, Acceptor, Plane};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
+use super::iov::{self, Deadline};
+use super::proto::{self, Header, WireOp};
 use crate::TransportConfig;
-use crate::iov::{self, Deadline};
-use crate::proto::{self, Header, WireOp};
 use crate::region::RegionTable;
 use crate::stats::Counters;
 use crate::validate;
