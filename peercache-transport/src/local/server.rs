@@ -1,0 +1,195 @@
+//! The owner's side: the abstract Unix listener that hands this node's shared regions to
+//! attached peers, and the leases it keeps (closed whenever the shared set changes).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::RegionKey;
+use crate::local::codec::{
+    ENTRY_LEN, Invitation, MAX_SHARED_REGIONS, TABLE_HDR, TABLE_MAGIC, TOKEN_LEN, VERSION,
+};
+use crate::local::fds::{lease_open, send_with_fds};
+use crate::region::{Region, RegionTable, SharedFile};
+
+/// Longest wait for an attaching reader's token.
+const TOKEN_WAIT: Duration = Duration::from_millis(500);
+
+pub(crate) fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    let mut got = 0;
+    while got < N {
+        // SAFETY: writes at most `N - got` bytes into the rest of `b`.
+        let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), N - got, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else {
+            got += r as usize;
+        }
+    }
+    Ok(b)
+}
+
+pub(crate) fn same_token(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The owner's side: the abstract Unix listener that hands shared regions to attached peers.
+pub(crate) struct LocalServer {
+    pub(crate) invitation: Invitation,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    leases: Arc<Leases>,
+}
+
+/// The lease connections of attached peers. All are closed whenever the region table's set of
+/// shared regions changes, so readers re-attach (or fall back) before their next read.
+#[derive(Debug, Default)]
+struct Leases {
+    open: Mutex<Vec<UnixStream>>,
+}
+
+impl Leases {
+    /// Keeps `lease` open, unless the shared set changed since the table was sent
+    /// (`seen`): then the table the peer got may be stale, and the lease is closed at once.
+    fn add(&self, lease: UnixStream, seen: u64, table: &RegionTable) {
+        let mut v = self.open.lock();
+        v.retain(lease_open);
+        if table.shared_changes() != seen {
+            let _ = lease.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        v.push(lease);
+    }
+
+    fn revoke(&self) {
+        for s in self.open.lock().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl LocalServer {
+    /// Binds a fresh abstract socket and starts its accept thread.
+    pub(crate) fn start(table: Arc<RegionTable>, timeout: Duration) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let token = random_bytes::<TOKEN_LEN>()?;
+        let tag = u64::from_le_bytes(random_bytes::<8>()?);
+        let name = format!("peercache-local-{}-{tag:016x}", std::process::id());
+        let listener = UnixListener::bind_addr(&UnixAddr::from_abstract_name(&name)?)?;
+        let leases = Arc::new(Leases::default());
+        table.watch({
+            let leases = leases.clone();
+            move || leases.revoke()
+        });
+        let thread = std::thread::Builder::new()
+            .name("pc-local-accept".into())
+            .spawn({
+                let stop = stop.clone();
+                let leases = leases.clone();
+                move || accept_loop(listener, table, stop, token, timeout, &leases)
+            })?;
+        Ok(LocalServer {
+            invitation: Invitation { name, token },
+            stop,
+            thread: Mutex::new(Some(thread)),
+            leases,
+        })
+    }
+
+    /// Closes every lease (readers stop using their mappings before their next read).
+    pub(crate) fn revoke(&self) {
+        self.leases.revoke();
+    }
+
+    /// Number of open leases.
+    pub(crate) fn lease_count(&self) -> usize {
+        self.leases.open.lock().len()
+    }
+
+    /// Stops the accept thread. Idempotent.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Ok(addr) = UnixAddr::from_abstract_name(&self.invitation.name) {
+            let _ = UnixStream::connect_addr(&addr);
+        }
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    table: Arc<RegionTable>,
+    stop: Arc<AtomicBool>,
+    token: [u8; TOKEN_LEN],
+    timeout: Duration,
+    leases: &Leases,
+) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(mut s) = conn else { continue };
+        // A reader sends its token right after connecting: a short wait keeps one stalled
+        // client from holding up the others.
+        let wait = timeout.min(TOKEN_WAIT);
+        if s.set_read_timeout(Some(wait)).is_err() || s.set_write_timeout(Some(timeout)).is_err() {
+            continue;
+        }
+        let mut got = [0u8; TOKEN_LEN];
+        if s.read_exact(&mut got).is_err() || !same_token(&got, &token) {
+            tracing::debug!("host-local attach without the right token; closed");
+            continue;
+        }
+        // Hold the table's read guard while sending, so no shared region goes away between
+        // listing it and handing out its descriptor (deregistration also revokes attachments).
+        let regions = table.read();
+        let seen = table.shared_changes();
+        let shared = shared_regions(&regions);
+        let sent = send_table(&s, &shared);
+        drop(regions);
+        match sent {
+            Ok(()) => leases.add(s, seen, &table),
+            Err(e) => tracing::debug!(error = %e, "host-local attach failed while sending"),
+        }
+    }
+}
+
+type SharedEntry = (RegionKey, u64, u64, SharedFile);
+
+fn shared_regions(regions: &HashMap<RegionKey, Region>) -> Vec<SharedEntry> {
+    let mut out: Vec<SharedEntry> = regions
+        .iter()
+        .filter(|(_, r)| r.access.allows_remote_read() && !r.device)
+        .filter_map(|(k, r)| r.shared.clone().map(|f| (*k, r.base, r.len, f)))
+        .collect();
+    out.sort_by_key(|e| e.1);
+    out.truncate(MAX_SHARED_REGIONS);
+    out
+}
+
+fn send_table(s: &UnixStream, shared: &[SharedEntry]) -> std::io::Result<()> {
+    let mut body = Vec::with_capacity(TABLE_HDR + shared.len() * ENTRY_LEN);
+    body.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
+    body.extend_from_slice(&[VERSION, 0, 0, 0]);
+    body.extend_from_slice(&(shared.len() as u32).to_le_bytes());
+    for (k, base, len, f) in shared {
+        for v in [k.0, *base, *len, f.offset] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let fds: Vec<i32> = shared.iter().map(|e| e.3.fd.as_raw_fd()).collect();
+    send_with_fds(s, &body, &fds)
+}
