@@ -54,8 +54,9 @@ impl Mapping {
     pub fn is_huge(&self) -> bool {
         self.huge
     }
-    /// The sealed memory file behind the mapping (its offset 0 is [`Mapping::ptr`]), when it
-    /// came from [`MemfdAlloc`]: other processes on the host may map it.
+    /// A read-only descriptor of the sealed memory file behind the mapping (its offset 0 is
+    /// [`Mapping::ptr`]), when it came from [`MemfdAlloc`]: other processes on the host may map
+    /// it read-only; the file refuses writes through any descriptor.
     pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
         self.fd.as_ref().map(|f| f.as_fd())
     }
@@ -134,9 +135,11 @@ fn prefault(ptr: *mut u8, len: usize) {
 
 /// A shared mapping of a sealed memory file (`memfd_create`): the pool's memory can then be
 /// handed to other processes on the same host, which map it read-only and copy pages out of
-/// it directly (the transport's host-local path). The file is sealed against shrinking and
-/// growing before anyone else sees it, so a reader's mapping can never lose its backing pages
-/// (no `SIGBUS`). Explicit huge pages when asked, else normal pages with huge-page advice
+/// it directly (the transport's host-local path). Before anyone else sees it the file is
+/// sealed against shrinking and growing, so a reader's mapping can never lose its backing
+/// pages (no `SIGBUS`), and — once the pool's own writable mapping exists — against every
+/// later write (`F_SEAL_FUTURE_WRITE`); the descriptor [`Mapping::shared_fd`] hands out is
+/// read-only. A process that receives it can read the pool and nothing more. Explicit huge pages when asked, else normal pages with huge-page advice
 /// (honoured when the kernel's `shmem_enabled` allows it).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MemfdAlloc {
@@ -163,13 +166,35 @@ fn memfd(len: usize, huge: bool) -> Result<OwnedFd, std::io::Error> {
             && libc::fcntl(
                 fd_raw,
                 libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
             ) == 0
     };
     if !ok {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// Once the owner's own writable mapping exists: seals the file against every later write
+/// (`F_SEAL_FUTURE_WRITE`: no `write`, no writable shared mapping, no hole punching, through
+/// any descriptor) and against further seal changes, and returns a read-only descriptor of it
+/// — the only one that leaves this module. The read-write descriptor is dropped by the caller.
+fn seal_read_only(fd: &OwnedFd) -> Result<OwnedFd, std::io::Error> {
+    let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+    // SAFETY: fcntl on a descriptor we own.
+    let sealed = unsafe {
+        libc::fcntl(
+            raw,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+        )
+    };
+    if sealed != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // A fresh open file description, read-only, of the same memory file.
+    let ro = std::fs::File::open(format!("/proc/self/fd/{raw}"))?;
+    Ok(OwnedFd::from(ro))
 }
 
 fn map_shared(fd: &OwnedFd, len: usize) -> Result<*mut u8, std::io::Error> {
@@ -201,12 +226,18 @@ impl RegionAlloc for MemfdAlloc {
             if let Ok(fd) = memfd(huge_len, true)
                 && let Ok(ptr) = map_shared(&fd, huge_len)
             {
-                return Ok(Mapping {
+                // Built first, so the mapping is released if sealing fails.
+                let mut mapping = Mapping {
                     ptr,
                     len: huge_len,
                     huge: true,
-                    fd: Some(fd),
-                });
+                    fd: None,
+                };
+                mapping.fd = Some(seal_read_only(&fd).map_err(|e| PoolError::Map {
+                    len,
+                    detail: format!("sealing the shared memory file: {e}"),
+                })?);
+                return Ok(mapping);
             }
             tracing::info!(
                 len,
@@ -219,13 +250,15 @@ impl RegionAlloc for MemfdAlloc {
         };
         let fd = memfd(len, false).map_err(err)?;
         let ptr = map_shared(&fd, len).map_err(err)?;
-        prefault(ptr, len);
-        Ok(Mapping {
+        let mut mapping = Mapping {
             ptr,
             len,
             huge: false,
-            fd: Some(fd),
-        })
+            fd: None,
+        };
+        prefault(ptr, len);
+        mapping.fd = Some(seal_read_only(&fd).map_err(err)?);
+        Ok(mapping)
     }
 }
 
@@ -271,6 +304,76 @@ mod tests {
         assert_eq!(seen, b"kv page");
         // SAFETY: unmaps the view mapped above.
         unsafe { libc::munmap(view, len) };
+    }
+
+    /// Every way a process holding the shared descriptor could change the pool, tried on it
+    /// and on a read-write re-open of it through `/proc`: all must fail.
+    fn assert_unwritable(fd: i32, len: usize) {
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"));
+        let mut fds = vec![fd];
+        if let Ok(f) = &reopened {
+            fds.push(f.as_raw_fd());
+        }
+        for fd in fds {
+            // SAFETY: a one-byte write from a live buffer; it must fail.
+            let wrote = unsafe { libc::pwrite(fd, b"x".as_ptr().cast(), 1, 0) };
+            assert_eq!(wrote, -1, "pwrite through fd {fd} must fail");
+            // SAFETY: a shared writable mapping attempt; unmapped if it (wrongly) succeeds.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                // SAFETY: unmaps the mapping made just above.
+                unsafe { libc::munmap(p, len) };
+                panic!("a writable shared mapping through fd {fd} must fail");
+            }
+            // SAFETY: plain fallocate on a descriptor this test holds; it must fail.
+            let punched = unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    4096,
+                )
+            };
+            assert_eq!(punched, -1, "punching a hole through fd {fd} must fail");
+        }
+    }
+
+    #[test]
+    fn the_shared_descriptor_is_read_only_and_the_file_refuses_writes() {
+        for hugepages in [false, true] {
+            let len = 4 << 20;
+            let m = MemfdAlloc { hugepages }.map(len).unwrap();
+            let fd = m.shared_fd().unwrap().as_raw_fd();
+            // SAFETY: fcntl on a descriptor the mapping owns.
+            let (mode, seals) = unsafe {
+                (
+                    libc::fcntl(fd, libc::F_GETFL) & libc::O_ACCMODE,
+                    libc::fcntl(fd, libc::F_GET_SEALS),
+                )
+            };
+            assert_eq!(mode, libc::O_RDONLY, "huge={}", m.is_huge());
+            assert_ne!(seals & libc::F_SEAL_FUTURE_WRITE, 0);
+            assert_unwritable(fd, m.len());
+            // The owner's own mapping, made before the seal, still writes.
+            // SAFETY: inside the mapping this test owns.
+            unsafe { m.ptr().add(100).write_volatile(42) };
+            let mut b = [0u8; 1];
+            // SAFETY: a one-byte read into `b` at offset 100 of the file.
+            assert_eq!(unsafe { libc::pread(fd, b.as_mut_ptr().cast(), 1, 100) }, 1);
+            assert_eq!(b[0], 42);
+        }
     }
 
     #[test]

@@ -339,3 +339,51 @@ fn promote_reads_pages_back_into_the_pool_as_retained() {
         "already resident"
     );
 }
+
+#[test]
+fn the_tier_is_private_to_its_user_folders_0700_files_0600() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("root/node-a");
+    let t = open(&dir, 8 << 20, 16);
+    let p = page(1, 4096);
+    assert!(t.put(key(1), &[&p], 4096, 1));
+    t.flush();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&tmp.path().join("root")), 0o700);
+    assert_eq!(mode(&seg(&dir, 1)), 0o600);
+    drop(t);
+    // A segment an older version left readable by others is tightened on recovery.
+    std::fs::set_permissions(seg(&dir, 1), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let t = open(&dir, 8 << 20, 16);
+    assert_eq!(read(&t, key(1), 4096).unwrap(), p);
+    assert_eq!(mode(&seg(&dir, 1)), 0o600);
+}
+
+#[test]
+fn a_folder_someone_else_controls_is_refused_and_never_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // Pre-filled by "someone else": a real segment with a page in it.
+    let planted = tmp.path().join("planted");
+    {
+        let t = open(&planted, 8 << 20, 16);
+        assert!(t.put(key(9), &[&page(9, 4096)], 4096, 1));
+        t.flush();
+    }
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = DiskTier::open(DiskConfig::new(planted.clone(), 8 << 20));
+    assert!(
+        matches!(refused, Err(DiskError::UnsafeFolder { .. })),
+        "{refused:?}"
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&planted, Some(4242), Some(4242)).unwrap();
+        let refused = DiskTier::open(DiskConfig::new(planted, 8 << 20));
+        let msg = refused.as_ref().map(|_| ()).unwrap_err().to_string();
+        assert!(msg.contains("uid 4242"), "{msg}");
+    }
+}

@@ -188,7 +188,15 @@ fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
 /// disabled with a warning and the node runs without it.
 fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::disk::DiskTier>> {
     let root = if cfg.disk_path.is_empty() {
-        peercache_pool::disk::default_root()
+        match peercache_pool::disk::default_root() {
+            Some(r) => r,
+            None => {
+                tracing::warn!(
+                    "disk tier off: neither XDG_DATA_HOME nor HOME is set; set disk_path to a folder of this user's"
+                );
+                return None;
+            }
+        }
     } else {
         std::path::PathBuf::from(&cfg.disk_path)
     };

@@ -260,10 +260,11 @@ impl Transport {
 
     /// Shares a registered region with peers on this host: they map `fd` (from `offset`, for
     /// the region's length) read-only and copy pages out of it instead of asking this node's
-    /// data server. `fd` must be a memory file sealed against shrinking (`memfd_create` +
-    /// `F_SEAL_SHRINK`, as the pool's `MemfdAlloc` makes), whose bytes at `offset` are the
-    /// region's memory. Only remote-readable regions are offered. Without the host-local path
-    /// (`TransportConfig::host_local` off) this is a no-op.
+    /// data server. `fd` must be a read-only descriptor of a memory file sealed against
+    /// shrinking and writing (`memfd_create` + `F_SEAL_SHRINK` + `F_SEAL_FUTURE_WRITE`, as the
+    /// pool's `MemfdAlloc` makes), whose bytes at `offset` are the region's memory: peers get
+    /// read access and nothing more. Only remote-readable regions are offered. Without the
+    /// host-local path (`TransportConfig::host_local` off) this is a no-op.
     pub fn share(
         &self,
         handle: &RegionHandle,
@@ -276,11 +277,12 @@ impl Transport {
         let owned = fd
             .try_clone_to_owned()
             .map_err(|_| TransportError::Register("cannot duplicate the memory file"))?;
-        crate::local::check_file(&owned, offset, handle.len()).map_err(|why| {
+        crate::local::check_shareable(&owned, offset, handle.len()).map_err(|why| {
             tracing::warn!(%why, "region not shared");
             TransportError::Register(
-                "a shared region needs a memory file sealed against shrinking, page-aligned \
-                 offset, long enough for the region",
+                "a shared region needs a read-only descriptor of a memory file sealed against \
+                 shrinking and writing, a page-aligned offset, and a file long enough for the \
+                 region",
             )
         })?;
         self.table.share(

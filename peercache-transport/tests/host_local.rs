@@ -15,9 +15,12 @@ use peercache_transport::{
 mod common;
 use common::{cfg, pattern};
 
-/// A sealed memory file of `len` bytes mapped read-write, like the pool's `MemfdAlloc`.
+/// A memory file of `len` bytes mapped read-write, like the pool's `MemfdAlloc`: `sealed`
+/// makes it as the pool does (sealed against resizing, then — after the owner's mapping —
+/// against writes, with `fd` a read-only descriptor); `writable_fd` keeps the read-write one.
 struct SharedMem {
     fd: OwnedFd,
+    writable_fd: OwnedFd,
     ptr: *mut u8,
     len: usize,
 }
@@ -48,8 +51,14 @@ impl SharedMem {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
+        if seal {
+            let seals = libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+            assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) }, 0);
+        }
+        let ro = std::fs::File::open(format!("/proc/self/fd/{raw}")).unwrap();
         SharedMem {
-            fd,
+            fd: OwnedFd::from(ro),
+            writable_fd: fd,
             ptr: p as *mut u8,
             len,
         }
@@ -365,6 +374,13 @@ fn only_sealed_files_and_authenticated_peers_share() {
     assert!(
         owner.share(&h2, sealed.fd.as_fd(), LEN as u64).is_err(),
         "past the file's end"
+    );
+    assert!(
+        matches!(
+            owner.share(&h2, sealed.writable_fd.as_fd(), 0),
+            Err(TransportError::Register(_))
+        ),
+        "a read-write descriptor is never handed to peers"
     );
     owner.share(&h2, sealed.fd.as_fd(), 0).unwrap();
     let _ = unsealed.bytes();

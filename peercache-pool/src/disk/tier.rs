@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use peercache_wire::PageKey;
 use thiserror::Error;
 
+use super::private::{self, UnsafeFolder};
 use super::record::{RECORD_HEADER, RecordError, RecordHeader};
 
 /// Why the disk tier refused something.
@@ -62,6 +63,17 @@ pub enum DiskError {
     /// I/O on a record.
     #[error("disk i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The folder is not private to this user, so its contents cannot be trusted (see
+    /// [`UnsafeFolder`]); nothing in it is read.
+    #[error(
+        "disk tier folder {path} refused: {why}; use a folder of this user's with mode 0700 (disk_path)"
+    )]
+    UnsafeFolder {
+        /// The folder.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: UnsafeFolder,
+    },
 }
 
 /// Disk tier settings.
@@ -205,15 +217,15 @@ impl std::fmt::Debug for DiskTier {
 }
 
 /// The default parent folder of disk tiers: `$XDG_DATA_HOME/peercache`, else
-/// `~/.local/share/peercache`, else a folder under the system temp dir.
-pub fn default_root() -> PathBuf {
+/// `~/.local/share/peercache`; `None` when neither variable is set (no fallback to a shared
+/// temporary folder: set `disk_path`).
+pub fn default_root() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("peercache");
+        return Some(PathBuf::from(x).join("peercache"));
     }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h).join(".local/share/peercache");
-    }
-    std::env::temp_dir().join("peercache")
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| PathBuf::from(h).join(".local/share/peercache"))
 }
 
 fn seg_path(dir: &Path, id: u64) -> PathBuf {
@@ -228,7 +240,9 @@ impl DiskTier {
             path: dir.clone(),
             source,
         };
-        fs::create_dir_all(&cfg.dir).map_err(folder)?;
+        if let Err(why) = private::prepare_folder(&cfg.dir).map_err(folder)? {
+            return Err(DiskError::UnsafeFolder { path: dir, why });
+        }
         let shared = Arc::new(Shared {
             index: Mutex::new(Index {
                 map: HashMap::new(),
@@ -488,7 +502,7 @@ fn append(
             idx.next_seg += 1;
             id
         };
-        let file = OpenOptions::new()
+        let file = private::segment_options()
             .create(true)
             .append(true)
             .read(true)
@@ -609,6 +623,7 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
     let mut recovered = 0u64;
     for id in ids {
         let path = seg_path(&sh.cfg.dir, id);
+        private::tighten_file(&path)?;
         let file = OpenOptions::new().read(true).open(&path)?;
         let len = file.metadata()?.len();
         let mut off = 0u64;

@@ -55,9 +55,15 @@ pub(crate) enum LocalError {
         /// Descriptors received.
         fds: usize,
     },
-    /// A memory file is not sealed against shrinking (a mapping could lose pages).
-    #[error("memory file is not sealed against shrinking")]
+    /// A memory file is not sealed against shrinking and writing (a mapping could lose pages,
+    /// or a peer could change the pool).
+    #[error(
+        "memory file is not sealed against shrinking and writing (F_SEAL_SHRINK + F_SEAL_FUTURE_WRITE)"
+    )]
     Unsealed,
+    /// A descriptor to be shared is open for writing.
+    #[error("a shared memory file must be handed out through a read-only descriptor")]
+    Writable,
     /// A memory file cannot hold the region at its offset.
     #[error("memory file of {size} bytes cannot hold {len} bytes at offset {offset}")]
     BadFileRange {

@@ -123,12 +123,21 @@ pub(crate) fn recv_table(s: &UnixStream) -> Result<Vec<Received>, LocalError> {
         .collect())
 }
 
-/// Checks a received memory file before mapping it: sealed against shrinking (so the mapping
-/// can never lose pages under us) and long enough for the range.
+/// The seals a shared memory file must carry: no shrinking (a mapping can never lose pages
+/// under a reader: no `SIGBUS`) and no writes through any descriptor but the owner's own
+/// mapping made before the seal (`F_SEAL_FUTURE_WRITE`, or the stricter `F_SEAL_WRITE`).
+fn sealed_for_sharing(seals: libc::c_int) -> bool {
+    seals >= 0
+        && seals & libc::F_SEAL_SHRINK != 0
+        && seals & (libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) != 0
+}
+
+/// Checks a memory file before it is shared (owner) or mapped (reader): sealed against
+/// shrinking and writing, and long enough for the range at a page-aligned offset.
 pub(crate) fn check_file(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), LocalError> {
     // SAFETY: fcntl on a descriptor we own.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+    if !sealed_for_sharing(seals) {
         return Err(LocalError::Unsealed);
     }
     // SAFETY: a zeroed stat is valid output space for fstat.
@@ -162,4 +171,16 @@ pub(crate) fn lease_open(s: &UnixStream) -> bool {
         )
     };
     r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
+/// Checks a descriptor the owner is about to hand to peers: a read-only open of a memory file
+/// that passes [`check_file`]. A read-write descriptor is refused even though the seals already
+/// stop writes: what leaves this process carries no write permission at all.
+pub(crate) fn check_shareable(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), LocalError> {
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return Err(LocalError::Writable);
+    }
+    check_file(fd, offset, len)
 }

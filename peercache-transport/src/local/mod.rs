@@ -36,7 +36,7 @@ use std::sync::Arc;
 use peercache_wire::handshake::Hello;
 
 pub(crate) use codec::Invitation;
-pub(crate) use fds::check_file;
+pub(crate) use fds::check_shareable;
 
 use crate::region::RegionTable;
 use crate::stats::Counters;
@@ -143,9 +143,11 @@ mod tests {
 
     use super::codec::*;
     use super::error::LocalError;
-    use super::fds::check_file;
-    use super::server::same_token;
+    use super::fds::recv_table;
+    use super::fds::{check_file, check_shareable};
+    use super::server::{same_token, send_table};
     use crate::RegionKey;
+    use crate::region::SharedFile;
 
     #[test]
     fn invitation_round_trips_and_rejects_garbage() {
@@ -227,15 +229,126 @@ mod tests {
             let raw = unsafe {
                 libc::memfd_create(c"s".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
             };
-            // SAFETY: `raw` is ours; sized then sealed.
+            // SAFETY: `raw` is ours; sized then sealed against shrinking only.
             unsafe {
                 assert_eq!(libc::ftruncate(raw, 1 << 16), 0);
                 assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
                 OwnedFd::from_raw_fd(raw)
             }
         };
+        assert!(
+            matches!(check_file(&sealed, 0, 1 << 16), Err(LocalError::Unsealed)),
+            "writes are not sealed yet"
+        );
+        // SAFETY: adds a seal on the file we own.
+        let future_write = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&sealed),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_FUTURE_WRITE,
+            )
+        };
+        assert_eq!(future_write, 0);
         check_file(&sealed, 0, 1 << 16).unwrap();
         assert!(check_file(&sealed, 4096, 1 << 16).is_err(), "past the end");
         assert!(check_file(&sealed, 100, 4096).is_err(), "unaligned offset");
+        assert!(
+            matches!(
+                check_shareable(&sealed, 0, 1 << 16),
+                Err(LocalError::Writable)
+            ),
+            "a read-write descriptor is never handed out"
+        );
+        let ro = std::fs::File::open(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&sealed)
+        ))
+        .unwrap();
+        check_shareable(&OwnedFd::from(ro), 0, 1 << 16).unwrap();
+    }
+
+    /// A memory file made the way the pool makes one: resizing sealed, the owner's writable
+    /// mapping, then writes sealed and a read-only descriptor.
+    fn pool_like_file(len: usize) -> (OwnedFd, *mut u8) {
+        // SAFETY: a fresh memory file this test owns; every call's result is checked.
+        unsafe {
+            let raw =
+                libc::memfd_create(c"p".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            assert!(raw >= 0);
+            let rw = OwnedFd::from_raw_fd(raw);
+            assert_eq!(libc::ftruncate(raw, len as libc::off_t), 0);
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+            assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, seals), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                raw,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let seals = libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+            assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, seals), 0);
+            let ro = std::fs::File::open(format!("/proc/self/fd/{raw}")).unwrap();
+            drop(rw);
+            (OwnedFd::from(ro), p as *mut u8)
+        }
+    }
+
+    #[test]
+    fn a_received_pool_descriptor_cannot_change_the_pool() {
+        use std::os::fd::AsRawFd;
+        let len = 1 << 16;
+        let (fd, owner_map) = pool_like_file(len);
+        // SAFETY: the owner's writable mapping still writes after the seal.
+        unsafe { owner_map.add(10).write_volatile(7) };
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let shared = SharedFile {
+            fd: std::sync::Arc::new(fd),
+            offset: 0,
+        };
+        send_table(&a, &[(RegionKey(5), 0x1000, len as u64, shared)]).unwrap();
+        let got = recv_table(&b).unwrap();
+        assert_eq!(got.len(), 1);
+        let received = &got[0].4;
+        check_file(received, 0, len as u64).unwrap();
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", received.as_raw_fd()))
+            .unwrap();
+        // SAFETY: F_GETFL on a descriptor the test holds.
+        let mode = unsafe { libc::fcntl(received.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE;
+        assert_eq!(mode, libc::O_RDONLY, "the received descriptor is read-only");
+        for fd in [received.as_raw_fd(), reopened.as_raw_fd()] {
+            // SAFETY: each call is checked and must fail; a mapping that wrongly succeeds is
+            // unmapped before the assertion.
+            unsafe {
+                assert_eq!(libc::pwrite(fd, b"x".as_ptr().cast(), 1, 0), -1, "pwrite");
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                let mapped = p != libc::MAP_FAILED;
+                if mapped {
+                    libc::munmap(p, len);
+                }
+                assert!(!mapped, "a writable shared mapping");
+                let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                assert_eq!(libc::fallocate(fd, punch, 0, 4096), -1, "hole punching");
+            }
+        }
+        let mut byte = [0u8; 1];
+        // SAFETY: a one-byte read into `byte`.
+        let read = unsafe { libc::pread(received.as_raw_fd(), byte.as_mut_ptr().cast(), 1, 10) };
+        assert_eq!(read, 1);
+        assert_eq!(byte[0], 7, "reads still see the pool");
+        // SAFETY: unmaps the owner's mapping made in `pool_like_file`.
+        unsafe { libc::munmap(owner_map.cast(), len) };
     }
 }

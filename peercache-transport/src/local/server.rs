@@ -167,7 +167,7 @@ fn accept_loop(
     }
 }
 
-type SharedEntry = (RegionKey, u64, u64, SharedFile);
+pub(crate) type SharedEntry = (RegionKey, u64, u64, SharedFile);
 
 fn shared_regions(regions: &HashMap<RegionKey, Region>) -> Vec<SharedEntry> {
     let mut out: Vec<SharedEntry> = regions
@@ -180,7 +180,7 @@ fn shared_regions(regions: &HashMap<RegionKey, Region>) -> Vec<SharedEntry> {
     out
 }
 
-fn send_table(s: &UnixStream, shared: &[SharedEntry]) -> std::io::Result<()> {
+pub(crate) fn send_table(s: &UnixStream, shared: &[SharedEntry]) -> std::io::Result<()> {
     let mut body = Vec::with_capacity(TABLE_HDR + shared.len() * ENTRY_LEN);
     body.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
     body.extend_from_slice(&[VERSION, 0, 0, 0]);
