@@ -25,6 +25,7 @@ pub mod control;
 pub mod drive;
 mod error;
 mod evict;
+mod fdlimit;
 pub mod keys;
 pub mod locate;
 pub mod metrics;

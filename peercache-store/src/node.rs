@@ -394,6 +394,8 @@ impl Inner {
         transport_why: String,
     ) -> Result<Arc<Inner>, StoreError> {
         let incarnation = Incarnation::fresh();
+        let nofile = crate::fdlimit::raise_nofile();
+        let conn_cap = crate::fdlimit::connection_cap(cfg.max_inbound_connections, nofile);
         let explicit_host = !cfg.local_hostname.is_empty();
         let metrics = Handles::register(me.as_str());
         let auth = cfg.cluster_auth()?;
@@ -458,7 +460,7 @@ impl Inner {
                 op_timeout: cfg.op_timeout(),
                 suspect_for: Duration::from_secs_f64(cfg.suspect_for),
                 max_batch_ops: cfg.max_batch_ops,
-                max_server_connections: cfg.max_inbound_connections,
+                max_server_connections: conn_cap,
                 auth: auth.clone(),
                 rdma_writes: cfg.rdma_writes,
                 host_local: cfg.host_local,
@@ -533,7 +535,7 @@ impl Inner {
                 incarnation,
                 max_frame: cfg.max_frame_bytes as usize,
                 handshake_timeout: cfg.op_timeout(),
-                max_connections: cfg.max_inbound_connections,
+                max_connections: conn_cap,
                 workers: 1,
                 name: "pc-control",
                 auth: auth.clone(),
@@ -560,7 +562,7 @@ impl Inner {
                     incarnation,
                     max_frame: crate::client::MAX_CLIENT_BYTES + (1 << 20),
                     handshake_timeout: cfg.op_timeout(),
-                    max_connections: cfg.max_inbound_connections,
+                    max_connections: conn_cap,
                     workers: 2,
                     name: "pc-client",
                     auth: auth.clone(),

@@ -4,6 +4,8 @@
 //! hostile peer cannot make us allocate.
 
 use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use tokio_util::codec::LengthDelimitedCodec;
 
@@ -61,6 +63,93 @@ pub fn map_io(e: std::io::Error) -> WireError {
             WireError::Timeout(std::time::Duration::ZERO)
         }
         _ => WireError::Io(e),
+    }
+}
+
+/// A blocking socket bounded by one total deadline. Before each read or write the socket
+/// timeouts are brought in line with what is left of the deadline, so a peer that trickles
+/// bytes — or reads ours one at a time — cannot stretch a frame or a handshake past it: every
+/// exchange through this wrapper ends by `deadline` (plus a few milliseconds of slack). Timeouts
+/// are re-armed only when the armed value is stale, so a fast exchange costs no extra syscall.
+#[derive(Debug)]
+pub struct Deadlined<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+    /// The timeout currently set on the socket (shared with the caller's connection state).
+    armed: &'a mut Option<Duration>,
+}
+
+/// How far past the deadline one blocked call may end.
+const SLACK: Duration = Duration::from_millis(5);
+
+impl<'a> Deadlined<'a> {
+    /// Bounds `stream` by `deadline`; `armed` remembers the timeout set on it across uses.
+    pub fn new(stream: &'a TcpStream, deadline: Instant, armed: &'a mut Option<Duration>) -> Self {
+        Deadlined {
+            stream,
+            deadline,
+            armed,
+        }
+    }
+
+    /// Sets the socket timeouts to what is left, unless the armed value already ends within
+    /// the slack of the deadline and not much sooner. Past the deadline: `TimedOut`.
+    pub fn arm(&mut self) -> std::io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        let fresh = self
+            .armed
+            .is_some_and(|a| a <= left + SLACK && a * 2 >= left);
+        if !fresh {
+            self.stream.set_read_timeout(Some(left))?;
+            self.stream.set_write_timeout(Some(left))?;
+            *self.armed = Some(left);
+        }
+        Ok(())
+    }
+
+    fn retry<T>(
+        &mut self,
+        mut f: impl FnMut(&TcpStream) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        loop {
+            self.arm()?;
+            match f(self.stream) {
+                // The armed timeout ran out before the deadline (it was armed long ago):
+                // re-arm with what is left and go on.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) && Instant::now() < self.deadline =>
+                {
+                    *self.armed = None;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.retry(|mut s| s.read(buf))
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.retry(|mut s| s.write(buf))
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.retry(|mut s| s.write_vectored(bufs))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -20,6 +20,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::auth::{self, Auth, Side, TAG_LEN};
 use crate::envelope::{self, Envelope, Extension, MIN_WIRE_VERSION, Message, WIRE_VERSION};
+use crate::frame::Deadlined;
 use crate::{Incarnation, NodeId, WireError};
 
 /// Envelope extension of a [`Hello`] carrying the client's 32-byte authentication nonce.
@@ -28,7 +29,7 @@ use crate::{Incarnation, NodeId, WireError};
 pub const EXT_AUTH_NONCE: u16 = 0x0010;
 
 /// Largest handshake frame.
-const MAX_HANDSHAKE_FRAME: usize = 4096;
+pub const MAX_HANDSHAKE_FRAME: usize = 4096;
 
 /// Reject reasons that start with this are authentication failures.
 const AUTH_REASON_PREFIX: &str = "authentication";
@@ -407,80 +408,92 @@ impl<'a> ServerHandshake<'a> {
     }
 }
 
-fn left(deadline: Instant, timeout: Duration) -> Result<Duration, WireError> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    if d.is_zero() {
-        Err(WireError::Timeout(timeout))
-    } else {
-        Ok(d)
-    }
-}
-
 fn read_sync(
-    stream: &mut TcpStream,
+    io: &mut Deadlined<'_>,
     buf: &mut Vec<u8>,
-    deadline: Instant,
     timeout: Duration,
 ) -> Result<(), WireError> {
-    stream.set_read_timeout(Some(left(deadline, timeout)?))?;
-    crate::frame::read_frame(stream, MAX_HANDSHAKE_FRAME, buf).map_err(|e| match e {
+    crate::frame::read_frame(io, MAX_HANDSHAKE_FRAME, buf).map_err(|e| match e {
         WireError::Timeout(_) => WireError::Timeout(timeout),
         e => e,
     })
 }
 
-/// Blocking client handshake on a connected socket, bounded by `timeout` in total.
+fn write_sync(io: &mut Deadlined<'_>, frame: &[u8], timeout: Duration) -> Result<(), WireError> {
+    crate::frame::write_frame(io, frame).map_err(|e| match e {
+        WireError::Timeout(_) => WireError::Timeout(timeout),
+        e => e,
+    })
+}
+
+/// Runs `f` on the socket bounded by `timeout` in total (every read and write included), then
+/// puts the socket's own timeouts back.
+fn bounded<T>(
+    stream: &mut TcpStream,
+    timeout: Duration,
+    f: impl FnOnce(&mut Deadlined<'_>) -> Result<T, WireError>,
+) -> Result<T, WireError> {
+    let (prev_r, prev_w) = (stream.read_timeout()?, stream.write_timeout()?);
+    let mut armed = None;
+    let res = f(&mut Deadlined::new(
+        stream,
+        Instant::now() + timeout,
+        &mut armed,
+    ));
+    stream.set_read_timeout(prev_r)?;
+    stream.set_write_timeout(prev_w)?;
+    res
+}
+
+/// Blocking client handshake on a connected socket, bounded by `timeout` in total: a server
+/// that answers one byte at a time cannot hold the caller past it.
 pub fn client_sync(
     stream: &mut TcpStream,
     hello: &Hello,
     auth: &Auth,
     timeout: Duration,
 ) -> Result<Accepted, WireError> {
-    let deadline = Instant::now() + timeout;
-    let prev = stream.read_timeout()?;
-    stream.set_write_timeout(Some(timeout))?;
-    let (mut hs, first) = ClientHandshake::new(hello, auth)?;
-    crate::frame::write_frame(stream, &first)?;
-    let mut buf = Vec::with_capacity(128);
-    let res = loop {
-        if let Err(e) = read_sync(stream, &mut buf, deadline, timeout) {
-            break Err(e);
+    bounded(stream, timeout, |io| {
+        let (mut hs, first) = ClientHandshake::new(hello, auth)?;
+        write_sync(io, &first, timeout)?;
+        let mut buf = Vec::with_capacity(128);
+        loop {
+            read_sync(io, &mut buf, timeout)?;
+            match hs.on_frame(&buf)? {
+                Step::Send(f) => write_sync(io, &f, timeout)?,
+                Step::Finish(_, r) => return r,
+            }
         }
-        match hs.on_frame(&buf) {
-            Ok(Step::Send(f)) => crate::frame::write_frame(stream, &f)?,
-            Ok(Step::Finish(_, r)) => break r,
-            Err(e) => break Err(e),
-        }
-    };
-    stream.set_read_timeout(prev)?;
-    res
+    })
 }
 
-/// Blocking server handshake: runs the exchange and returns the client's hello if accepted.
+/// Blocking server handshake: runs the exchange and returns the client's hello if accepted,
+/// bounded by `timeout` in total — a stranger trickling bytes is cut off at the deadline.
 pub fn server_sync(
     stream: &mut TcpStream,
     acceptor: &Acceptor,
     timeout: Duration,
 ) -> Result<Hello, WireError> {
-    let deadline = Instant::now() + timeout;
-    let prev = stream.read_timeout()?;
-    stream.set_write_timeout(Some(timeout))?;
     let mut hs = ServerHandshake::new(acceptor);
-    let mut buf = Vec::with_capacity(128);
-    let res = loop {
-        if let Err(e) = read_sync(stream, &mut buf, deadline, timeout) {
-            hs.abandoned();
-            return Err(e);
-        }
-        match hs.on_frame(&buf)? {
-            Step::Send(f) => crate::frame::write_frame(stream, &f)?,
-            Step::Finish(f, r) => {
-                crate::frame::write_frame(stream, &f)?;
-                break r;
+    let res = bounded(stream, timeout, |io| {
+        let mut buf = Vec::with_capacity(128);
+        loop {
+            read_sync(io, &mut buf, timeout)?;
+            match hs.on_frame(&buf)? {
+                Step::Send(f) => write_sync(io, &f, timeout)?,
+                Step::Finish(f, r) => {
+                    write_sync(io, &f, timeout)?;
+                    return r;
+                }
             }
         }
-    };
-    stream.set_read_timeout(prev)?;
+    });
+    if matches!(
+        res,
+        Err(WireError::Closed | WireError::Io(_) | WireError::Timeout(_))
+    ) {
+        hs.abandoned();
+    }
     res
 }
 
@@ -721,6 +734,65 @@ mod tests {
         assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
         assert!(t0.elapsed() < Duration::from_secs(2));
         drop(l);
+    }
+
+    /// Writes `bytes` one at a time, `gap` apart, until they run out or the peer closes;
+    /// returns when it stopped.
+    fn trickle(mut s: TcpStream, bytes: &[u8], gap: Duration) -> std::time::Instant {
+        use std::io::Write;
+        for b in bytes {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(gap);
+        }
+        std::time::Instant::now()
+    }
+
+    #[test]
+    fn a_stranger_trickling_a_handshake_is_cut_off_at_the_total_deadline() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        // A plausible frame header, then a body, one byte every 100 ms: each read arrives well
+        // inside a per-read timeout, but the exchange must still end at the total deadline.
+        let mut bytes = 200u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[7u8; 200]);
+        let writer = std::thread::spawn(move || trickle(c, &bytes, Duration::from_millis(100)));
+        let t0 = std::time::Instant::now();
+        let acc = acceptor(&[Plane::Data], Some("srv"), 1, Auth::none());
+        let err = server_sync(&mut s, &acc, Duration::from_millis(600)).unwrap_err();
+        let took = t0.elapsed();
+        assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+        assert!(took < Duration::from_millis(1200), "cut off after {took:?}");
+        drop(s);
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_tarpit_server_cannot_hold_a_client_past_its_deadline() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let tarpit = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut bytes = 300u32.to_be_bytes().to_vec();
+            bytes.extend_from_slice(&[1u8; 300]);
+            trickle(s, &bytes, Duration::from_millis(100))
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let t0 = std::time::Instant::now();
+        let err = client_sync(
+            &mut c,
+            &hello(Plane::Data),
+            &Auth::none(),
+            Duration::from_millis(600),
+        )
+        .unwrap_err();
+        let took = t0.elapsed();
+        assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+        assert!(took < Duration::from_millis(1200), "held for {took:?}");
+        drop(c);
+        tarpit.join().unwrap();
     }
 
     #[tokio::test]

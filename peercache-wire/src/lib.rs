@@ -9,6 +9,7 @@
 //!   a `postcard` body and a trailing extension list that older readers skip;
 //! * [`handshake`] — the connection handshake (version negotiation and, with [`auth`], mutual
 //!   challenge–response authentication on the shared cluster secret);
+//! * [`limits`] — accept back-off when descriptors run out, throttled warnings;
 //! * [`ids`] — the identifiers every plane shares: [`NodeId`], [`Incarnation`], [`PageKey`].
 //!
 //! Nothing here depends on another PeerCache crate.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod ids;
+pub mod limits;
 pub mod qp;
 pub mod rpc;
 #[cfg(feature = "testkit")]

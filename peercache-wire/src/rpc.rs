@@ -218,19 +218,38 @@ impl RpcServer {
         let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
         let name = cfg.name;
         let accept_loop = async move {
+            let mut backoff = crate::limits::AcceptBackoff::new();
+            let at_limit = crate::limits::Throttle::new();
             loop {
                 let accepted = tokio::select! {
                     a = listener.accept() => a,
                     _ = stop2.notified() => break,
                 };
-                let Ok((sock, _peer)) = accepted else {
-                    continue;
+                let sock = match accepted {
+                    Ok((sock, _peer)) => {
+                        backoff.accepted();
+                        sock
+                    }
+                    Err(e) => {
+                        let pause = backoff.failed(&e, cfg.name);
+                        if !pause.is_zero() {
+                            tokio::select! {
+                                _ = tokio::time::sleep(pause) => {}
+                                _ = stop2.notified() => break,
+                            }
+                        }
+                        continue;
+                    }
                 };
                 let Ok(permit) = live.clone().try_acquire_owned() else {
-                    tracing::warn!(
-                        limit = cfg.max_connections,
-                        "rpc server at its connection limit"
-                    );
+                    if let Some(held) = at_limit.admit() {
+                        tracing::warn!(
+                            server = cfg.name,
+                            limit = cfg.max_connections,
+                            refused_since_last = held,
+                            "rpc server at its connection limit; refusing connections"
+                        );
+                    }
                     continue;
                 };
                 let _ = sock.set_nodelay(true);
@@ -294,7 +313,9 @@ async fn serve_conn(
     counters: &ServerCounters,
     stopped: &AtomicBool,
 ) {
-    let mut framed = Framed::new(sock, frame::codec(cfg.max_frame));
+    // Until the peer has proven the secret, frames are capped at the handshake's own small
+    // limit: a stranger cannot make the server buffer `max_frame` bytes.
+    let mut framed = Framed::new(sock, frame::codec(handshake::MAX_HANDSHAKE_FRAME));
     let acceptor = Acceptor {
         planes: cfg.planes.clone(),
         node: cfg.node.clone(),
@@ -307,6 +328,7 @@ async fn serve_conn(
         tracing::debug!(error = %e, "rpc handshake failed");
         return;
     }
+    framed.codec_mut().set_max_frame_length(cfg.max_frame);
     while let Some(next) = framed.next().await {
         let Ok(frame) = next else {
             // Oversize or broken framing: the stream cannot be trusted.
@@ -481,12 +503,11 @@ impl RpcClient {
                     });
                 }
                 let (mut s, reused) = self.checkout(*peer, deadline)?;
-                s.arm(deadline)?;
-                match frame::write_frame(&mut s.stream, req) {
+                match frame::write_frame(&mut s.io(deadline), req) {
                     Ok(()) => Ok((s, reused)),
                     Err(_) if reused => {
                         let mut s = self.fresh(*peer, deadline)?;
-                        frame::write_frame(&mut s.stream, req)?;
+                        frame::write_frame(&mut s.io(deadline), req)?;
                         Ok((s, false))
                     }
                     Err(e) => Err(e),
@@ -506,7 +527,7 @@ impl RpcClient {
             let reused = matches!(c, Ok((_, true)));
             if reused && matches!(res, Err(WireError::Closed) | Err(WireError::Io(_))) {
                 res = self.fresh(peer, deadline).and_then(|mut s| {
-                    frame::write_frame(&mut s.stream, req)?;
+                    frame::write_frame(&mut s.io(deadline), req)?;
                     let r = self.read_reply(&mut s, deadline, timeout);
                     if r.as_ref().is_ok_and(|f| !is_error_reply(f)) {
                         self.checkin(peer, s);
@@ -533,10 +554,7 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<Vec<u8>, WireError> {
         let mut buf = Vec::new();
-        match s
-            .arm(deadline)
-            .and_then(|_| frame::read_frame(&mut s.stream, self.cfg.max_frame, &mut buf))
-        {
+        match frame::read_frame(&mut s.io(deadline), self.cfg.max_frame, &mut buf) {
             Ok(()) => Ok(buf),
             Err(WireError::Timeout(_)) => Err(WireError::Timeout(timeout)),
             Err(e) => Err(e),
@@ -558,12 +576,10 @@ impl RpcClient {
             &self.cfg.auth,
             remaining(deadline)?,
         )?;
-        let mut c = Conn {
+        Ok(Conn {
             stream: s,
             armed: None,
-        };
-        c.arm(deadline)?;
-        Ok(c)
+        })
     }
 }
 
@@ -589,19 +605,11 @@ struct Conn {
 }
 
 impl Conn {
-    /// Keeps the socket timeouts within 5 ms of the time left, touching them (two syscalls)
-    /// only when they drift: once per connection in steady state instead of twice per call.
-    fn arm(&mut self, deadline: Instant) -> Result<(), WireError> {
-        let left = remaining(deadline)?;
-        let slack = Duration::from_millis(5);
-        let ok = self
-            .armed
-            .is_some_and(|a| a <= left + slack && a * 2 >= left);
-        if !ok {
-            self.stream.set_read_timeout(Some(left))?;
-            self.stream.set_write_timeout(Some(left))?;
-            self.armed = Some(left);
-        }
-        Ok(())
+    /// The connection bounded by `deadline` in total, every read and write included: a peer
+    /// that trickles its reply cannot hold the caller past it. The socket timeouts are touched
+    /// (two syscalls) only when they drift from the time left: once per connection in steady
+    /// state instead of twice per call.
+    fn io(&mut self, deadline: Instant) -> frame::Deadlined<'_> {
+        frame::Deadlined::new(&self.stream, deadline, &mut self.armed)
     }
 }

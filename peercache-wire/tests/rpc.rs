@@ -251,3 +251,81 @@ fn a_stalled_peer_in_a_fan_out_does_not_time_out_the_others() {
     release_tx.send(()).unwrap();
     holder.join().unwrap();
 }
+
+/// Resident memory of this process, bytes (Linux `/proc/self/statm`).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[test]
+fn an_unauthenticated_large_frame_is_refused_and_never_buffered() {
+    // A server whose post-authentication frame limit is large (the control port's is 64 MiB).
+    let handler: rpc::Handler = Arc::new(|_| Reply::Frame(Vec::new()));
+    let srv = RpcServer::start(
+        ServerConfig {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            planes: vec![Plane::Control],
+            node: None,
+            incarnation: Incarnation(1),
+            max_frame: 64 << 20,
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 64,
+            workers: 1,
+            name: "test-rpc-big",
+            auth: peercache_wire::Auth::from_secret(b"sixteen-byte-secret!").unwrap(),
+        },
+        handler,
+    )
+    .unwrap();
+    let addr = srv.local_addr();
+    // Sixteen strangers at once, each announcing an 8 MiB first frame and streaming 2 MiB of it.
+    let before = rss();
+    let chunk = vec![0x5au8; 64 << 10];
+    let strangers: Vec<std::net::TcpStream> = (0..16)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            if s.write_all(&(8u32 << 20).to_be_bytes()).is_ok() {
+                for _ in 0..32 {
+                    if s.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            }
+            s
+        })
+        .collect();
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 16 << 20,
+        "the server buffered strangers' frames: RSS grew by {} MiB",
+        grown >> 20
+    );
+    // Each was closed by the server (end of stream or reset), not left waiting for more.
+    for mut s in strangers {
+        let mut b = [0u8; 1];
+        match std::io::Read::read(&mut s, &mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a stranger's connection is still open: {other:?}"),
+        }
+    }
+    assert!(
+        srv.counters()
+            .handshake_failures
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    // The port still serves members: the frame limit after authentication is the large one.
+    let c = RpcClient::new(ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(2)),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 16,
+        auth: peercache_wire::Auth::from_secret(b"sixteen-byte-secret!").unwrap(),
+    });
+    let big = envelope::encode(&Echo(1, "x".repeat(1 << 20)), &[]).unwrap();
+    assert!(c.call(addr, &big, Duration::from_secs(5)).is_ok());
+}

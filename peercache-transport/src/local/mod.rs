@@ -145,8 +145,9 @@ mod tests {
     use super::error::LocalError;
     use super::fds::recv_table;
     use super::fds::{check_file, check_shareable};
-    use super::server::{same_token, send_table};
+    use super::server::{LocalServer, same_token, send_table};
     use crate::RegionKey;
+    use crate::region::RegionTable;
     use crate::region::SharedFile;
 
     #[test]
@@ -350,5 +351,32 @@ mod tests {
         assert_eq!(byte[0], 7, "reads still see the pool");
         // SAFETY: unmaps the owner's mapping made in `pool_like_file`.
         unsafe { libc::munmap(owner_map.cast(), len) };
+    }
+
+    #[test]
+    fn silent_local_connections_do_not_delay_another_attach() {
+        use std::io::Write;
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+        let table = std::sync::Arc::new(RegionTable::new());
+        let server = LocalServer::start(table, std::time::Duration::from_secs(2)).unwrap();
+        let inv = server.invitation.clone();
+        let addr = UnixAddr::from_abstract_name(&inv.name).unwrap();
+        // Strangers on this host that connect and say nothing.
+        let silent: Vec<UnixStream> = (0..10)
+            .map(|_| UnixStream::connect_addr(&addr).unwrap())
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut peer = UnixStream::connect_addr(&addr).unwrap();
+        peer.write_all(&inv.token).unwrap();
+        let table = recv_table(&peer).unwrap();
+        let took = t0.elapsed();
+        assert!(table.is_empty(), "nothing is shared yet");
+        assert!(
+            took < std::time::Duration::from_millis(400),
+            "an attach behind ten silent connections took {took:?}"
+        );
+        drop(silent);
+        server.stop();
     }
 }

@@ -129,41 +129,105 @@ impl LocalServer {
     }
 }
 
+/// Attaches served at once; a connection beyond this is closed (an owner has one attach per
+/// co-located peer, so only a flood reaches it).
+const MAX_ATTACHING: usize = 32;
+
 fn accept_loop(
     listener: UnixListener,
     table: Arc<RegionTable>,
     stop: Arc<AtomicBool>,
     token: [u8; TOKEN_LEN],
     timeout: Duration,
-    leases: &Leases,
+    leases: &Arc<Leases>,
 ) {
+    let attaching = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let throttle = peercache_wire::limits::Throttle::new();
+    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        let Ok(mut s) = conn else { continue };
-        // A reader sends its token right after connecting: a short wait keeps one stalled
-        // client from holding up the others.
-        let wait = timeout.min(TOKEN_WAIT);
-        if s.set_read_timeout(Some(wait)).is_err() || s.set_write_timeout(Some(timeout)).is_err() {
+        let s = match conn {
+            Ok(s) => {
+                backoff.accepted();
+                s
+            }
+            Err(e) => {
+                let pause = backoff.failed(&e, "host-local");
+                if !pause.is_zero() {
+                    std::thread::sleep(pause);
+                }
+                continue;
+            }
+        };
+        // Each attach runs on its own short-lived thread, so a connection that sends its token
+        // slowly (or never) delays nobody else's attach.
+        if attaching.fetch_add(1, Ordering::AcqRel) >= MAX_ATTACHING {
+            attaching.fetch_sub(1, Ordering::AcqRel);
+            if let Some(held) = throttle.admit() {
+                tracing::warn!(
+                    limit = MAX_ATTACHING,
+                    refused_since_last = held,
+                    "host-local listener busy; closing an attach"
+                );
+            }
             continue;
         }
-        let mut got = [0u8; TOKEN_LEN];
-        if s.read_exact(&mut got).is_err() || !same_token(&got, &token) {
-            tracing::debug!("host-local attach without the right token; closed");
-            continue;
+        let (table, leases, attaching2) = (table.clone(), leases.clone(), attaching.clone());
+        let spawned = std::thread::Builder::new()
+            .name("pc-local-attach".into())
+            .spawn(move || {
+                serve_attach(s, &table, &token, timeout, &leases);
+                attaching2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            attaching.fetch_sub(1, Ordering::AcqRel);
         }
-        // Hold the table's read guard while sending, so no shared region goes away between
-        // listing it and handing out its descriptor (deregistration also revokes attachments).
-        let regions = table.read();
-        let seen = table.shared_changes();
-        let shared = shared_regions(&regions);
-        let sent = send_table(&s, &shared);
-        drop(regions);
-        match sent {
-            Ok(()) => leases.add(s, seen, &table),
-            Err(e) => tracing::debug!(error = %e, "host-local attach failed while sending"),
+    }
+}
+
+/// One attach: the token within [`TOKEN_WAIT`] in total, then the region table and its
+/// descriptors, then the connection is kept as the peer's lease.
+fn serve_attach(
+    mut s: UnixStream,
+    table: &RegionTable,
+    token: &[u8; TOKEN_LEN],
+    timeout: Duration,
+    leases: &Leases,
+) {
+    let until = std::time::Instant::now() + timeout.min(TOKEN_WAIT);
+    if s.set_write_timeout(Some(timeout)).is_err() {
+        return;
+    }
+    let mut got = [0u8; TOKEN_LEN];
+    let mut n = 0;
+    // A total deadline for the token, however it is split into reads.
+    while n < TOKEN_LEN {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            tracing::debug!("host-local attach sent no token in time; closed");
+            return;
         }
+        match s.read(&mut got[n..]) {
+            Ok(0) | Err(_) => return,
+            Ok(k) => n += k,
+        }
+    }
+    if !same_token(&got, token) {
+        tracing::debug!("host-local attach without the right token; closed");
+        return;
+    }
+    // Hold the table's read guard while sending, so no shared region goes away between
+    // listing it and handing out its descriptor (deregistration also revokes attachments).
+    let regions = table.read();
+    let seen = table.shared_changes();
+    let shared = shared_regions(&regions);
+    let sent = send_table(&s, &shared);
+    drop(regions);
+    match sent {
+        Ok(()) => leases.add(s, seen, table),
+        Err(e) => tracing::debug!(error = %e, "host-local attach failed while sending"),
     }
 }
 

@@ -50,16 +50,35 @@ pub(crate) fn start(
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
+    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
+    let at_limit = peercache_wire::limits::Throttle::new();
     for stream in listener.incoming() {
         if shared.stop.load(Ordering::Acquire) {
             break;
         }
-        let Ok(stream) = stream else { continue };
+        let stream = match stream {
+            Ok(s) => {
+                backoff.accepted();
+                s
+            }
+            Err(e) => {
+                // Out of descriptors the pending connection stays queued: accepting again at
+                // once would spin. Pause (bounded; shutdown waits at most one pause).
+                let pause = backoff.failed(&e, "data");
+                if !pause.is_zero() {
+                    std::thread::sleep(pause);
+                }
+                continue;
+            }
+        };
         if shared.live.load(Ordering::Acquire) >= shared.cfg.max_server_connections {
-            tracing::warn!(
-                limit = shared.cfg.max_server_connections,
-                "data server at its connection limit; refusing a connection"
-            );
+            if let Some(held) = at_limit.admit() {
+                tracing::warn!(
+                    limit = shared.cfg.max_server_connections,
+                    refused_since_last = held,
+                    "data server at its connection limit; refusing connections"
+                );
+            }
             continue;
         }
         let _ = stream.set_nodelay(true);

@@ -1,0 +1,213 @@
+//! Strangers without the secret against a real `peercache-node` process on loopback: they
+//! cannot hold its ports open by trickling a handshake, and a connection flood under a low
+//! descriptor limit neither spins the node's CPU nor floods its log.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const SECRET: &str = "hostile test secret, long enough";
+
+/// Kills the child process when dropped (a failing assertion leaves no stray node behind).
+struct Node {
+    child: Child,
+    ports: Ports,
+}
+
+#[derive(Clone, Copy)]
+struct Ports {
+    meta: SocketAddr,
+    data: SocketAddr,
+    control: SocketAddr,
+    client: SocketAddr,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node on `127.0.0.<host>` with every port fixed, `op_timeout` 1 s (the handshake deadline
+/// of the data, control and client ports), started under `ulimit -n <nofile>` (hard and soft).
+fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
+    let ip = format!("127.0.0.{host}");
+    let p = |_: ()| common::free_port();
+    let ports = Ports {
+        meta: format!("{ip}:{}", p(())).parse().unwrap(),
+        data: format!("{ip}:{}", p(())).parse().unwrap(),
+        control: format!("{ip}:{}", p(())).parse().unwrap(),
+        client: format!("{ip}:{}", p(())).parse().unwrap(),
+    };
+    let exe = env!("CARGO_BIN_EXE_peercache-node");
+    let cmd = format!(
+        "ulimit -n {nofile} && exec {exe} --discovery-addr {meta} --host {ip} \
+         --set node_id=hostile-{host} --set protocol=tcp --set global_segment_size=16mb \
+         --set rdma_port={data} --set control_port={control} \
+         --set client_enabled=true --set client_port={client} \
+         --set op_timeout=1.0 --set heartbeat_interval=0.2 --set member_ttl=0.6 \
+         --set metrics_enabled=false --set log_level=warn",
+        meta = ports.meta,
+        data = ports.data.port(),
+        control = ports.control.port(),
+        client = ports.client.port(),
+    );
+    let child = Command::new("bash")
+        .args(["-c", &cmd])
+        .env("PEERCACHE_CLUSTER_SECRET", SECRET)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let node = Node { child, ports };
+    // Ready when every port accepts.
+    let until = Instant::now() + Duration::from_secs(20);
+    for a in [ports.meta, ports.data, ports.control, ports.client] {
+        while TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < until, "node never listened on {a}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    node
+}
+
+/// Connects to `addr` and trickles a plausible first frame one byte per 100 ms, as a stranger
+/// would; returns how long the server kept the connection open (None: still open after 10 s).
+fn trickle(addr: SocketAddr) -> Option<Duration> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut bytes = 1000u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[0x42; 1000]);
+    let t0 = Instant::now();
+    for b in bytes {
+        if s.write_all(&[b]).is_err() {
+            return Some(t0.elapsed());
+        }
+        let mut r = [0u8; 64];
+        match s.read(&mut r) {
+            Ok(0) => return Some(t0.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Some(t0.elapsed()),
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+    }
+    None
+}
+
+#[test]
+fn a_stranger_trickling_a_handshake_is_closed_within_twice_the_deadline_on_every_port() {
+    let node = start(61, 4096, Stdio::null());
+    let p = node.ports;
+    // Handshake deadlines: op_timeout (1 s) on data, control and client ports; 2 s on meta.
+    // The data port also carries the RDMA bootstrap and same-host attach planes.
+    let ports = [
+        ("data", p.data, 1.0),
+        ("control", p.control, 1.0),
+        ("client", p.client, 1.0),
+        ("meta", p.meta, 2.0),
+    ];
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ports
+            .iter()
+            .map(|(name, addr, deadline)| s.spawn(move || (*name, trickle(*addr), *deadline)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (name, open_for, deadline) in results {
+        let open_for = open_for.unwrap_or_else(|| panic!("{name} port held a trickler open"));
+        assert!(
+            open_for < Duration::from_secs_f64(2.0 * deadline),
+            "{name} port kept a trickler for {open_for:?} (deadline {deadline} s)"
+        );
+    }
+    // The slots are free again: an authenticated client is served.
+    let c = peercache_store::client::Client::new(
+        p.client,
+        peercache_wire::Auth::from_secret(SECRET.as_bytes()).unwrap(),
+        Duration::from_secs(5),
+    );
+    let page = common::page(7, 4096);
+    assert!(c.put(&["hostile/a"], &[&page[..]]).unwrap()[0]);
+}
+
+/// CPU seconds a process has used (user + system), from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// The pid of the node: `bash -c 'ulimit …; exec node'` keeps the pid across the exec.
+fn pid(node: &Node) -> u32 {
+    node.child.id()
+}
+
+#[test]
+fn a_connection_flood_under_a_low_descriptor_limit_neither_spins_nor_floods_the_log() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let node = start(62, 256, Stdio::from(log.reopen().unwrap()));
+    let p = node.ports;
+    let pid = pid(&node);
+    let cpu0 = cpu_seconds(pid);
+    let t0 = Instant::now();
+    // Five seconds of strangers: every port gets new connections as fast as they are
+    // refused, and up to 150 of them are held open at a time.
+    let mut held: Vec<TcpStream> = Vec::new();
+    let mut opened = 0u64;
+    while t0.elapsed() < Duration::from_secs(5) {
+        for a in [p.data, p.control, p.client, p.meta] {
+            if let Ok(s) = TcpStream::connect_timeout(&a, Duration::from_millis(100)) {
+                opened += 1;
+                held.push(s);
+            }
+        }
+        if held.len() > 150 {
+            held.drain(..40);
+        }
+    }
+    let cpu = cpu_seconds(pid) - cpu0;
+    let wall = t0.elapsed().as_secs_f64();
+    drop(held);
+    assert!(
+        opened > 200,
+        "the flood reached the node ({opened} connections)"
+    );
+    assert!(
+        cpu < 0.5 * wall,
+        "the node used {cpu:.2} CPU s in {wall:.1} s under the flood"
+    );
+    // It still serves a member afterwards.
+    let c = peercache_store::client::Client::new(
+        p.client,
+        peercache_wire::Auth::from_secret(SECRET.as_bytes()).unwrap(),
+        Duration::from_secs(5),
+    );
+    let page = common::page(8, 4096);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.put(&["hostile/b"], &[&page[..]]) {
+            Ok(v) if v[0] => break,
+            other => assert!(
+                Instant::now() < until,
+                "not served after the flood: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = std::fs::read_to_string(log.path()).unwrap().lines().count();
+    assert!(
+        lines < 60,
+        "{lines} log lines for {opened} refused connections"
+    );
+}
