@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use peercache_pool::{
     PageWrite, Pool, PoolConfig, PoolError, PublishScratch, Published, ReplClass,
@@ -16,6 +16,8 @@ use rand::{Rng, SeedableRng};
 const PAGE: usize = 512;
 const KEYS: u64 = 6000;
 const TOTAL_OPS: u64 = 1_000_000;
+/// The longest a run waits for its first race after TOTAL_OPS.
+const RACE_DEADLINE: Duration = Duration::from_secs(30);
 
 fn fill(key: PageKey, epoch: u64, out: &mut [u8]) {
     out[..8].copy_from_slice(&epoch.to_le_bytes());
@@ -49,10 +51,19 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
     let wrong = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
+    // The run ends after TOTAL_OPS once a race has been seen (a stale or torn read rejected),
+    // or after RACE_DEADLINE: on a loaded machine the threads may take longer to interleave.
+    let done = {
+        let rejected = rejected.clone();
+        move |ops: u64| {
+            ops >= TOTAL_OPS
+                && (rejected.load(Ordering::Relaxed) > 0 || t0.elapsed() > RACE_DEADLINE)
+        }
+    };
 
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
-            let (pool, ops, stop) = (pool.clone(), ops.clone(), stop.clone());
+            let (pool, ops, stop, done) = (pool.clone(), ops.clone(), stop.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(w);
                 let mut scratch = PublishScratch::default();
@@ -91,7 +102,7 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
                         pool.remove_batch(&[(k, None)]);
                     }
                     evicted.clear();
-                    if ops.fetch_add(16, Ordering::Relaxed) >= TOTAL_OPS {
+                    if done(ops.fetch_add(16, Ordering::Relaxed)) {
                         stop.store(true, Ordering::Relaxed);
                     }
                 }
@@ -101,7 +112,7 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
 
     let readers: Vec<_> = (0..2u64)
         .map(|r| {
-            let (pool, ops, stop) = (pool.clone(), ops.clone(), stop.clone());
+            let (pool, ops, stop, done) = (pool.clone(), ops.clone(), stop.clone(), done.clone());
             let (accepted, rejected, wrong) = (accepted.clone(), rejected.clone(), wrong.clone());
             std::thread::spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(100 + r);
@@ -137,7 +148,7 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
                         }
                     }
                     old = fresh;
-                    if ops.fetch_add(64, Ordering::Relaxed) >= TOTAL_OPS {
+                    if done(ops.fetch_add(64, Ordering::Relaxed)) {
                         stop.store(true, Ordering::Relaxed);
                     }
                 }

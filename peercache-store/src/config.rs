@@ -4,6 +4,7 @@
 //! Every key is documented in `docs/configuration.md` (a test checks that).
 
 use std::collections::BTreeMap;
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,6 +27,18 @@ pub enum ConfigError {
     /// A required key is missing.
     #[error("config key `{0}` is required (e.g. \"discovery_addr\": \"10.0.0.1:31998\")")]
     Missing(&'static str),
+    /// No cluster secret, yet the node would be reachable beyond loopback.
+    #[error(
+        "no cluster_secret set, but this node is reachable beyond loopback ({}): set \
+         cluster_secret (or PEERCACHE_CLUSTER_SECRET / cluster_secret_file, ≥ 16 bytes, e.g. \
+         `openssl rand -hex 32`) on every node, or bind to 127.0.0.x, or accept an open node \
+         with insecure = true",
+        reachable.join(", ")
+    )]
+    Unauthenticated {
+        /// The settings that make it reachable.
+        reachable: Vec<String>,
+    },
     /// The config file could not be read or parsed.
     #[error("config file {path}: {reason}")]
     File {
@@ -262,6 +275,9 @@ pub struct PeerCacheConfig {
     pub cluster_secret_file: String,
     /// Another secret accepted from peers during a rolling rotation (empty: none).
     pub cluster_secret_accept: Secret,
+    /// Run without a cluster secret although the node is reachable beyond loopback (the
+    /// explicit opt-out; shown in the start-up line and in `/cluster`).
+    pub insecure: bool,
 }
 
 impl Default for PeerCacheConfig {
@@ -332,6 +348,7 @@ impl Default for PeerCacheConfig {
             log_level: "info".into(),
             cluster_secret: Secret::default(),
             cluster_secret_file: String::new(),
+            insecure: false,
             cluster_secret_accept: Secret::default(),
         }
     }
@@ -404,6 +421,7 @@ pub const KEYS: &[&str] = &[
     "cluster_secret",
     "cluster_secret_file",
     "cluster_secret_accept",
+    "insecure",
 ];
 
 /// Keys SGLang itself puts into `extra_config`: accepted silently.
@@ -678,6 +696,7 @@ impl PeerCacheConfig {
             "control_bind_host" => self.control_bind_host = as_str(v),
             "control_port" => self.control_port = port("control_port", v)?,
             "client_enabled" => self.client_enabled = as_bool("client_enabled", v)?,
+            "insecure" => self.insecure = as_bool("insecure", v)?,
             "client_port" => self.client_port = port("client_port", v)?,
             "meta_bind_host" => self.meta_bind_host = as_str(v),
             "disk_enabled" => self.disk_enabled = as_bool("disk_enabled", v)?,
@@ -938,6 +957,80 @@ impl PeerCacheConfig {
         })
     }
 
+    /// The addresses this node would listen on, advertise or contact that are not loopback
+    /// (a wildcard bind counts: it listens on every interface).
+    pub fn reachable_beyond_loopback(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut host = |key: &str, h: &str| {
+            if h.is_empty() {
+                return;
+            }
+            let loopback = (h, 0u16)
+                .to_socket_addrs()
+                .map(|mut a| a.all(|a| a.ip().is_loopback()))
+                .unwrap_or(false);
+            if !loopback {
+                out.push(format!("{key} = {h}"));
+            }
+        };
+        host("local_hostname", &self.local_hostname);
+        host("rdma_bind_host", &self.rdma_bind_host);
+        host("control_bind_host", &self.control_bind_host);
+        host("meta_bind_host", &self.meta_bind_host);
+        for seed in self.discovery_addr.split(',').map(str::trim) {
+            if let Some((h, _)) = seed.rsplit_once(':') {
+                host(
+                    "discovery_addr",
+                    h.trim_start_matches('[').trim_end_matches(']'),
+                );
+            }
+        }
+        out
+    }
+
+    /// The authentication rule at start: with a secret, nothing to say; without one, a node
+    /// reachable only on loopback starts with a warning (returned), one reachable beyond it
+    /// refuses to start unless `insecure = true`; `cluster_secret_accept` alone is an error
+    /// (it would silently leave the node open).
+    pub fn check_authentication(
+        &self,
+        auth: &peercache_wire::Auth,
+    ) -> Result<Option<String>, ConfigError> {
+        if auth.is_enabled() {
+            return Ok(None);
+        }
+        if !self.cluster_secret_accept.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "cluster_secret_accept",
+                value: "<redacted>".into(),
+                reason: "an accepted secret needs cluster_secret (or cluster_secret_file) too; \
+                         alone it would leave the node unauthenticated"
+                    .into(),
+            });
+        }
+        let beyond = self.reachable_beyond_loopback();
+        if self.insecure {
+            return Ok(Some(format!(
+                "insecure = true: running without a cluster secret although reachable at {}; \
+                 any process that reaches these ports can join, read pages and query the directory",
+                if beyond.is_empty() {
+                    "loopback only".to_string()
+                } else {
+                    beyond.join(", ")
+                }
+            )));
+        }
+        if beyond.is_empty() {
+            return Ok(Some(
+                "no cluster_secret set: this node is reachable on loopback only, where any local \
+                 process can join it (set cluster_secret or PEERCACHE_CLUSTER_SECRET; see \
+                 docs/operations.md)"
+                    .into(),
+            ));
+        }
+        Err(ConfigError::Unauthenticated { reachable: beyond })
+    }
+
     /// This rank's pool bytes (`global_segment_size / tp_size`).
     pub fn pool_bytes(&self) -> u64 {
         self.global_segment_size / self.tp_size as u64
@@ -1155,6 +1248,51 @@ mod tests {
             "discovery_addr": "127.0.0.1:1", "device_names": {"0": "mlx5_0,mlx5_0"},
         })));
         assert!(dup.unwrap_err().to_string().contains("duplicate device"));
+    }
+
+    #[test]
+    fn a_node_without_a_secret_starts_only_on_loopback_or_when_declared_insecure() {
+        let cfg = |extra: serde_json::Value| {
+            let mut m = serde_json::json!({"discovery_addr": "127.0.0.1:7000"});
+            for (k, v) in extra.as_object().unwrap() {
+                m[k] = v.clone();
+            }
+            PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap().0
+        };
+        let check = |c: &PeerCacheConfig| c.check_authentication(&c.cluster_auth().unwrap());
+        let loopback = serde_json::json!({
+            "local_hostname": "127.0.0.2", "rdma_bind_host": "127.0.0.2",
+            "control_bind_host": "127.0.0.2", "meta_bind_host": "localhost",
+        });
+        // Loopback only: starts, with one warning.
+        let w = check(&cfg(loopback.clone())).unwrap().unwrap();
+        assert!(w.contains("loopback only"), "{w}");
+        // The default wildcard binds reach every interface: refused, naming the fix.
+        let e = check(&cfg(serde_json::json!({}))).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ConfigError::Unauthenticated { .. }));
+        assert!(
+            msg.contains("cluster_secret") && msg.contains("insecure = true"),
+            "{msg}"
+        );
+        assert!(msg.contains("rdma_bind_host = 0.0.0.0"), "{msg}");
+        // A seed on another host counts too.
+        let mut remote_seed = loopback.clone();
+        remote_seed["discovery_addr"] = "127.0.0.1:7000,10.1.2.3:7000".into();
+        assert!(check(&cfg(remote_seed)).is_err());
+        // The explicit opt-out starts, and says so.
+        let w = check(&cfg(serde_json::json!({"insecure": true})))
+            .unwrap()
+            .unwrap();
+        assert!(w.contains("insecure = true"), "{w}");
+        // An accepted secret without a secret of its own would be an open node: refused.
+        let mut accept_only = loopback.clone();
+        accept_only["cluster_secret_accept"] = "sixteen-byte-secret!".into();
+        let e = check(&cfg(accept_only)).unwrap_err();
+        assert!(e.to_string().contains("cluster_secret_accept"), "{e}");
+        // With a secret: nothing to say, wherever it listens.
+        let c = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
+        assert_eq!(check(&c).unwrap(), None);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: PeerCacheConfig,
     pub(crate) me: NodeId,
     pub(crate) incarnation: Incarnation,
+    /// Connections prove the cluster secret (false: an open node, loopback or `insecure`).
+    pub(crate) auth_enabled: bool,
     pub(crate) keys: Keyspace,
     pub(crate) metrics: Handles,
     pub(crate) evictions: Mutex<Option<EvictionBatcher>>,
@@ -399,12 +401,8 @@ impl Inner {
         let explicit_host = !cfg.local_hostname.is_empty();
         let metrics = Handles::register(me.as_str());
         let auth = cfg.cluster_auth()?;
-        if !auth.is_enabled() {
-            tracing::warn!(
-                "no cluster_secret set: any process that reaches this node's ports can join, \
-                 read its pages and query its directory (set cluster_secret or \
-                 PEERCACHE_CLUSTER_SECRET; see docs/operations.md)"
-            );
+        if let Some(warning) = cfg.check_authentication(&auth)? {
+            tracing::warn!("{warning}");
         }
         let cell: crate::observe::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
@@ -669,7 +667,7 @@ impl Inner {
         tracing::info!(
             node = %me, transport = %transport_why, data = %data_endpoint, control = %control_endpoint,
             meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
-            incarnation = incarnation.0,
+            incarnation = incarnation.0, authenticated = auth.is_enabled(), insecure = cfg.insecure,
             metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
             client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
@@ -679,6 +677,7 @@ impl Inner {
             cfg,
             me,
             incarnation,
+            auth_enabled: auth.is_enabled(),
             metrics,
             evictions: Mutex::new(Some(evictions)),
             discovery,

@@ -265,7 +265,7 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
         .map(|m| {
             let metrics = m.attrs.iter().find(|(k, _)| k == "metrics").map(|(_, v)| v.clone());
             serde_json::json!({
-                "node": m.node.as_str(), "incarnation": m.incarnation.0, "host": m.host.to_string(),
+                "node": m.node.as_str(), "host": m.host.to_string(),
                 "control": m.control.to_string(), "data": m.data.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
                 "meta": m.meta.map(|a| a.to_string()), "role": m.role, "metrics": metrics,
             })
@@ -282,7 +282,7 @@ pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
         .collect();
     serde_json::json!({
         "node": inner.me.as_str(),
-        "incarnation": inner.incarnation.0,
+        "authenticated": inner.auth_enabled, "insecure": inner.cfg.insecure,
         "masters": inner.discovery.masters().iter().map(|m| m.to_string()).collect::<Vec<_>>(),
         "members": members,
         "shard_entries": inner.dir_service.with_shard(|s, _| s.len()),

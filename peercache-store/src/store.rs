@@ -136,8 +136,8 @@ pub struct StoreStats {
 ///
 /// # Example
 ///
-/// A one-node cluster on loopback (the node is its own discovery seed): publish two pages,
-/// check which are present, read them back byte for byte.
+/// A one-node cluster (the node is its own discovery seed) with a cluster secret: publish two
+/// pages, check which are present, read them back byte for byte.
 ///
 /// ```
 /// use std::time::Duration;
@@ -150,6 +150,8 @@ pub struct StoreStats {
 ///     "protocol": "tcp",
 ///     "global_segment_size": "16mb",
 ///     "metrics_enabled": false,
+///     // Every connection proves it (in production: PEERCACHE_CLUSTER_SECRET or a file).
+///     "cluster_secret": "an example secret of 16+ bytes",
 /// });
 /// let (cfg, warnings) = PeerCacheConfig::from_map(settings.as_object().unwrap())?;
 /// assert!(warnings.is_empty(), "{warnings:?}");
