@@ -771,6 +771,42 @@ impl PeerCacheConfig {
                 self.max_batch_ops =
                     ranged("max_batch_ops", v, as_u64("max_batch_ops", v)?, 1, 1 << 20)? as usize
             }
+            "max_frame_bytes" => {
+                self.max_frame_bytes = ranged(
+                    "max_frame_bytes",
+                    v,
+                    as_size("max_frame_bytes", v)?,
+                    64 << 10,
+                    1 << 30,
+                )?
+            }
+            "max_inbound_connections" => {
+                self.max_inbound_connections = ranged(
+                    "max_inbound_connections",
+                    v,
+                    as_u64("max_inbound_connections", v)?,
+                    1,
+                    1 << 20,
+                )? as usize
+            }
+            "eviction_queue_depth" => {
+                self.eviction_queue_depth = ranged(
+                    "eviction_queue_depth",
+                    v,
+                    as_u64("eviction_queue_depth", v)?,
+                    1,
+                    1 << 20,
+                )? as usize
+            }
+            "disk_queue_depth" => {
+                self.disk_queue_depth = ranged(
+                    "disk_queue_depth",
+                    v,
+                    as_u64("disk_queue_depth", v)?,
+                    1,
+                    1 << 20,
+                )? as usize
+            }
             "startup_timeout" => self.startup_timeout = as_f64("startup_timeout", v)?,
             "tp_rank" => self.tp_rank = as_u64("tp_rank", v)? as u32,
             "tp_size" => {
@@ -1293,6 +1329,36 @@ mod tests {
         // With a secret: nothing to say, wherever it listens.
         let c = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
         assert_eq!(check(&c).unwrap(), None);
+    }
+
+    #[test]
+    fn every_listed_key_is_parsed_not_ignored() {
+        // A key in KEYS without a `set` arm would be documented and silently ignored; every
+        // arm either takes the value or refuses it with a typed error, never "unknown".
+        for k in KEYS {
+            let mut cfg = PeerCacheConfig::default();
+            for v in [Value::Null, Value::String("1".into()), Value::Bool(true)] {
+                assert!(
+                    !matches!(cfg.set(k, &v), Ok(false)),
+                    "`{k}` is listed and documented but not parsed"
+                );
+            }
+        }
+        let (cfg, warnings) = PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:1", "max_frame_bytes": "1mb",
+            "max_inbound_connections": 7, "eviction_queue_depth": 9, "disk_queue_depth": 11,
+        })))
+        .unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            (
+                cfg.max_frame_bytes,
+                cfg.max_inbound_connections,
+                cfg.eviction_queue_depth,
+                cfg.disk_queue_depth
+            ),
+            (1 << 20, 7, 9, 11)
+        );
     }
 
     #[test]
