@@ -107,13 +107,7 @@ pub fn node_config(args: &NodeArgs, role: Role) -> Result<PeerCacheConfig> {
         }
     }
     let env: BTreeMap<String, String> = config::process_env();
-    let mut overrides = Map::new();
-    for kv in &args.set {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--set {kv}: expected KEY=VALUE"))?;
-        overrides.insert(k.trim().to_string(), Value::String(v.to_string()));
-    }
+    let overrides = config::parse_overrides(&args.set)?;
     // --set beats the environment, which beats the file, which beats the flags above.
     let (mut cfg, warnings) =
         PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env, &overrides)?;

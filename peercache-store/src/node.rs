@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use peercache_directory::{
-    ClientConfig as DirClientConfig, DirectoryClient, DirectoryService, Member, ShardConfig,
-};
-use peercache_discovery::{DiscoveryClient, DiscoveryConfig, DiscoveryServer, Hosting, NodeInfo};
+use peercache_directory::{DirectoryClient, DirectoryService, Member};
+use peercache_discovery::{DiscoveryClient, DiscoveryServer, Hosting, NodeInfo};
 use peercache_pool::{Pool, PoolConfig, PublishScratch, Published};
-use peercache_transport::{Access, RegionHandle, Transport, TransportConfig};
+use peercache_transport::{Access, RegionHandle, Transport};
 use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
@@ -203,8 +201,7 @@ fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::d
         std::path::PathBuf::from(&cfg.disk_path)
     };
     let dir = root.join(me.as_str());
-    let mut disk_cfg = peercache_pool::disk::DiskConfig::new(dir.clone(), cfg.disk_size);
-    disk_cfg.queue_depth = cfg.disk_queue_depth;
+    let disk_cfg = cfg.disk(dir.clone());
     match peercache_pool::disk::DiskTier::open(disk_cfg) {
         Ok(t) => {
             tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovered = t.stats().recovered, "disk tier open");
@@ -214,18 +211,6 @@ fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::d
             tracing::warn!(dir = %dir.display(), error = %e, "disk tier unavailable; running without it");
             None
         }
-    }
-}
-
-/// The RDMA devices `cfg` names (`device_names`, else `device_name`; empty = the first found).
-fn wanted_devices(cfg: &PeerCacheConfig) -> Vec<String> {
-    if cfg.device_names.is_empty() {
-        [cfg.device_name.clone()]
-            .into_iter()
-            .filter(|d| !d.is_empty())
-            .collect()
-    } else {
-        cfg.device_names.clone()
     }
 }
 
@@ -242,7 +227,7 @@ fn rdma_plane(
             use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
             static FABRIC: std::sync::OnceLock<Arc<Fabric>> = std::sync::OnceLock::new();
             let fabric = FABRIC.get_or_init(Fabric::new).clone();
-            let rails = cfg.device_names.len().max(1);
+            let rails = cfg.rdma_devices().len().max(1);
             let mut verbs = SoftVerbs::new(fabric, rails, 16, 64);
             verbs.bootstrap = Some(SoftBootstrap {
                 node: Some(me.clone()),
@@ -268,7 +253,7 @@ fn verbs_plane(
 ) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
     use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
     let vc = VerbsConfig {
-        devices: wanted_devices(cfg),
+        devices: cfg.rdma_devices(),
         ib_port: cfg.ib_port,
         gid_index: cfg.gid_index,
         sq_depth: 128,
@@ -342,7 +327,7 @@ impl Inner {
             (Protocol::Rdma, crate::RdmaBackend::Verbs) => {
                 use peercache_transport::rdma::{memlock_shortfall, probe};
                 let ready =
-                    probe(&wanted_devices(&cfg)).and_then(|devices| {
+                    probe(&cfg.rdma_devices()).and_then(|devices| {
                         match memlock_shortfall(cfg.pool_bytes()) {
                             Some(why) => Err(why),
                             None => Ok(devices),
@@ -452,18 +437,11 @@ impl Inner {
             transport_why
         };
         let transport = Arc::new(Transport::start_with_rdma(
-            TransportConfig {
-                bind: bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
-                max_channels_per_peer: cfg.max_channels_per_peer,
-                op_timeout: cfg.op_timeout(),
-                suspect_for: Duration::from_secs_f64(cfg.suspect_for),
-                max_batch_ops: cfg.max_batch_ops,
-                max_server_connections: conn_cap,
-                auth: auth.clone(),
-                rdma_writes: cfg.rdma_writes,
-                host_local: cfg.host_local,
-                ..TransportConfig::default()
-            },
+            cfg.transport(
+                bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
+                conn_cap,
+                auth.clone(),
+            ),
             Some(me.clone()),
             rdma,
         )?);
@@ -507,11 +485,7 @@ impl Inner {
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
         // Directory shard and the control listener that serves it.
-        let dir_service = Arc::new(DirectoryService::new(ShardConfig {
-            max_entries: cfg.directory_max_entries as usize,
-            entry_ttl_ms: 0,
-            reclaim_threshold: cfg.reclaim_threshold,
-        }));
+        let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
         let (svc, node_cell) = (dir_service.clone(), cell.clone());
         let handler: rpc::Handler = Arc::new(move |env| {
             if env.kind == StoreRequest::KIND {
@@ -585,19 +559,12 @@ impl Inner {
         let dir = Arc::new(DirectoryClient::new(
             me.clone(),
             dir_service.clone(),
-            RpcClient::new(rpc::ClientConfig {
-                hello: Hello::new(Plane::Control, Some(me.clone()), incarnation),
-                max_idle_per_peer: cfg.max_channels_per_peer,
-                max_frame: cfg.max_frame_bytes as usize,
-                auth: auth.clone(),
-            })
+            RpcClient::new(cfg.rpc_client(
+                Hello::new(Plane::Control, Some(me.clone()), incarnation),
+                auth.clone(),
+            ))
             .with_suspect_for(Duration::from_secs_f64(cfg.suspect_for)),
-            DirClientConfig {
-                replicas: cfg.directory_replicas,
-                vnodes: cfg.vnodes,
-                timeout: cfg.op_timeout(),
-                ..DirClientConfig::default()
-            },
+            cfg.directory_client(),
         ));
 
         // Discovery: host the meta server if the port is free, then join.
@@ -640,18 +607,7 @@ impl Inner {
                 a
             },
         };
-        let discovery = DiscoveryClient::start(
-            info,
-            DiscoveryConfig {
-                seeds,
-                heartbeat: Duration::from_secs_f64(cfg.heartbeat_interval),
-                max_masters: cfg.max_masters,
-                rpc_timeout: cfg
-                    .op_timeout()
-                    .min(Duration::from_secs_f64(cfg.heartbeat_interval)),
-                auth: auth.clone(),
-            },
-        )?;
+        let discovery = DiscoveryClient::start(info, cfg.discovery(seeds, auth.clone()))?;
         let disk = if cfg.disk_enabled {
             open_disk(&cfg, &me)
         } else {

@@ -67,17 +67,33 @@ impl OpError {
         }
     }
 
+    /// Every [`OpError::label`], indexed by [`OpError::kind`].
+    pub const KINDS: [&'static str; 7] = [
+        "unknown_region",
+        "out_of_region",
+        "access_denied",
+        "device_only",
+        "bad_length",
+        "length_mismatch",
+        "batch",
+    ];
+
+    /// This error's index in [`OpError::KINDS`].
+    pub fn kind(&self) -> usize {
+        match self {
+            OpError::UnknownRegion(_) => 0,
+            OpError::OutOfRegion { .. } => 1,
+            OpError::AccessDenied(_) => 2,
+            OpError::DeviceOnly(_) => 3,
+            OpError::BadLength { .. } => 4,
+            OpError::LengthMismatch { .. } => 5,
+            OpError::Batch(_) => 6,
+        }
+    }
+
     /// Short label for metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            OpError::UnknownRegion(_) => "unknown_region",
-            OpError::OutOfRegion { .. } => "out_of_region",
-            OpError::AccessDenied(_) => "access_denied",
-            OpError::DeviceOnly(_) => "device_only",
-            OpError::BadLength { .. } => "bad_length",
-            OpError::LengthMismatch { .. } => "length_mismatch",
-            OpError::Batch(_) => "batch",
-        }
+        Self::KINDS[self.kind()]
     }
 }
 

@@ -1,51 +1,227 @@
-//! Metric names of the transport (the `metrics` facade; the store installs the recorder).
+//! Every metric name of the transport, and the [`Tally`] counters behind both the series and
+//! [`crate::Transport::stats`] (the store installs the recorder).
 //!
 //! Counters are incremented once per batch with the batch's totals, never per page.
+
+use peercache_wire::tally::Tally;
+
+use crate::{Batch, OpError, OpResults};
 
 /// Ops served or issued, label `op` = `read` | `write`, `side` = `client` | `server`.
 pub const OPS_TOTAL: &str = "peercache_transport_ops_total";
 /// Payload bytes moved, same labels as [`OPS_TOTAL`].
 pub const BYTES_TOTAL: &str = "peercache_transport_bytes_total";
-/// Failed ops, label `kind` = the [`crate::OpError::label`] or `timeout` / `connection`.
+/// Failed ops, label `kind` = the [`crate::OpError::label`], `connection` (a batch lost with
+/// its connection) or `served_op` (an op this node's server refused).
 pub const ERRORS_TOTAL: &str = "peercache_transport_errors_total";
 /// Batches that hit their deadline.
 pub const TIMEOUTS_TOTAL: &str = "peercache_transport_timeouts_total";
 /// Times a peer was marked suspect.
 pub const SUSPECT_MARKS_TOTAL: &str = "peercache_transport_suspect_marks_total";
+/// Batches failed fast because their peer was suspect.
+pub const SUSPECT_REJECTS_TOTAL: &str = "peercache_transport_suspect_rejects_total";
 /// Connections opened to peers.
 pub const CONNECTS_TOTAL: &str = "peercache_transport_connects_total";
+/// Connections to peers dropped after an error.
+pub const CONN_DISCARDS_TOTAL: &str = "peercache_transport_conn_discards_total";
+/// Inbound data connections closed because the stream could not be trusted.
+pub const SERVER_DESYNCS_TOTAL: &str = "peercache_transport_server_desyncs_total";
+/// Of the client's read ops: ops copied from a peer's shared memory (host-local path).
+pub const LOCAL_READ_OPS_TOTAL: &str = "peercache_transport_local_read_ops_total";
 /// Of the client's read bytes: bytes copied from a peer's shared memory (host-local path).
 pub const LOCAL_READ_BYTES_TOTAL: &str = "peercache_transport_local_read_bytes_total";
+/// Times this node attached to a peer's shared regions.
+pub const LOCAL_ATTACHES_TOTAL: &str = "peercache_transport_local_attaches_total";
 
-use metrics::Counter;
-
-/// Counter handles resolved once at start-up, so the hot path builds no label sets.
-#[derive(Clone)]
-pub(crate) struct Handles {
-    pub(crate) client_read_ops: Counter,
-    pub(crate) client_read_bytes: Counter,
-    pub(crate) client_write_ops: Counter,
-    pub(crate) client_write_bytes: Counter,
-    pub(crate) server_read_ops: Counter,
-    pub(crate) server_read_bytes: Counter,
-    pub(crate) server_write_ops: Counter,
-    pub(crate) server_write_bytes: Counter,
-    pub(crate) local_read_bytes: Counter,
+/// Metric names of the RDMA path (also `rdma::path::metric`).
+pub mod rdma {
+    /// Read ops carried over RDMA.
+    pub const OPS: &str = "peercache_rdma_read_ops_total";
+    /// Bytes read over RDMA.
+    pub const BYTES: &str = "peercache_rdma_read_bytes_total";
+    /// Write ops carried over RDMA (`rdma_writes`).
+    pub const WRITE_OPS: &str = "peercache_rdma_write_ops_total";
+    /// Bytes written over RDMA (`rdma_writes`).
+    pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
+    /// Ops that failed over RDMA.
+    pub const OP_ERRORS: &str = "peercache_rdma_op_errors_total";
+    /// Caller buffers registered for one batch (lazy registration).
+    pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
+    /// Read batches handed to TCP.
+    pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
+    /// Region tables fetched from peers.
+    pub const TABLE_FETCHES: &str = "peercache_rdma_table_fetches_total";
+    /// Work requests posted.
+    pub const WORK_REQUESTS: &str = "peercache_rdma_work_requests_total";
+    /// Work completions with an error status.
+    pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
+    /// Windows that missed their deadline.
+    pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
+    /// Queue pairs discarded.
+    pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
+    /// Failed posts.
+    pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
+    /// Channels that could not be leased (queue-pair connects that failed).
+    pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
 }
 
-impl Handles {
+fn tally(name: &'static str) -> Tally {
+    Tally::new(metrics::counter!(name))
+}
+
+fn sided(name: &'static str, op: &'static str, side: &'static str) -> Tally {
+    Tally::new(metrics::counter!(name, "op" => op, "side" => side))
+}
+
+fn error_kind(kind: &'static str) -> Tally {
+    Tally::new(metrics::counter!(ERRORS_TOTAL, "kind" => kind))
+}
+
+/// The counters of one transport (client, server and same-host path), resolved once at
+/// start-up so the hot path builds no label sets.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    pub(crate) read_ops: Tally,
+    pub(crate) read_bytes: Tally,
+    pub(crate) write_ops: Tally,
+    pub(crate) write_bytes: Tally,
+    /// Per-op errors, by [`OpError::kind`].
+    pub(crate) op_errors: [Tally; OpError::KINDS.len()],
+    pub(crate) batch_errors: Tally,
+    pub(crate) timeouts: Tally,
+    pub(crate) suspect_marks: Tally,
+    pub(crate) suspect_rejects: Tally,
+    pub(crate) connects: Tally,
+    pub(crate) conn_discards: Tally,
+    pub(crate) served_read_ops: Tally,
+    pub(crate) served_read_bytes: Tally,
+    pub(crate) served_write_ops: Tally,
+    pub(crate) served_write_bytes: Tally,
+    pub(crate) served_errors: Tally,
+    pub(crate) server_desyncs: Tally,
+    pub(crate) local_read_ops: Tally,
+    pub(crate) local_read_bytes: Tally,
+    pub(crate) local_attaches: Tally,
+}
+
+impl Counters {
     pub(crate) fn register() -> Self {
-        let c = |name: &'static str, op: &'static str, side: &'static str| metrics::counter!(name, "op" => op, "side" => side);
-        Handles {
-            client_read_ops: c(OPS_TOTAL, "read", "client"),
-            client_read_bytes: c(BYTES_TOTAL, "read", "client"),
-            client_write_ops: c(OPS_TOTAL, "write", "client"),
-            client_write_bytes: c(BYTES_TOTAL, "write", "client"),
-            server_read_ops: c(OPS_TOTAL, "read", "server"),
-            server_read_bytes: c(BYTES_TOTAL, "read", "server"),
-            server_write_ops: c(OPS_TOTAL, "write", "server"),
-            server_write_bytes: c(BYTES_TOTAL, "write", "server"),
-            local_read_bytes: metrics::counter!(LOCAL_READ_BYTES_TOTAL),
+        Counters {
+            read_ops: sided(OPS_TOTAL, "read", "client"),
+            read_bytes: sided(BYTES_TOTAL, "read", "client"),
+            write_ops: sided(OPS_TOTAL, "write", "client"),
+            write_bytes: sided(BYTES_TOTAL, "write", "client"),
+            op_errors: OpError::KINDS.map(error_kind),
+            batch_errors: error_kind("connection"),
+            timeouts: tally(TIMEOUTS_TOTAL),
+            suspect_marks: tally(SUSPECT_MARKS_TOTAL),
+            suspect_rejects: tally(SUSPECT_REJECTS_TOTAL),
+            connects: tally(CONNECTS_TOTAL),
+            conn_discards: tally(CONN_DISCARDS_TOTAL),
+            served_read_ops: sided(OPS_TOTAL, "read", "server"),
+            served_read_bytes: sided(BYTES_TOTAL, "read", "server"),
+            served_write_ops: sided(OPS_TOTAL, "write", "server"),
+            served_write_bytes: sided(BYTES_TOTAL, "write", "server"),
+            served_errors: error_kind("served_op"),
+            server_desyncs: tally(SERVER_DESYNCS_TOTAL),
+            local_read_ops: tally(LOCAL_READ_OPS_TOTAL),
+            local_read_bytes: tally(LOCAL_READ_BYTES_TOTAL),
+            local_attaches: tally(LOCAL_ATTACHES_TOTAL),
+        }
+    }
+
+    /// Counts a batch this node carried as a client (over any path that shares this
+    /// accounting: TCP, same-host): ops and bytes that succeeded, per-op errors by kind.
+    pub(crate) fn count_batch(&self, write: bool, batch: &Batch, results: &OpResults) {
+        let (mut ok, mut bytes) = (0u64, 0u64);
+        for (op, r) in batch.ops().iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    ok += 1;
+                    bytes += u64::from(op.remote.len);
+                }
+                Err(e) => self.op_errors[e.kind()].add(1),
+            }
+        }
+        let (ops, byte_count) = if write {
+            (&self.write_ops, &self.write_bytes)
+        } else {
+            (&self.read_ops, &self.read_bytes)
+        };
+        ops.add(ok);
+        byte_count.add(bytes);
+    }
+
+    /// Counts ops this node's server carried for a peer.
+    pub(crate) fn count_served(&self, ok: u64, bytes: u64, errs: u64, write: bool) {
+        if write {
+            self.served_write_ops.add(ok);
+            self.served_write_bytes.add(bytes);
+        } else {
+            self.served_read_ops.add(ok);
+            self.served_read_bytes.add(bytes);
+        }
+        self.served_errors.add(errs);
+    }
+}
+
+/// The counters of one RDMA path.
+#[derive(Debug)]
+pub(crate) struct RdmaCounters {
+    pub(crate) read_ops: Tally,
+    pub(crate) read_bytes: Tally,
+    pub(crate) op_errors: Tally,
+    pub(crate) fallbacks: Tally,
+    pub(crate) table_fetches: Tally,
+    pub(crate) write_ops: Tally,
+    pub(crate) write_bytes: Tally,
+    pub(crate) lazy_registrations: Tally,
+}
+
+impl RdmaCounters {
+    pub(crate) fn register() -> Self {
+        RdmaCounters {
+            read_ops: tally(rdma::OPS),
+            read_bytes: tally(rdma::BYTES),
+            op_errors: tally(rdma::OP_ERRORS),
+            fallbacks: tally(rdma::FALLBACKS),
+            table_fetches: tally(rdma::TABLE_FETCHES),
+            write_ops: tally(rdma::WRITE_OPS),
+            write_bytes: tally(rdma::WRITE_BYTES),
+            lazy_registrations: tally(rdma::LAZY),
+        }
+    }
+}
+
+/// The counters of one RDMA engine (public: the engine is usable on its own).
+#[derive(Debug)]
+pub struct EngineCounters {
+    /// Work completions with an error status.
+    pub wc_errors: Tally,
+    /// The last error status seen (a value, not a count).
+    pub last_wc_status: std::sync::atomic::AtomicU64,
+    /// Windows that missed the deadline.
+    pub timeouts: Tally,
+    /// Channels discarded after a failure.
+    pub channel_discards: Tally,
+    /// Failed posts.
+    pub post_failures: Tally,
+    /// Channels that could not be leased (no idle queue pair, and connecting one failed).
+    pub lease_failures: Tally,
+    /// Work requests posted.
+    pub wrs_posted: Tally,
+}
+
+impl Default for EngineCounters {
+    fn default() -> Self {
+        EngineCounters {
+            wc_errors: tally(rdma::WC_ERRORS),
+            last_wc_status: Default::default(),
+            timeouts: tally(rdma::TIMEOUTS),
+            channel_discards: tally(rdma::DISCARDS),
+            post_failures: tally(rdma::POST_FAILURES),
+            lease_failures: tally(rdma::LEASE_FAILURES),
+            wrs_posted: tally(rdma::WORK_REQUESTS),
         }
     }
 }

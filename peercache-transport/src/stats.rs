@@ -1,6 +1,9 @@
-//! Cumulative counters of one transport, readable without a metrics recorder.
+//! Snapshots of a transport's counters (the counters themselves, each also a metrics series,
+//! are in `metrics.rs`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use peercache_wire::tally::Tally;
+
+use crate::metrics::Counters;
 
 /// A snapshot of a transport's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -15,6 +18,8 @@ pub struct TransportStats {
     pub write_bytes: u64,
     /// Ops that failed with a per-op error (either side's validation).
     pub op_errors: u64,
+    /// Batches lost with their connection (other than timeouts).
+    pub batch_errors: u64,
     /// Batches that timed out.
     pub timeouts: u64,
     /// Times a peer was marked suspect.
@@ -55,99 +60,28 @@ pub struct TransportStats {
     pub local_leases: u64,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) read_ops: AtomicU64,
-    pub(crate) read_bytes: AtomicU64,
-    pub(crate) write_ops: AtomicU64,
-    pub(crate) write_bytes: AtomicU64,
-    pub(crate) op_errors: AtomicU64,
-    pub(crate) timeouts: AtomicU64,
-    pub(crate) suspect_marks: AtomicU64,
-    pub(crate) suspect_rejects: AtomicU64,
-    pub(crate) connects: AtomicU64,
-    pub(crate) conn_discards: AtomicU64,
-    pub(crate) served_ops: AtomicU64,
-    pub(crate) served_bytes: AtomicU64,
-    pub(crate) served_errors: AtomicU64,
-    pub(crate) server_desyncs: AtomicU64,
-    pub(crate) local_read_ops: AtomicU64,
-    pub(crate) local_read_bytes: AtomicU64,
-    pub(crate) local_attaches: AtomicU64,
-}
-
 impl Counters {
-    pub(crate) fn add(c: &AtomicU64, n: u64) {
-        if n != 0 {
-            c.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts a batch this node carried as a client (over any path that shares this
-    /// accounting: TCP, same-host): ops and bytes that succeeded, per-op errors by kind.
-    pub(crate) fn count_batch(
-        &self,
-        m: &crate::metrics::Handles,
-        write: bool,
-        batch: &crate::Batch,
-        results: &crate::OpResults,
-    ) {
-        let (mut ok, mut bytes, mut errs) = (0u64, 0u64, 0u64);
-        for (op, r) in batch.ops().iter().zip(results) {
-            match r {
-                Ok(()) => {
-                    ok += 1;
-                    bytes += u64::from(op.remote.len);
-                }
-                Err(e) => {
-                    errs += 1;
-                    metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => e.label())
-                        .increment(1);
-                }
-            }
-        }
-        let (ops_c, bytes_c, ops_m, bytes_m) = if write {
-            (
-                &self.write_ops,
-                &self.write_bytes,
-                &m.client_write_ops,
-                &m.client_write_bytes,
-            )
-        } else {
-            (
-                &self.read_ops,
-                &self.read_bytes,
-                &m.client_read_ops,
-                &m.client_read_bytes,
-            )
-        };
-        Counters::add(ops_c, ok);
-        Counters::add(bytes_c, bytes);
-        Counters::add(&self.op_errors, errs);
-        ops_m.increment(ok);
-        bytes_m.increment(bytes);
-    }
-
+    /// The counters as [`TransportStats`] (the RDMA fields are filled in by the transport).
     pub(crate) fn snapshot(&self) -> TransportStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         TransportStats {
-            read_ops: g(&self.read_ops),
-            read_bytes: g(&self.read_bytes),
-            write_ops: g(&self.write_ops),
-            write_bytes: g(&self.write_bytes),
-            op_errors: g(&self.op_errors),
-            timeouts: g(&self.timeouts),
-            suspect_marks: g(&self.suspect_marks),
-            suspect_rejects: g(&self.suspect_rejects),
-            connects: g(&self.connects),
-            conn_discards: g(&self.conn_discards),
-            served_ops: g(&self.served_ops),
-            served_bytes: g(&self.served_bytes),
-            served_errors: g(&self.served_errors),
-            server_desyncs: g(&self.server_desyncs),
-            local_read_ops: g(&self.local_read_ops),
-            local_read_bytes: g(&self.local_read_bytes),
-            local_attaches: g(&self.local_attaches),
+            read_ops: self.read_ops.get(),
+            read_bytes: self.read_bytes.get(),
+            write_ops: self.write_ops.get(),
+            write_bytes: self.write_bytes.get(),
+            op_errors: self.op_errors.iter().map(Tally::get).sum(),
+            batch_errors: self.batch_errors.get(),
+            timeouts: self.timeouts.get(),
+            suspect_marks: self.suspect_marks.get(),
+            suspect_rejects: self.suspect_rejects.get(),
+            connects: self.connects.get(),
+            conn_discards: self.conn_discards.get(),
+            served_ops: self.served_read_ops.get() + self.served_write_ops.get(),
+            served_bytes: self.served_read_bytes.get() + self.served_write_bytes.get(),
+            served_errors: self.served_errors.get(),
+            server_desyncs: self.server_desyncs.get(),
+            local_read_ops: self.local_read_ops.get(),
+            local_read_bytes: self.local_read_bytes.get(),
+            local_attaches: self.local_attaches.get(),
             ..TransportStats::default()
         }
     }

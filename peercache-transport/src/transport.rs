@@ -10,11 +10,11 @@ use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::{Incarnation, NodeId};
 
 use crate::local::LocalPath;
+use crate::metrics::Counters;
 use crate::path::DataPath;
 use crate::rdma::path::RdmaPlane;
 use crate::rdma::route::RdmaRoute;
 use crate::region::RegionTable;
-use crate::stats::Counters;
 use crate::tcp::{Client, ServerShared, server};
 use crate::{
     Access, Batch, OpResults, RegionHandle, TransportConfig, TransportError, TransportStats,
@@ -96,18 +96,11 @@ impl Transport {
         rdma: Option<Arc<dyn RdmaPlane>>,
     ) -> Result<Self, TransportError> {
         let table = Arc::new(RegionTable::new());
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters::register());
         let incarnation = Incarnation::fresh();
-        let metrics = crate::metrics::Handles::register();
         let hello = Hello::new(Plane::Data, node, incarnation);
         let local = if cfg.host_local {
-            match LocalPath::start(
-                table.clone(),
-                &cfg,
-                hello.clone(),
-                counters.clone(),
-                metrics.clone(),
-            ) {
+            match LocalPath::start(table.clone(), &cfg, hello.clone(), counters.clone()) {
                 Ok(l) => Some(Arc::new(l)),
                 Err(e) => {
                     tracing::warn!(error = %e, "host-local path unavailable (no abstract Unix socket); peers on this host read over TCP");
@@ -126,7 +119,6 @@ impl Transport {
             live: AtomicUsize::new(0),
             conns: Mutex::new(Default::default()),
             next_conn: AtomicU64::new(0),
-            metrics: metrics.clone(),
             rdma: rdma.clone(),
             local: local.as_ref().map(|l| l.invitation()),
         });
@@ -139,7 +131,7 @@ impl Transport {
             paths.push(r.clone());
         }
         let (endpoint, accept) = server::start(server.clone()).map_err(TransportError::Bind)?;
-        let tcp = Client::new(table.clone(), cfg, counters, hello, metrics);
+        let tcp = Client::new(table.clone(), cfg, counters, hello);
         tracing::debug!(%endpoint, paths = ?paths, "transport listening");
         Ok(Transport {
             table,

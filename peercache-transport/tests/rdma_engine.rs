@@ -82,7 +82,7 @@ fn sge_lists_are_chunked_and_posting_goes_beyond_the_queue_depth() {
     let r = engine.execute("peer-b", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     assert_eq!(local, remote);
-    assert_eq!(engine.counters.wrs_posted.load(Ordering::Relaxed), 30);
+    assert_eq!(engine.counters.wrs_posted.get(), 30);
 }
 
 #[test]
@@ -115,8 +115,8 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     fabric.stall.store(false, Ordering::Release);
     assert_eq!(fabric.bytes.load(Ordering::Relaxed), 0, "no late DMA");
     assert!(local.iter().all(|&b| b == 0));
-    assert_eq!(engine.counters.timeouts.load(Ordering::Relaxed), 1);
-    assert_eq!(engine.counters.channel_discards.load(Ordering::Relaxed), 1);
+    assert_eq!(engine.counters.timeouts.get(), 1);
+    assert_eq!(engine.counters.channel_discards.get(), 1);
     // The failed channel was discarded: the next batch connects a fresh one and succeeds.
     let ops: Vec<EngineOp> = local
         .chunks_mut(4096)
@@ -153,7 +153,7 @@ fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
         "{r:?}"
     );
     assert_eq!(&local[..2048], &remote[..2048]);
-    assert_eq!(engine.counters.wc_errors.load(Ordering::Relaxed), 1);
+    assert_eq!(engine.counters.wc_errors.get(), 1);
     assert_eq!(engine.counters.last_wc_status.load(Ordering::Relaxed), 12);
     assert_eq!(fabric.outstanding.load(Ordering::Acquire), 0);
 }
@@ -269,7 +269,7 @@ fn a_channel_that_cannot_be_leased_fails_its_ops_and_is_counted() {
     );
     assert!(r.iter().all(|x| *x == Err(RdmaOpError::Post)), "{r:?}");
     let c = &engine.counters;
-    assert_eq!(c.lease_failures.load(Ordering::Relaxed), 2, "one per rail");
-    assert_eq!(c.post_failures.load(Ordering::Relaxed), 0);
+    assert_eq!(c.lease_failures.get(), 2, "one per rail");
+    assert_eq!(c.post_failures.get(), 0);
     assert!(local.iter().all(|b| *b == 0));
 }

@@ -20,6 +20,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::tally::Tally;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
@@ -34,7 +36,7 @@ pub const MIN_SECRET_LEN: usize = 16;
 /// Length of nonces and proofs.
 pub const TAG_LEN: usize = 32;
 /// Metric counting handshakes refused for failed or missing authentication.
-pub const REJECTED_TOTAL: &str = "peercache_auth_rejected_total";
+pub use crate::metrics::AUTH_REJECTED_TOTAL as REJECTED_TOTAL;
 
 const KDF_LABEL: &[u8] = b"peercache cluster_secret v1";
 const SERVER_LABEL: &[u8] = b"peercache auth v1 server";
@@ -52,8 +54,7 @@ pub enum Side {
 struct Inner {
     /// Proves with `keys[0]`; accepts proofs made with any of them.
     keys: Vec<[u8; 32]>,
-    rejected: metrics::Counter,
-    rejected_local: AtomicU64,
+    rejected: Tally,
     last_warn_s: AtomicU64,
 }
 
@@ -96,8 +97,7 @@ impl Auth {
         Ok(Auth {
             inner: Some(Arc::new(Inner {
                 keys,
-                rejected: metrics::counter!(REJECTED_TOTAL),
-                rejected_local: AtomicU64::new(0),
+                rejected: Tally::new(metrics::counter!(REJECTED_TOTAL)),
                 last_warn_s: AtomicU64::new(0),
             })),
         })
@@ -110,9 +110,7 @@ impl Auth {
 
     /// Handshakes this endpoint refused for authentication.
     pub fn rejected(&self) -> u64 {
-        self.inner
-            .as_ref()
-            .map_or(0, |i| i.rejected_local.load(Ordering::Relaxed))
+        self.inner.as_ref().map_or(0, |i| i.rejected.get())
     }
 
     /// The proof `side` sends for this transcript, or None without a secret.
@@ -164,8 +162,7 @@ impl Auth {
         let Some(inner) = self.inner.as_ref() else {
             return;
         };
-        inner.rejected.increment(1);
-        let n = inner.rejected_local.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = inner.rejected.bump();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -23,8 +23,10 @@ pub mod frame;
 pub mod handshake;
 pub mod ids;
 pub mod limits;
+pub mod metrics;
 pub mod qp;
 pub mod rpc;
+pub mod tally;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -92,23 +92,19 @@ pub struct ServerConfig {
     pub auth: Auth,
 }
 
-/// Metric: frames an RPC server refused (malformed, oversize), label `server`.
-pub const MALFORMED_FRAMES_TOTAL: &str = "peercache_rpc_malformed_frames_total";
-/// Metric: connections whose handshake failed (wrong plane or version, not authenticated,
-/// silent), label `server`.
-pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
+pub use crate::metrics::{HANDSHAKE_FAILURES_TOTAL, MALFORMED_FRAMES_TOTAL};
+use crate::tally::Tally;
 
 /// Counters of a server.
 #[derive(Debug)]
 pub struct ServerCounters {
-    /// Requests answered.
-    pub requests: AtomicU64,
-    /// Connections closed because a frame was malformed or oversize.
-    pub malformed: AtomicU64,
-    /// Handshakes refused or failed.
-    pub handshake_failures: AtomicU64,
-    m_malformed: metrics::Counter,
-    m_handshake_failures: metrics::Counter,
+    /// Requests answered (`peercache_rpc_requests_total`).
+    pub requests: Tally,
+    /// Connections closed because a frame was malformed or oversize
+    /// ([`MALFORMED_FRAMES_TOTAL`]).
+    pub malformed: Tally,
+    /// Handshakes refused or failed ([`HANDSHAKE_FAILURES_TOTAL`]).
+    pub handshake_failures: Tally,
 }
 
 /// A running RPC server. Dropping it stops it.
@@ -208,11 +204,13 @@ impl RpcServer {
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(ServerCounters {
-            requests: AtomicU64::new(0),
-            malformed: AtomicU64::new(0),
-            handshake_failures: AtomicU64::new(0),
-            m_malformed: metrics::counter!(MALFORMED_FRAMES_TOTAL, "server" => cfg.name),
-            m_handshake_failures: metrics::counter!(HANDSHAKE_FAILURES_TOTAL, "server" => cfg.name),
+            requests: Tally::new(
+                metrics::counter!(crate::metrics::RPC_REQUESTS_TOTAL, "server" => cfg.name),
+            ),
+            malformed: Tally::new(metrics::counter!(MALFORMED_FRAMES_TOTAL, "server" => cfg.name)),
+            handshake_failures: Tally::new(
+                metrics::counter!(HANDSHAKE_FAILURES_TOTAL, "server" => cfg.name),
+            ),
         });
         let live = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
@@ -323,8 +321,7 @@ async fn serve_conn(
         auth: cfg.auth.clone(),
     };
     if let Err(e) = handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
-        counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
-        counters.m_handshake_failures.increment(1);
+        counters.handshake_failures.add(1);
         tracing::debug!(error = %e, "rpc handshake failed");
         return;
     }
@@ -332,8 +329,7 @@ async fn serve_conn(
     while let Some(next) = framed.next().await {
         let Ok(frame) = next else {
             // Oversize or broken framing: the stream cannot be trusted.
-            counters.malformed.fetch_add(1, Ordering::Relaxed);
-            counters.m_malformed.increment(1);
+            counters.malformed.add(1);
             return;
         };
         if stopped.load(Ordering::Acquire) {
@@ -348,10 +344,9 @@ async fn serve_conn(
                 }
             },
         };
-        counters.requests.fetch_add(1, Ordering::Relaxed);
+        counters.requests.add(1);
         if close {
-            counters.malformed.fetch_add(1, Ordering::Relaxed);
-            counters.m_malformed.increment(1);
+            counters.malformed.add(1);
         }
         if framed.send(Bytes::from(reply)).await.is_err() || close {
             return;

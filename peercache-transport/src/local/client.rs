@@ -19,8 +19,8 @@ use peercache_wire::handshake::{self, Hello, Plane};
 use crate::local::codec::Invitation;
 use crate::local::error::LocalError;
 use crate::local::fds::{check_file, lease_open, recv_table};
+use crate::metrics::Counters;
 use crate::region::RegionTable;
-use crate::stats::Counters;
 use crate::validate;
 use crate::{Batch, OpResults, RegionKey};
 
@@ -170,8 +170,6 @@ fn watch_leases(attacher: std::sync::Weak<Attacher>) {
 /// taking the network until it is done.
 pub(crate) struct LocalClient {
     inner: Arc<Attacher>,
-    /// `peercache_transport_local_read_bytes_total`.
-    local_read_bytes: metrics::Counter,
 }
 
 impl LocalClient {
@@ -180,11 +178,9 @@ impl LocalClient {
         auth: Auth,
         timeout: Duration,
         counters: Arc<Counters>,
-        local_read_bytes: metrics::Counter,
     ) -> Self {
         hello.plane = Plane::HostLocal;
         LocalClient {
-            local_read_bytes,
             inner: Arc::new(Attacher {
                 hello,
                 auth,
@@ -254,7 +250,7 @@ impl LocalClient {
             .spawn(move || {
                 let entry = match inner.attach(peer) {
                     Ok(v) => {
-                        Counters::add(&inner.counters.local_attaches, 1);
+                        inner.counters.local_attaches.add(1);
                         tracing::info!(%peer, regions = v.regions.len(), "host-local path attached: reads from this peer copy from shared memory");
                         Entry::Attached(Arc::new(v))
                     }
@@ -426,9 +422,8 @@ impl LocalClient {
         }
         drop(regions);
         // Reads, bytes and errors are counted with the transport's other reads by the caller.
-        Counters::add(&counters.local_read_ops, ok);
-        Counters::add(&counters.local_read_bytes, bytes);
-        self.local_read_bytes.increment(bytes);
+        counters.local_read_ops.add(ok);
+        counters.local_read_bytes.add(bytes);
         Some(results)
     }
 }

@@ -38,8 +38,8 @@ use peercache_wire::handshake::Hello;
 pub(crate) use codec::Invitation;
 pub(crate) use fds::check_shareable;
 
+use crate::metrics::Counters;
 use crate::region::RegionTable;
-use crate::stats::Counters;
 use crate::{Batch, OpResults};
 use client::LocalClient;
 use server::LocalServer;
@@ -58,7 +58,6 @@ pub(crate) struct LocalPath {
     table: Arc<RegionTable>,
     max_op_bytes: u32,
     counters: Arc<Counters>,
-    metrics: crate::metrics::Handles,
 }
 
 impl LocalPath {
@@ -68,23 +67,15 @@ impl LocalPath {
         cfg: &crate::TransportConfig,
         hello: Hello,
         counters: Arc<Counters>,
-        metrics: crate::metrics::Handles,
     ) -> std::io::Result<Self> {
         let server = LocalServer::start(table.clone(), cfg.op_timeout)?;
-        let client = LocalClient::new(
-            hello,
-            cfg.auth.clone(),
-            cfg.op_timeout,
-            counters.clone(),
-            metrics.local_read_bytes.clone(),
-        );
+        let client = LocalClient::new(hello, cfg.auth.clone(), cfg.op_timeout, counters.clone());
         Ok(LocalPath {
             server,
             client,
             table,
             max_op_bytes: cfg.max_op_bytes,
             counters,
-            metrics,
         })
     }
 
@@ -112,7 +103,7 @@ impl crate::path::DataPath for LocalPath {
         let res =
             self.client
                 .read_batch(peer, batch, &self.table, self.max_op_bytes, &self.counters)?;
-        self.counters.count_batch(&self.metrics, false, batch, &res);
+        self.counters.count_batch(false, batch, &res);
         Some(Ok(res))
     }
 

@@ -20,7 +20,7 @@
 use super::RdmaError;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -168,24 +168,7 @@ pub enum RdmaOpError {
     Post,
 }
 
-/// Engine counters.
-#[derive(Debug, Default)]
-pub struct EngineCounters {
-    /// Work completions with an error status.
-    pub wc_errors: AtomicU64,
-    /// The last error status seen.
-    pub last_wc_status: AtomicU64,
-    /// Windows that missed the deadline.
-    pub timeouts: AtomicU64,
-    /// Channels discarded after a failure.
-    pub channel_discards: AtomicU64,
-    /// Failed posts.
-    pub post_failures: AtomicU64,
-    /// Channels that could not be leased (no idle queue pair, and connecting one failed).
-    pub lease_failures: AtomicU64,
-    /// Work requests posted.
-    pub wrs_posted: AtomicU64,
-}
+pub use crate::metrics::EngineCounters;
 
 type Pools<Q> = Mutex<HashMap<(String, usize), Vec<Q>>>;
 
@@ -241,7 +224,7 @@ impl<V: Verbs> Engine<V> {
             let mut qp = match self.lease(peer, rail) {
                 Ok(q) => q,
                 Err(_) => {
-                    self.counters.lease_failures.fetch_add(1, Ordering::Relaxed);
+                    self.counters.lease_failures.add(1);
                     for &i in &share {
                         results[i] = Err(RdmaOpError::Post);
                     }
@@ -252,9 +235,7 @@ impl<V: Verbs> Engine<V> {
             if ok {
                 self.give_back(peer, rail, qp);
             } else {
-                self.counters
-                    .channel_discards
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.channel_discards.add(1);
             }
         }
         results
@@ -349,16 +330,14 @@ impl<V: Verbs> Engine<V> {
             let end = (posted + depth).min(wrs.len());
             wrs[end - 1].signaled = true;
             if qp.post(&wrs[posted..end]).is_err() {
-                self.counters.post_failures.fetch_add(1, Ordering::Relaxed);
+                self.counters.post_failures.add(1);
                 for d in &mut done[posted..] {
                     *d = Some(WcStatus::Error(u32::MAX));
                 }
                 healthy = false;
                 break;
             }
-            self.counters
-                .wrs_posted
-                .fetch_add((end - posted) as u64, Ordering::Relaxed);
+            self.counters.wrs_posted.add((end - posted) as u64);
             posted = end;
             // Wait for the window's signaled request, an error, or the deadline.
             loop {
@@ -369,7 +348,7 @@ impl<V: Verbs> Engine<V> {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    self.counters.timeouts.add(1);
                     healthy = false;
                     timed_out = true;
                     break;
@@ -437,7 +416,7 @@ impl<V: Verbs> Engine<V> {
             if c.status != WcStatus::Success {
                 *healthy = false;
                 if let WcStatus::Error(code) = c.status {
-                    self.counters.wc_errors.fetch_add(1, Ordering::Relaxed);
+                    self.counters.wc_errors.add(1);
                     self.counters
                         .last_wc_status
                         .store(code as u64, Ordering::Relaxed);

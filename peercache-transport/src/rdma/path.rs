@@ -11,7 +11,7 @@ use super::RdmaError;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -138,71 +138,10 @@ pub struct RdmaStats {
     pub lease_failures: u64,
 }
 
-/// Metric names of the RDMA path (the store's recorder adds `node`).
-pub mod metric {
-    /// Read ops carried over RDMA.
-    pub const OPS: &str = "peercache_rdma_read_ops_total";
-    /// Bytes read over RDMA.
-    pub const BYTES: &str = "peercache_rdma_read_bytes_total";
-    /// Bytes written over RDMA (`rdma_writes`).
-    pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
-    /// Caller buffers registered for one batch (lazy registration).
-    pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
-    /// Read batches handed to TCP.
-    pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
-    /// Work completions with an error status.
-    pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
-    /// Windows that missed their deadline.
-    pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
-    /// Queue pairs discarded.
-    pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
-    /// Failed posts.
-    pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
-    /// Channels that could not be leased (queue-pair connects that failed).
-    pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
-}
+/// Metric names of the RDMA path.
+pub use crate::metrics::rdma as metric;
 
-struct Metrics {
-    ops: metrics::Counter,
-    bytes: metrics::Counter,
-    write_bytes: metrics::Counter,
-    lazy: metrics::Counter,
-    fallbacks: metrics::Counter,
-    wc_errors: metrics::Counter,
-    timeouts: metrics::Counter,
-    discards: metrics::Counter,
-    post_failures: metrics::Counter,
-    lease_failures: metrics::Counter,
-}
-
-impl Metrics {
-    fn register() -> Self {
-        Metrics {
-            ops: metrics::counter!(metric::OPS),
-            bytes: metrics::counter!(metric::BYTES),
-            write_bytes: metrics::counter!(metric::WRITE_BYTES),
-            lazy: metrics::counter!(metric::LAZY),
-            fallbacks: metrics::counter!(metric::FALLBACKS),
-            wc_errors: metrics::counter!(metric::WC_ERRORS),
-            timeouts: metrics::counter!(metric::TIMEOUTS),
-            discards: metrics::counter!(metric::DISCARDS),
-            post_failures: metrics::counter!(metric::POST_FAILURES),
-            lease_failures: metrics::counter!(metric::LEASE_FAILURES),
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    read_ops: AtomicU64,
-    read_bytes: AtomicU64,
-    op_errors: AtomicU64,
-    fallbacks: AtomicU64,
-    table_fetches: AtomicU64,
-    write_ops: AtomicU64,
-    write_bytes: AtomicU64,
-    lazy_registrations: AtomicU64,
-}
+use crate::metrics::RdmaCounters;
 
 struct LocalRegion {
     base: u64,
@@ -230,8 +169,7 @@ pub struct RdmaPath<V: Verbs + Registrar + Responder> {
     node: Option<NodeId>,
     auth: Auth,
     timeout: Duration,
-    counters: Counters,
-    metrics: Metrics,
+    counters: RdmaCounters,
 }
 
 impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
@@ -254,8 +192,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             node,
             auth,
             timeout,
-            counters: Counters::default(),
-            metrics: Metrics::register(),
+            counters: RdmaCounters::register(),
         })
     }
 
@@ -290,7 +227,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 _ => {}
             }
         }
-        self.counters.table_fetches.fetch_add(1, Ordering::Relaxed);
+        self.counters.table_fetches.add(1);
         match bootstrap::fetch_regions(peer, self.node.clone(), &self.auth, self.timeout) {
             Ok(regions) => {
                 let t: HashMap<u64, RegionRkeys> =
@@ -405,18 +342,14 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 }
             }
         }
-        self.counters
-            .lazy_registrations
-            .fetch_add(regs.regs.len() as u64, Ordering::Relaxed);
-        self.metrics.lazy.increment(regs.regs.len() as u64);
+        self.counters.lazy_registrations.add(regs.regs.len() as u64);
         Some(regs)
     }
 
     /// Carries `batch` one-sided as `kind`, or `None` when it must go over TCP.
     fn one_sided(&self, peer: SocketAddr, batch: &Batch, kind: RdmaOp) -> Option<OpResults> {
         let fallback = || {
-            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-            self.metrics.fallbacks.increment(1);
+            self.counters.fallbacks.add(1);
             None
         };
         let Some(mut remote) = self.peer_regions(peer, false) else {
@@ -458,27 +391,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         };
         let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
         let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
-        let ec = &self.engine.counters;
-        let before = [
-            ec.wc_errors.load(Ordering::Relaxed),
-            ec.timeouts.load(Ordering::Relaxed),
-            ec.channel_discards.load(Ordering::Relaxed),
-            ec.post_failures.load(Ordering::Relaxed),
-            ec.lease_failures.load(Ordering::Relaxed),
-        ];
         let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
-        let delta = |i: usize, c: &AtomicU64| c.load(Ordering::Relaxed) - before[i];
-        self.metrics.wc_errors.increment(delta(0, &ec.wc_errors));
-        self.metrics.timeouts.increment(delta(1, &ec.timeouts));
-        self.metrics
-            .discards
-            .increment(delta(2, &ec.channel_discards));
-        self.metrics
-            .post_failures
-            .increment(delta(3, &ec.post_failures));
-        self.metrics
-            .lease_failures
-            .increment(delta(4, &ec.lease_failures));
         if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
             // No queue pair could be connected: leave this peer on TCP for a while.
             tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
@@ -497,7 +410,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                     Ok(())
                 }
                 Err(e) => {
-                    self.counters.op_errors.fetch_add(1, Ordering::Relaxed);
+                    self.counters.op_errors.add(1);
                     Err(match e {
                         RdmaOpError::Wc(10) => OpError::AccessDenied(batch.ops()[i].remote.region),
                         other => OpError::Batch(format!("rdma: {other}")),
@@ -506,18 +419,11 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             };
         }
         if kind == RdmaOp::Write {
-            self.counters.write_ops.fetch_add(ok_ops, Ordering::Relaxed);
-            self.counters
-                .write_bytes
-                .fetch_add(ok_bytes, Ordering::Relaxed);
-            self.metrics.write_bytes.increment(ok_bytes);
+            self.counters.write_ops.add(ok_ops);
+            self.counters.write_bytes.add(ok_bytes);
         } else {
-            self.counters.read_ops.fetch_add(ok_ops, Ordering::Relaxed);
-            self.counters
-                .read_bytes
-                .fetch_add(ok_bytes, Ordering::Relaxed);
-            self.metrics.ops.increment(ok_ops);
-            self.metrics.bytes.increment(ok_bytes);
+            self.counters.read_ops.add(ok_ops);
+            self.counters.read_bytes.add(ok_bytes);
         }
         Some(results)
     }
@@ -629,23 +535,22 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
     }
 
     fn stats(&self) -> RdmaStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
+        let (c, e) = (&self.counters, &self.engine.counters);
         RdmaStats {
-            read_ops: g(&c.read_ops),
-            read_bytes: g(&c.read_bytes),
-            op_errors: g(&c.op_errors),
-            fallbacks: g(&c.fallbacks),
-            table_fetches: g(&c.table_fetches),
-            write_ops: g(&c.write_ops),
-            write_bytes: g(&c.write_bytes),
-            lazy_registrations: g(&c.lazy_registrations),
-            wc_errors: g(&self.engine.counters.wc_errors),
-            last_wc_status: g(&self.engine.counters.last_wc_status),
-            timeouts: g(&self.engine.counters.timeouts),
-            channel_discards: g(&self.engine.counters.channel_discards),
-            post_failures: g(&self.engine.counters.post_failures),
-            lease_failures: g(&self.engine.counters.lease_failures),
+            read_ops: c.read_ops.get(),
+            read_bytes: c.read_bytes.get(),
+            op_errors: c.op_errors.get(),
+            fallbacks: c.fallbacks.get(),
+            table_fetches: c.table_fetches.get(),
+            write_ops: c.write_ops.get(),
+            write_bytes: c.write_bytes.get(),
+            lazy_registrations: c.lazy_registrations.get(),
+            wc_errors: e.wc_errors.get(),
+            last_wc_status: e.last_wc_status.load(Ordering::Relaxed),
+            timeouts: e.timeouts.get(),
+            channel_discards: e.channel_discards.get(),
+            post_failures: e.post_failures.get(),
+            lease_failures: e.lease_failures.get(),
         }
     }
 }

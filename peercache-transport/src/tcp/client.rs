@@ -11,8 +11,8 @@ use peercache_wire::handshake::{self, Hello};
 
 use super::iov::{self, Deadline};
 use super::proto::{self, Header, WireOp};
+use crate::metrics::Counters;
 use crate::region::RegionTable;
-use crate::stats::Counters;
 use crate::{Batch, OpError, OpResults, TransportConfig, TransportError};
 
 /// One connection with its reusable buffers.
@@ -52,7 +52,6 @@ pub(crate) struct Client {
     pub(crate) cfg: TransportConfig,
     pub(crate) counters: Arc<Counters>,
     pub(crate) hello: Hello,
-    metrics: crate::metrics::Handles,
     peers: RwLock<HashMap<SocketAddr, Arc<PeerPool>>>,
 }
 
@@ -67,14 +66,12 @@ impl Client {
         cfg: TransportConfig,
         counters: Arc<Counters>,
         hello: Hello,
-        metrics: crate::metrics::Handles,
     ) -> Self {
         Client {
             table,
             cfg,
             counters,
             hello,
-            metrics,
             peers: RwLock::new(HashMap::new()),
         }
     }
@@ -129,7 +126,7 @@ impl Client {
             if let Some(t) = st.suspect_until {
                 let now = Instant::now();
                 if now < t {
-                    Counters::add(&self.counters.suspect_rejects, 1);
+                    self.counters.suspect_rejects.add(1);
                     return Err(TransportError::Suspect {
                         peer: pool.addr,
                         remaining: t - now,
@@ -182,8 +179,7 @@ impl Client {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
         handshake::client_sync(&mut stream, &self.hello, &self.cfg.auth, left).map_err(err)?;
-        Counters::add(&self.counters.connects, 1);
-        metrics::counter!(crate::metrics::CONNECTS_TOTAL).increment(1);
+        self.counters.connects.add(1);
         Ok(Conn {
             stream,
             armed: None,
@@ -201,7 +197,7 @@ impl Client {
             Some(c) => st.idle.push(c),
             None => {
                 st.total -= 1;
-                Counters::add(&self.counters.conn_discards, 1);
+                self.counters.conn_discards.add(1);
             }
         }
         if timed_out {
@@ -216,8 +212,7 @@ impl Client {
         let dropped = st.idle.len();
         st.idle.clear();
         st.total -= dropped;
-        Counters::add(&self.counters.suspect_marks, 1);
-        metrics::counter!(crate::metrics::SUSPECT_MARKS_TOTAL).increment(1);
+        self.counters.suspect_marks.add(1);
         tracing::warn!(peer = %pool.addr, suspect_for = ?self.cfg.suspect_for, "peer timed out; marked suspect");
     }
 
@@ -274,7 +269,7 @@ impl Client {
                 ) {
                     pool.timeouts
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    Counters::add(&self.counters.timeouts, 1);
+                    self.counters.timeouts.add(1);
                     self.mark_suspect(&pool, &mut pool.state.lock());
                 }
                 return Err(e);
@@ -295,12 +290,8 @@ impl Client {
         match outcome {
             Ok(()) => {
                 self.release(&pool, Some(conn), false);
-                self.counters.count_batch(
-                    &self.metrics,
-                    matches!(kind, Kind::Write),
-                    batch,
-                    &results,
-                );
+                self.counters
+                    .count_batch(matches!(kind, Kind::Write), batch, &results);
                 Ok(results)
             }
             Err(e) => {
@@ -313,15 +304,13 @@ impl Client {
                 }
                 self.release(&pool, None, timed_out);
                 if timed_out {
-                    Counters::add(&self.counters.timeouts, 1);
-                    metrics::counter!(crate::metrics::TIMEOUTS_TOTAL).increment(1);
+                    self.counters.timeouts.add(1);
                     return Err(TransportError::Timeout {
                         peer,
                         after: self.cfg.op_timeout,
                     });
                 }
-                metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => "connection")
-                    .increment(1);
+                self.counters.batch_errors.add(1);
                 match e {
                     WireError::Malformed { detail, .. } if detail.starts_with("batch rejected") => {
                         Err(TransportError::Rejected {

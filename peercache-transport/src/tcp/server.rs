@@ -14,8 +14,8 @@ use peercache_wire::{Incarnation, NodeId, WireError};
 use super::iov::{self, Deadline};
 use super::proto::{self, Header, WireOp};
 use crate::TransportConfig;
+use crate::metrics::Counters;
 use crate::region::RegionTable;
-use crate::stats::Counters;
 use crate::validate;
 
 /// Largest total payload of one inbound write batch.
@@ -30,7 +30,6 @@ pub(crate) struct ServerShared {
     pub(crate) live: AtomicUsize,
     pub(crate) conns: Mutex<HashMap<u64, TcpStream>>,
     pub(crate) next_conn: AtomicU64,
-    pub(crate) metrics: crate::metrics::Handles,
     /// The RDMA path whose bootstrap plane this port also serves.
     pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
     /// What the host-local plane answers (None: the path is off).
@@ -96,7 +95,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
                     && !matches!(e, WireError::Closed)
                     && !sh.stop.load(Ordering::Acquire)
                 {
-                    Counters::add(&sh.counters.server_desyncs, 1);
+                    sh.counters.server_desyncs.add(1);
                     tracing::debug!(?peer, error = %e, "data connection closed");
                 }
                 sh.conns.lock().remove(&id);
@@ -229,20 +228,7 @@ fn send_batch_reject(
 }
 
 fn count_served(sh: &ServerShared, ok: u64, bytes: u64, errs: u64, write: bool) {
-    Counters::add(&sh.counters.served_ops, ok);
-    Counters::add(&sh.counters.served_bytes, bytes);
-    Counters::add(&sh.counters.served_errors, errs);
-    let m = &sh.metrics;
-    if write {
-        m.server_write_ops.increment(ok);
-        m.server_write_bytes.increment(bytes);
-    } else {
-        m.server_read_ops.increment(ok);
-        m.server_read_bytes.increment(bytes);
-    }
-    if errs > 0 {
-        metrics::counter!(crate::metrics::ERRORS_TOTAL, "kind" => "served_op").increment(errs);
-    }
+    sh.counters.count_served(ok, bytes, errs, write);
 }
 
 fn serve_read(

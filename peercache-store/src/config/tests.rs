@@ -1,0 +1,362 @@
+//! Tests of the key table, the sources and the rules between keys.
+
+use super::*;
+
+fn map(j: Value) -> Map<String, Value> {
+    j.as_object().unwrap().clone()
+}
+
+#[test]
+fn sizes_and_bools() {
+    assert_eq!(parse_size("4gb"), Some(4 << 30));
+    assert_eq!(parse_size("512MB"), Some(512 << 20));
+    assert_eq!(parse_size("1.5g"), Some(3 << 29));
+    assert_eq!(parse_size("1048576"), Some(1 << 20));
+    assert_eq!(parse_size("12 KiB"), Some(12 << 10));
+    assert_eq!(parse_size("4 parsecs"), None);
+    assert_eq!(parse_size("-1"), None);
+    for t in ["1", "true", "YES", "on"] {
+        assert_eq!(parse_bool(t), Some(true));
+    }
+    for f in ["0", "false", "No", "off"] {
+        assert_eq!(parse_bool(f), Some(false));
+    }
+    assert_eq!(parse_bool("maybe"), None);
+}
+
+#[test]
+fn json_with_sglang_keys_and_unknown_keys() {
+    let (cfg, warnings) = PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:31998",
+            "global_segment_size": "1gb",
+            "backend_name": "peercache", "module_path": "peercache.store", "class_name": "PeerCacheStore",
+            "interface_v1": 1,
+            "disk_enabled": "yes",
+            "typo_key": 3,
+        })))
+        .unwrap();
+    assert_eq!(cfg.global_segment_size, 1 << 30);
+    assert!(cfg.interface_v1 && cfg.disk_enabled);
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("typo_key"));
+}
+
+#[test]
+fn every_bad_value_gets_an_actionable_error() {
+    let base = serde_json::json!({"discovery_addr": "127.0.0.1:31998"});
+    let cases: &[(&str, Value)] = &[
+        ("mode", "p3p".into()),
+        ("write_policy", "sideways".into()),
+        ("role", "boss".into()),
+        ("protocol", "udp".into()),
+        ("device_names", "mlx5_0,mlx5_0".into()),
+        ("ib_port", 0.into()),
+        ("gid_index", (-2).into()),
+        ("max_channels_per_peer", 0.into()),
+        ("global_segment_size", "lots".into()),
+        ("vnodes", 0.into()),
+        ("directory_replicas", 0.into()),
+        ("directory_read_cache_ttl", (-1.0).into()),
+        ("rdma_port", 70000.into()),
+        ("control_port", "x".into()),
+        ("disk_enabled", "perhaps".into()),
+        ("disk_size", "big".into()),
+        ("metrics_port", (-5).into()),
+        ("node_id", "has space".into()),
+        ("slot_ways", 0.into()),
+        ("heartbeat_interval", 0.into()),
+        ("member_ttl", "soon".into()),
+        ("max_masters", 0.into()),
+        ("op_timeout", 0.into()),
+        ("reclaim_threshold", 1.into()),
+        ("max_batch_ops", 0.into()),
+        ("tp_size", 0.into()),
+        ("log_level", "info; rm -rf".into()),
+    ];
+    for (k, v) in cases {
+        let mut m = map(base.clone());
+        m.insert((*k).into(), v.clone());
+        let err = PeerCacheConfig::from_map(&m).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(k),
+            "error for {k} does not name the key: {msg}"
+        );
+    }
+    assert_eq!(
+        PeerCacheConfig::from_map(&Map::new()).unwrap_err(),
+        ConfigError::Missing("discovery_addr")
+    );
+    let mut m = map(base.clone());
+    m.insert("tp_rank".into(), 2.into());
+    m.insert("tp_size".into(), 2.into());
+    assert!(
+        PeerCacheConfig::from_map(&m)
+            .unwrap_err()
+            .to_string()
+            .contains("tp_rank")
+    );
+    let mut m = map(base.clone());
+    m.insert("member_ttl".into(), 1.0.into());
+    assert!(
+        PeerCacheConfig::from_map(&m)
+            .unwrap_err()
+            .to_string()
+            .contains("heartbeat_interval")
+    );
+    let mut m = map(base);
+    m.insert("discovery_addr".into(), "10.0.0.1:1,10.0.0.2:2".into());
+    assert!(
+        PeerCacheConfig::from_map(&m)
+            .unwrap_err()
+            .to_string()
+            .contains("same meta port")
+    );
+}
+
+#[test]
+fn env_overrides_beat_json_and_toml() {
+    let dir = std::env::temp_dir().join(format!("pc-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("node.toml");
+    std::fs::write(
+        &file,
+        "discovery_addr = \"127.0.0.1:31998\"\nvnodes = 100\nprefix = \"file\"\n",
+    )
+    .unwrap();
+    let json = map(serde_json::json!({"vnodes": 50, "tp_rank": 0}));
+    let mut env = BTreeMap::new();
+    env.insert("PEERCACHE_PREFIX".to_string(), "tenant-a".to_string());
+    env.insert("PEERCACHE_TP_SIZE".to_string(), "4".to_string());
+    env.insert("PEERCACHE_TP_RANK".to_string(), "3".to_string());
+    env.insert("OTHER".to_string(), "x".to_string());
+    let mut over = Map::new();
+    over.insert("vnodes".into(), Value::String("120".into()));
+    let (cfg, _) =
+        PeerCacheConfig::from_sources(Some(&json), Some(&file), &env, &Map::new()).unwrap();
+    assert_eq!(cfg.vnodes, 100, "the file overrides the JSON");
+    assert_eq!(cfg.prefix, "tenant-a", "the environment overrides the file");
+    assert_eq!((cfg.tp_rank, cfg.tp_size), (3, 4));
+    assert_eq!(cfg.pool_bytes(), 1 << 30);
+    let (cfg, _) = PeerCacheConfig::from_sources(Some(&json), Some(&file), &env, &over).unwrap();
+    assert_eq!(cfg.vnodes, 120, "command-line overrides beat everything");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn device_names_per_local_rank() {
+    let per_rank = serde_json::json!({"0": "mlx5_0,mlx5_1", "3": ["mlx5_6", "mlx5_7"]});
+    let cfg = |tp_rank: u32| {
+        PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:1", "tp_size": 4, "tp_rank": tp_rank,
+            "device_names": per_rank.clone(),
+        })))
+    };
+    assert_eq!(cfg(0).unwrap().0.rdma_devices(), ["mlx5_0", "mlx5_1"]);
+    assert_eq!(cfg(3).unwrap().0.rdma_devices(), ["mlx5_6", "mlx5_7"]);
+    let e = cfg(1).unwrap_err().to_string();
+    assert!(e.contains("no entry for local rank 1"), "{e}");
+    let bad = PeerCacheConfig::from_map(&map(serde_json::json!({
+        "discovery_addr": "127.0.0.1:1", "device_names": {"gpu0": "mlx5_0"},
+    })));
+    assert!(bad.unwrap_err().to_string().contains("not a local rank"));
+    let dup = PeerCacheConfig::from_map(&map(serde_json::json!({
+        "discovery_addr": "127.0.0.1:1", "device_names": {"0": "mlx5_0,mlx5_0"},
+    })));
+    assert!(dup.unwrap_err().to_string().contains("duplicate device"));
+}
+
+#[test]
+fn a_node_without_a_secret_starts_only_on_loopback_or_when_declared_insecure() {
+    let cfg = |extra: serde_json::Value| {
+        let mut m = serde_json::json!({"discovery_addr": "127.0.0.1:7000"});
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap().0
+    };
+    let check = |c: &PeerCacheConfig| c.check_authentication(&c.cluster_auth().unwrap());
+    let loopback = serde_json::json!({
+        "local_hostname": "127.0.0.2", "rdma_bind_host": "127.0.0.2",
+        "control_bind_host": "127.0.0.2", "meta_bind_host": "localhost",
+    });
+    // Loopback only: starts, with one warning.
+    let w = check(&cfg(loopback.clone())).unwrap().unwrap();
+    assert!(w.contains("loopback only"), "{w}");
+    // The default wildcard binds reach every interface: refused, naming the fix.
+    let e = check(&cfg(serde_json::json!({}))).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ConfigError::Unauthenticated { .. }));
+    assert!(
+        msg.contains("cluster_secret") && msg.contains("insecure = true"),
+        "{msg}"
+    );
+    assert!(msg.contains("rdma_bind_host = 0.0.0.0"), "{msg}");
+    // A seed on another host counts too.
+    let mut remote_seed = loopback.clone();
+    remote_seed["discovery_addr"] = "127.0.0.1:7000,10.1.2.3:7000".into();
+    assert!(check(&cfg(remote_seed)).is_err());
+    // The explicit opt-out starts, and says so.
+    let w = check(&cfg(serde_json::json!({"insecure": true})))
+        .unwrap()
+        .unwrap();
+    assert!(w.contains("insecure = true"), "{w}");
+    // An accepted secret without a secret of its own would be an open node: refused.
+    let mut accept_only = loopback.clone();
+    accept_only["cluster_secret_accept"] = "sixteen-byte-secret!".into();
+    let e = check(&cfg(accept_only)).unwrap_err();
+    assert!(e.to_string().contains("cluster_secret_accept"), "{e}");
+    // With a secret: nothing to say, wherever it listens.
+    let c = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
+    assert_eq!(check(&c).unwrap(), None);
+}
+
+#[test]
+fn every_listed_key_is_parsed_not_ignored() {
+    // A key in KEYS without a `set` arm would be documented and silently ignored; every
+    // arm either takes the value or refuses it with a typed error, never "unknown".
+    for k in KEYS {
+        let mut cfg = PeerCacheConfig::default();
+        for v in [Value::Null, Value::String("1".into()), Value::Bool(true)] {
+            assert!(
+                !matches!(cfg.set(k, &v), Ok(false)),
+                "`{k}` is listed and documented but not parsed"
+            );
+        }
+    }
+    let (cfg, warnings) = PeerCacheConfig::from_map(&map(serde_json::json!({
+        "discovery_addr": "127.0.0.1:1", "max_frame_bytes": "1mb",
+        "max_inbound_connections": 7, "eviction_queue_depth": 9, "disk_queue_depth": 11,
+    })))
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        (
+            cfg.max_frame_bytes,
+            cfg.max_inbound_connections,
+            cfg.eviction_queue_depth,
+            cfg.disk_queue_depth
+        ),
+        (1 << 20, 7, 9, 11)
+    );
+}
+
+#[test]
+fn every_key_is_documented() {
+    let doc = include_str!("../../../docs/configuration.md");
+    for k in KEYS {
+        assert!(
+            doc.contains(&format!("`{k}`")),
+            "docs/configuration.md lacks `{k}`"
+        );
+    }
+}
+
+/// The rows of the key table in `docs/configuration.md`: key → default column.
+fn documented_defaults() -> BTreeMap<String, String> {
+    let doc = include_str!("../../../docs/configuration.md");
+    doc.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| {
+            let (key, rest) = l.split_once("` | ")?;
+            let default = rest.split(" | ").next()?;
+            Some((key.to_string(), default.trim().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_docs_table_is_the_declaration_table() {
+    let documented = documented_defaults();
+    for s in SETTINGS {
+        assert_eq!(
+            documented.get(s.key).map(String::as_str),
+            Some(s.shown_default),
+            "docs/configuration.md: the row of `{}` must show the default {}",
+            s.key,
+            s.shown_default
+        );
+        assert!(!s.doc.trim().is_empty(), "`{}` has no doc line", s.key);
+    }
+    for k in documented.keys() {
+        assert!(
+            KEYS.contains(&k.as_str()),
+            "docs/configuration.md documents `{k}`, which this build does not know"
+        );
+    }
+    assert_eq!(SETTINGS.len(), KEYS.len());
+}
+
+#[test]
+fn every_key_is_set_from_toml_env_and_the_command_line_and_read_back() {
+    // A base every example is valid against (ranks below the sizes, a pool big enough).
+    let base = || {
+        map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:1", "tp_size": 8, "pp_size": 4,
+        }))
+    };
+    let (plain, _) = PeerCacheConfig::from_map(&base()).unwrap();
+    let dir = std::env::temp_dir().join(format!("pc-every-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("node.toml");
+    for s in SETTINGS {
+        let toml_value = toml::Value::String(s.example.to_string()).to_string();
+        std::fs::write(&file, format!("{} = {toml_value}\n", s.key)).unwrap();
+        let env: BTreeMap<String, String> = [(
+            format!("PEERCACHE_{}", s.key.to_ascii_uppercase()),
+            s.example.to_string(),
+        )]
+        .into();
+        let set = parse_overrides(&[format!("{}={}", s.key, s.example)]).unwrap();
+        let none = BTreeMap::new();
+        let sources = [
+            ("TOML", Some(file.as_path()), &none, Map::new()),
+            ("PEERCACHE_*", None, &env, Map::new()),
+            ("--set", None, &none, set),
+        ];
+        for (source, toml_file, env, over) in sources {
+            let (cfg, warnings) =
+                PeerCacheConfig::from_sources(Some(&base()), toml_file, env, &over)
+                    .unwrap_or_else(|e| panic!("`{}` = {:?} from {source}: {e}", s.key, s.example));
+            assert!(warnings.is_empty(), "{source}: {warnings:?}");
+            let got = cfg.shown(s.key).unwrap();
+            assert_ne!(
+                got,
+                plain.shown(s.key).unwrap(),
+                "`{}` = {:?} from {source} did not reach its field",
+                s.key,
+                s.example
+            );
+            // Every source lands the same value; the field is the only one that changed.
+            let (via_json, _) = PeerCacheConfig::from_map(&{
+                let mut m = base();
+                m.insert(s.key.into(), Value::String(s.example.into()));
+                m
+            })
+            .unwrap();
+            assert_eq!(cfg, via_json, "`{}` from {source}", s.key);
+            for other in KEYS.iter().filter(|k| **k != s.key) {
+                assert_eq!(
+                    cfg.shown(other),
+                    plain.shown(other),
+                    "setting `{}` changed `{other}`",
+                    s.key
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+    assert_eq!(PeerCacheConfig::default().shown("no_such_key"), None);
+}
+
+#[test]
+fn a_malformed_override_is_a_typed_error() {
+    for bad in ["vnodes", "=3", " =x"] {
+        assert_eq!(
+            parse_overrides(&[bad.to_string()]),
+            Err(ConfigError::Override(bad.to_string()))
+        );
+    }
+    let m = parse_overrides(&["prefix=a=b".to_string()]).unwrap();
+    assert_eq!(m["prefix"], "a=b", "only the first = splits");
+}
