@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
@@ -184,22 +183,9 @@ pub struct DirectoryClient {
     rpc: RpcClient,
     cfg: ClientConfig,
     view: RwLock<Arc<View>>,
-    rpcs: AtomicU64,
-    local_calls: AtomicU64,
-    errors: AtomicU64,
-    fallbacks: AtomicU64,
-    m: Handles,
+    c: crate::metrics::Counters,
     /// Handed-off entries waiting out `drop_grace`: (due, keys).
     pending_drops: parking_lot::Mutex<Vec<(Instant, Vec<PageKey>)>>,
-}
-
-/// Metric handles resolved once, so the per-call path builds no keys.
-struct Handles {
-    rpcs: metrics::Counter,
-    errors: metrics::Counter,
-    fallbacks: metrics::Counter,
-    handoff_sent: metrics::Counter,
-    handoff_dropped: metrics::Counter,
 }
 
 impl std::fmt::Debug for DirectoryClient {
@@ -231,18 +217,8 @@ impl DirectoryClient {
             rpc,
             cfg,
             view: RwLock::new(Arc::new(view)),
-            rpcs: AtomicU64::new(0),
-            local_calls: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            fallbacks: AtomicU64::new(0),
             pending_drops: parking_lot::Mutex::new(Vec::new()),
-            m: Handles {
-                rpcs: metrics::counter!(crate::metrics::RPCS_TOTAL),
-                errors: metrics::counter!(crate::metrics::RPC_ERRORS_TOTAL),
-                fallbacks: metrics::counter!(crate::metrics::FALLBACKS_TOTAL),
-                handoff_sent: metrics::counter!(crate::metrics::HANDOFF_SENT_TOTAL),
-                handoff_dropped: metrics::counter!(crate::metrics::HANDOFF_DROPPED_TOTAL),
-            },
+            c: crate::metrics::Counters::register(),
         }
     }
 
@@ -287,10 +263,10 @@ impl DirectoryClient {
     /// Counters.
     pub fn stats(&self) -> ClientStats {
         ClientStats {
-            rpcs: self.rpcs.load(Ordering::Relaxed),
-            local_calls: self.local_calls.load(Ordering::Relaxed),
-            rpc_errors: self.errors.load(Ordering::Relaxed),
-            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            rpcs: self.c.rpcs.get(),
+            local_calls: self.c.local_calls.get(),
+            rpc_errors: self.c.errors.get(),
+            fallbacks: self.c.fallbacks.get(),
         }
     }
 
@@ -333,7 +309,7 @@ impl DirectoryClient {
         for (ci, (node, items)) in chunks.iter().enumerate() {
             let req = build(items);
             if *node == self.me {
-                self.local_calls.fetch_add(1, Ordering::Relaxed);
+                self.c.local_calls.add(1);
                 results[ci] = Some(Ok(self.local.apply(&req)));
                 continue;
             }
@@ -352,16 +328,14 @@ impl DirectoryClient {
         if !frames.is_empty() {
             let calls: Vec<(SocketAddr, &[u8])> =
                 frames.iter().map(|(a, f)| (*a, f.as_slice())).collect();
-            self.rpcs.fetch_add(calls.len() as u64, Ordering::Relaxed);
-            self.m.rpcs.increment(calls.len() as u64);
+            self.c.rpcs.add(calls.len() as u64);
             let replies = self.rpc.call_many(&calls, self.cfg.timeout);
             for (ci, r) in remote.into_iter().zip(replies) {
                 let r = r
                     .and_then(|f| rpc::decode_reply::<DirReply>(&f))
                     .map_err(DirError::Wire);
                 if r.is_err() {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
-                    self.m.errors.increment(1);
+                    self.c.errors.add(1);
                 }
                 results[ci] = Some(r);
             }
@@ -463,9 +437,7 @@ impl DirectoryClient {
                 break;
             }
             if rank > 0 {
-                self.fallbacks
-                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
-                self.m.fallbacks.increment(pending.len() as u64);
+                self.c.fallbacks.add(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
             let replies = self.fan_out(&view, &chunks, |items| {
@@ -522,8 +494,7 @@ impl DirectoryClient {
                 break;
             }
             if rank > 0 {
-                self.fallbacks
-                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
+                self.c.fallbacks.add(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
             let replies = self.fan_out(&view, &chunks, |items| {
@@ -573,9 +544,7 @@ impl DirectoryClient {
         pending: &[usize],
         build: impl Fn(&[usize]) -> DirRequest<'a>,
     ) -> Vec<(Vec<usize>, Result<DirReply, DirError>)> {
-        self.fallbacks
-            .fetch_add(pending.len() as u64, Ordering::Relaxed);
-        self.m.fallbacks.increment(pending.len() as u64);
+        self.c.fallbacks.add(pending.len() as u64);
         let max = self.cfg.max_keys_per_request.max(1);
         let chunks: Vec<Chunk> = view
             .ring
@@ -654,7 +623,7 @@ impl DirectoryClient {
         let n = keys.len();
         if n > 0 {
             self.local.with_shard(|sh, _| sh.drop_keys(&keys));
-            self.m.handoff_dropped.increment(n as u64);
+            self.c.handoff_dropped.add(n as u64);
         }
         n
     }
@@ -719,7 +688,7 @@ impl DirectoryClient {
                             .map_err(DirError::Wire)
                     })
                     .and_then(|f| rpc::decode_reply::<DirReply>(&f).map_err(DirError::Wire));
-                self.rpcs.fetch_add(1, Ordering::Relaxed);
+                self.c.rpcs.add(1);
                 match sent {
                     Ok(_) => report.sent += chunk.len(),
                     Err(e) => {
@@ -740,8 +709,8 @@ impl DirectoryClient {
                     .push((Instant::now() + self.cfg.drop_grace, plan.drops));
             }
         }
-        self.m.handoff_sent.increment(report.sent as u64);
-        self.m.handoff_dropped.increment(report.dropped as u64);
+        self.c.handoff_sent.add(report.sent as u64);
+        self.c.handoff_dropped.add(report.dropped as u64);
         tracing::info!(
             members = members.len(),
             sent = report.sent,

@@ -62,16 +62,31 @@ pub enum VerifyError {
 }
 
 impl VerifyError {
+    /// Every [`VerifyError::label`], indexed by [`VerifyError::kind`].
+    pub const KINDS: [&'static str; 6] = [
+        "bad_header",
+        "torn",
+        "stale",
+        "wrong_key",
+        "wrong_length",
+        "checksum",
+    ];
+
+    /// This error's index in [`VerifyError::KINDS`].
+    pub fn kind(self) -> usize {
+        match self {
+            VerifyError::BadHeader => 0,
+            VerifyError::Torn => 1,
+            VerifyError::Stale => 2,
+            VerifyError::WrongKey => 3,
+            VerifyError::WrongLength => 4,
+            VerifyError::Checksum => 5,
+        }
+    }
+
     /// Short label for metrics.
     pub fn label(self) -> &'static str {
-        match self {
-            VerifyError::BadHeader => "bad_header",
-            VerifyError::Torn => "torn",
-            VerifyError::Stale => "stale",
-            VerifyError::WrongKey => "wrong_key",
-            VerifyError::WrongLength => "wrong_length",
-            VerifyError::Checksum => "checksum",
-        }
+        Self::KINDS[self.kind()]
     }
 }
 

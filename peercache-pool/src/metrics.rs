@@ -1,6 +1,9 @@
 //! Metric names of the pool, and handles resolved once at construction.
 
 use metrics::{Counter, Gauge};
+use peercache_wire::tally::Tally;
+
+use crate::header::VerifyError;
 
 /// Pages resident, label `class` = `retained` | `reclaimable`.
 pub const PAGES: &str = "peercache_pool_pages";
@@ -23,6 +26,14 @@ pub const REJECTS_TOTAL: &str = "peercache_pool_rejects_total";
 
 /// Records written to the disk tier.
 pub const DISK_WRITES_TOTAL: &str = "peercache_disk_writes_total";
+/// Payload bytes written to the disk tier.
+pub const DISK_BYTES_WRITTEN_TOTAL: &str = "peercache_disk_bytes_written_total";
+/// Records read back from the disk tier.
+pub const DISK_READS_TOTAL: &str = "peercache_disk_reads_total";
+/// Records deleted with their segment to stay within the disk tier's capacity.
+pub const DISK_EVICTIONS_TOTAL: &str = "peercache_disk_evictions_total";
+/// Records found by the disk tier's recovery scan at start.
+pub const DISK_RECOVERED_TOTAL: &str = "peercache_disk_recovered_total";
 /// Disk writes skipped because the queue was full.
 pub const DISK_DROPPED_TOTAL: &str = "peercache_disk_dropped_total";
 /// 1 once a failed write disabled the disk tier.
@@ -40,6 +51,8 @@ pub(crate) struct Handles {
     pub(crate) published: Counter,
     pub(crate) duplicates: Counter,
     pub(crate) slab_steals: Counter,
+    /// Reads rejected by verification, by [`VerifyError::kind`].
+    pub(crate) verify_rejects: [Tally; VerifyError::KINDS.len()],
 }
 
 impl Handles {
@@ -58,6 +71,34 @@ impl Handles {
             published: metrics::counter!(PUBLISHED_TOTAL),
             duplicates: metrics::counter!(DUPLICATES_TOTAL),
             slab_steals: metrics::counter!(SLAB_STEALS_TOTAL),
+            verify_rejects: VerifyError::KINDS
+                .map(|r| Tally::new(metrics::counter!(VERIFY_REJECTS_TOTAL, "reason" => r))),
+        }
+    }
+}
+
+/// The disk tier's counters.
+pub(crate) struct DiskCounters {
+    pub(crate) writes: Tally,
+    pub(crate) bytes_written: Tally,
+    pub(crate) dropped: Tally,
+    pub(crate) evictions: Tally,
+    pub(crate) corrupt: Tally,
+    pub(crate) recovered: Tally,
+    pub(crate) reads: Tally,
+}
+
+impl DiskCounters {
+    pub(crate) fn register() -> Self {
+        let t = |name: &'static str| Tally::new(metrics::counter!(name));
+        DiskCounters {
+            writes: t(DISK_WRITES_TOTAL),
+            bytes_written: t(DISK_BYTES_WRITTEN_TOTAL),
+            dropped: t(DISK_DROPPED_TOTAL),
+            evictions: t(DISK_EVICTIONS_TOTAL),
+            corrupt: t(DISK_CORRUPT_TOTAL),
+            recovered: t(DISK_RECOVERED_TOTAL),
+            reads: t(DISK_READS_TOTAL),
         }
     }
 }

@@ -203,7 +203,6 @@ pub struct Pool {
     state: Mutex<State>,
     max_payload: u64,
     metrics: crate::metrics::Handles,
-    verify_rejects: AtomicU64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -263,7 +262,6 @@ impl Pool {
             map,
             state: Mutex::new(state),
             metrics,
-            verify_rejects: AtomicU64::new(0),
         })
     }
 
@@ -750,9 +748,7 @@ impl Pool {
     }
 
     fn reject(&self, reason: VerifyError) {
-        self.verify_rejects.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::VERIFY_REJECTS_TOTAL, "reason" => reason.label())
-            .increment(1);
+        self.metrics.verify_rejects[reason.kind()].add(1);
     }
 
     /// Refreshes recency of resident pages (cache hits served elsewhere).
@@ -932,7 +928,7 @@ impl Pool {
             evicted_retained: st.evictions[0],
             evicted_reclaimable: st.evictions[1],
             slab_steals: st.slab_steals,
-            verify_rejects: self.verify_rejects.load(Ordering::Relaxed),
+            verify_rejects: self.metrics.verify_rejects.iter().map(peercache_wire::tally::Tally::get).sum(),
         }
     }
 

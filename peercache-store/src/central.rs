@@ -129,7 +129,7 @@ impl Inner {
             return 0;
         }
         let n = self.pool.abort_reserved(&expired);
-        self.metrics.reservations_expired.increment(n as u64);
+        self.metrics.reservations_expired.add(n as u64);
         tracing::debug!(
             released = n,
             "released reservations that were never committed"
@@ -220,7 +220,7 @@ impl Inner {
                     .commit_reserved_verified(&res, &expected, &mut locs);
                 let refused = locs.iter().filter(|l| l.is_none()).count() as u64;
                 if refused > 0 {
-                    self.metrics.commit_rejects.increment(refused);
+                    self.metrics.commit_rejects.add(refused);
                     tracing::warn!(
                         pages = refused,
                         "refused committing pages whose bytes differ from the writer's checksum"
@@ -444,7 +444,7 @@ impl Store {
             }
         }
         let stored = done.iter().filter(|d| **d).count() as u64;
-        inner.metrics.storage_writes.increment(stored);
+        inner.metrics.storage_writes.add(stored);
         Some(done)
     }
 
@@ -599,10 +599,7 @@ impl Store {
                 })
                 .collect();
             calls.push(envelope::encode(&StoreRequest::Ingest(pages), &[]).unwrap_or_default());
-            inner
-                .metrics
-                .storage_ingests
-                .increment(fallback.len() as u64);
+            inner.metrics.storage_ingests.add(fallback.len() as u64);
         }
         let rc: Vec<(std::net::SocketAddr, &[u8])> =
             calls.iter().map(|f| (w.control, f.as_slice())).collect();

@@ -3,13 +3,13 @@
 //! (owner-conditional by generation, so a late notice never removes a newer publish).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::time::Duration;
 
 use peercache_directory::{DirectoryClient, OwnerRef};
 use peercache_pool::Evicted;
 use peercache_wire::NodeId;
+use peercache_wire::tally::Tally;
 
 enum Msg {
     Evicted(Vec<Evicted>),
@@ -18,12 +18,24 @@ enum Msg {
     Flush(mpsc::Sender<()>),
 }
 
-/// Counters of the batcher.
-#[derive(Debug, Default)]
+/// Counters of the batcher (pages, not batches).
 pub(crate) struct EvictCounters {
-    pub(crate) queued: AtomicU64,
-    pub(crate) notified: AtomicU64,
-    pub(crate) failed: AtomicU64,
+    pub(crate) queued: Tally,
+    pub(crate) notified: Tally,
+    pub(crate) failed: Tally,
+}
+
+impl EvictCounters {
+    fn register(node: &NodeId) -> Self {
+        let t = |name: &'static str| {
+            Tally::new(metrics::counter!(name, "node" => node.as_str().to_string()))
+        };
+        EvictCounters {
+            queued: t(crate::metrics::EVICTION_NOTICES_QUEUED),
+            notified: t(crate::metrics::EVICTION_NOTICES),
+            failed: t(crate::metrics::EVICTION_NOTICES_FAILED),
+        }
+    }
 }
 
 /// The batcher's handle; dropping it flushes and stops the thread.
@@ -41,13 +53,12 @@ impl EvictionBatcher {
     pub(crate) fn start(
         me: NodeId,
         dir: Arc<DirectoryClient>,
-        notices: metrics::Counter,
         disk: Option<Arc<peercache_pool::disk::DiskTier>>,
         queue_depth: usize,
     ) -> Self {
         // Bounded: a writer that outruns the notices waits for the batcher (no notice is lost).
         let (tx, rx) = mpsc::sync_channel::<Msg>(queue_depth.max(1));
-        let counters = Arc::new(EvictCounters::default());
+        let counters = Arc::new(EvictCounters::register(&me));
         let c = counters.clone();
         let thread = std::thread::Builder::new()
             .name("pc-evict".into())
@@ -69,11 +80,10 @@ impl EvictionBatcher {
                     pending.clear();
                     match res {
                         Ok(_) => {
-                            c.notified.fetch_add(n as u64, Ordering::Relaxed);
-                            notices.increment(n as u64);
+                            c.notified.add(n as u64);
                         }
                         Err(e) => {
-                            c.failed.fetch_add(n as u64, Ordering::Relaxed);
+                            c.failed.add(n as u64);
                             tracing::warn!(error = %e, pages = n, "eviction notices not delivered; entries will fail verification and expire");
                         }
                     }
@@ -138,9 +148,7 @@ impl EvictionBatcher {
         if evicted.is_empty() {
             return;
         }
-        self.counters
-            .queued
-            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        self.counters.queued.add(evicted.len() as u64);
         if let Some(tx) = &self.tx {
             let _ = tx.send(Msg::Evicted(evicted));
         }

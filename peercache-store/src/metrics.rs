@@ -1,7 +1,7 @@
 //! Metric names of the store (kept from the original so existing dashboards work) and the
 //! handles resolved once per node (every series carries `node=<id>`).
 
-use metrics::Counter;
+use peercache_wire::tally::Tally;
 
 /// Pages asked for by `batch_get`.
 pub const READ_REQUESTS: &str = "peercache_read_requests_total";
@@ -56,6 +56,10 @@ pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
 pub const EVICTIONS: &str = "peercache_evictions_total";
 /// Eviction notices sent to the directory.
 pub const EVICTION_NOTICES: &str = "peercache_eviction_notices_total";
+/// Evicted pages queued for an eviction notice.
+pub const EVICTION_NOTICES_QUEUED: &str = "peercache_eviction_notices_queued_total";
+/// Eviction notices the directory did not take (the entries fail verification and expire).
+pub const EVICTION_NOTICES_FAILED: &str = "peercache_eviction_notices_failed_total";
 /// Directory lookups saved by the exists → get hand-off.
 pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
 /// `batch_exists` calls.
@@ -70,60 +74,55 @@ pub const MEMBERS: &str = "peercache_members";
 /// Handles of one node.
 #[derive(Clone)]
 pub(crate) struct Handles {
-    pub(crate) read_requests: Counter,
-    pub(crate) read_hits: Counter,
-    pub(crate) read_misses: Counter,
-    pub(crate) read_local_hits: Counter,
-    pub(crate) read_remote_hits: Counter,
-    pub(crate) read_failures: Counter,
-    pub(crate) verify_rejects: Counter,
-    pub(crate) staged_reads: Counter,
-    pub(crate) write_requests: Counter,
-    pub(crate) bytes_read: Counter,
-    pub(crate) bytes_written: Counter,
-    pub(crate) evictions: Counter,
-    pub(crate) eviction_notices: Counter,
-    pub(crate) lookups_saved: Counter,
-    pub(crate) exists_requests: Counter,
-    pub(crate) exists_pages_found: Counter,
+    pub(crate) read_requests: Tally,
+    pub(crate) read_hits: Tally,
+    pub(crate) read_misses: Tally,
+    pub(crate) read_local_hits: Tally,
+    pub(crate) read_remote_hits: Tally,
+    pub(crate) read_failures: Tally,
+    pub(crate) verify_rejects: Tally,
+    pub(crate) staged_reads: Tally,
+    pub(crate) write_requests: Tally,
+    pub(crate) bytes_read: Tally,
+    pub(crate) bytes_written: Tally,
+    pub(crate) evictions: Tally,
+    pub(crate) lookups_saved: Tally,
+    pub(crate) exists_requests: Tally,
+    pub(crate) exists_pages_found: Tally,
     pub(crate) read_latency: metrics::Histogram,
     pub(crate) write_latency: metrics::Histogram,
     pub(crate) exists_latency: metrics::Histogram,
     pub(crate) members: metrics::Gauge,
-    pub(crate) read_disk_hits: Counter,
-    pub(crate) promotes_owner: Counter,
-    pub(crate) replicas: Counter,
-    pub(crate) reannounced: Counter,
-    pub(crate) storage_writes: Counter,
-    pub(crate) storage_ingests: Counter,
-    pub(crate) commit_rejects: Counter,
-    pub(crate) reservations_expired: Counter,
-    pub(crate) promotes_asked: Counter,
-    pub(crate) republishes: Counter,
+    pub(crate) read_disk_hits: Tally,
+    pub(crate) promotes_owner: Tally,
+    pub(crate) replicas: Tally,
+    pub(crate) reannounced: Tally,
+    pub(crate) storage_writes: Tally,
+    pub(crate) storage_ingests: Tally,
+    pub(crate) commit_rejects: Tally,
+    pub(crate) reservations_expired: Tally,
+    pub(crate) promotes_asked: Tally,
+    pub(crate) republishes: Tally,
     pub(crate) pool_keys: metrics::Gauge,
     pub(crate) hit_rate: metrics::Gauge,
     pub(crate) uptime: metrics::Gauge,
     pub(crate) started: std::time::Instant,
-    pub(crate) requests_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    pub(crate) hits_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Handles {
     /// Refreshes the derived gauges (called about once per heartbeat).
     pub(crate) fn refresh(&self, pool_keys: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
         self.uptime.set(self.started.elapsed().as_secs_f64());
         self.pool_keys.set(pool_keys as f64);
-        let req = self.requests_seen.load(Relaxed);
+        let req = self.read_requests.get();
         if req > 0 {
-            self.hit_rate
-                .set(self.hits_seen.load(Relaxed) as f64 / req as f64);
+            self.hit_rate.set(self.read_hits.get() as f64 / req as f64);
         }
     }
 
     pub(crate) fn register(node: &str) -> Self {
         let n = node.to_string();
-        let c = |name: &'static str| metrics::counter!(name, "node" => n.clone());
+        let c = |name: &'static str| Tally::new(metrics::counter!(name, "node" => n.clone()));
         Handles {
             read_requests: c(READ_REQUESTS),
             read_hits: c(READ_HITS),
@@ -137,7 +136,6 @@ impl Handles {
             bytes_read: c(BYTES_READ),
             bytes_written: c(BYTES_WRITTEN),
             evictions: c(EVICTIONS),
-            eviction_notices: c(EVICTION_NOTICES),
             lookups_saved: c(LOOKUPS_SAVED),
             exists_requests: c(EXISTS_REQUESTS),
             exists_pages_found: c(EXISTS_PAGES_FOUND),
@@ -152,15 +150,17 @@ impl Handles {
             storage_ingests: c(STORAGE_INGESTS),
             commit_rejects: c(COMMIT_REJECTS),
             reservations_expired: c(RESERVATIONS_EXPIRED),
-            promotes_owner: metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
-            promotes_asked: metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
+            promotes_owner: Tally::new(
+                metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
+            ),
+            promotes_asked: Tally::new(
+                metrics::counter!(DISK_PROMOTES, "side" => "reader", "node" => n.clone()),
+            ),
             republishes: c(DIRECTORY_REPUBLISHES),
             pool_keys: metrics::gauge!(POOL_KEYS, "node" => n.clone()),
             hit_rate: metrics::gauge!(READ_HIT_RATE, "node" => n.clone()),
             uptime: metrics::gauge!(UPTIME, "node" => n.clone()),
             started: std::time::Instant::now(),
-            requests_seen: Default::default(),
-            hits_seen: Default::default(),
         }
     }
 }

@@ -46,9 +46,6 @@ pub(crate) struct Inner {
     pub(crate) meta: Mutex<Option<DiscoveryServer>>,
     pub(crate) primed: Mutex<PrimeMap>,
     pub(crate) read_cache: Mutex<PrimeMap>,
-    pub(crate) verify_rejects: std::sync::atomic::AtomicU64,
-    /// Pages read through staging and copied out (see `StoreStats::staged_reads`).
-    pub(crate) staged_reads: std::sync::atomic::AtomicU64,
     pub(crate) scratch: Mutex<Vec<Scratch>>,
     pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
@@ -616,7 +613,6 @@ impl Inner {
         let evictions = EvictionBatcher::start(
             me.clone(),
             dir.clone(),
-            metrics.eviction_notices.clone(),
             disk.clone(),
             cfg.eviction_queue_depth,
         );
@@ -645,8 +641,6 @@ impl Inner {
             meta: Mutex::new(meta),
             primed: Mutex::new(PrimeMap::default()),
             read_cache: Mutex::new(PrimeMap::default()),
-            verify_rejects: std::sync::atomic::AtomicU64::new(0),
-            staged_reads: std::sync::atomic::AtomicU64::new(0),
             scratch: Mutex::new(Vec::new()),
             host_buffers: parking_lot::RwLock::new(Vec::new()),
             pool_region: Mutex::new(Some(pool_region)),
@@ -846,7 +840,7 @@ impl Inner {
                 res[i] = Some(l);
             }
         }
-        self.metrics.promotes_owner.increment(promoted);
+        self.metrics.promotes_owner.add(promoted);
         let batcher = self.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
@@ -901,7 +895,7 @@ impl Inner {
                 Err(e) => tracing::debug!(error = %e, "promote request failed"),
             }
         }
-        self.metrics.promotes_asked.increment(asked);
+        self.metrics.promotes_asked.add(asked);
         answers
     }
 
@@ -974,7 +968,7 @@ impl Inner {
             return;
         }
         let done = self.dir.insert_routed(&entries, &routes);
-        self.metrics.reannounced.increment(done as u64);
+        self.metrics.reannounced.add(done as u64);
         tracing::debug!(
             pages = entries.len(),
             sent = done,
@@ -1014,7 +1008,7 @@ impl Inner {
                 done += r.iter().filter(|o| o.is_some()).count();
             }
         }
-        self.metrics.republishes.increment(done as u64);
+        self.metrics.republishes.add(done as u64);
         tracing::info!(
             pages = done,
             "re-published pages recovered from the disk tier"

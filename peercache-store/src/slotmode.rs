@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use peercache_pool::slotmap::{self, Geometry, HEADER, SlotHeader};
 use peercache_transport::{Batch, RegionKey, RemoteRange, Segment};
@@ -281,8 +280,7 @@ impl Store {
                 match map.read(keys[i], &mut dst(i)) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
                     Err(slotmap::SlotMiss::Torn) => {
-                        inner.metrics.verify_rejects.increment(1);
-                        inner.verify_rejects.fetch_add(1, Ordering::Relaxed);
+                        inner.metrics.verify_rejects.add(1);
                     }
                     Err(slotmap::SlotMiss::Absent) => {}
                 }
@@ -315,13 +313,7 @@ impl Store {
             };
             // Slotmap reads stage every payload: a slot may be rewritten under the read, so
             // the bytes reach the caller only after the re-read header proves them whole.
-            self.inner
-                .metrics
-                .staged_reads
-                .increment(found.len() as u64);
-            self.inner
-                .staged_reads
-                .fetch_add(found.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.inner.metrics.staged_reads.add(found.len() as u64);
             let mut batch = Batch::new();
             let mut offs = Vec::with_capacity(found.len());
             let mut off = 0usize;
@@ -372,8 +364,7 @@ impl Store {
                             hit[i] = Some(lens[i] as u32);
                         }
                         Err(_) => {
-                            inner.metrics.verify_rejects.increment(1);
-                            inner.verify_rejects.fetch_add(1, Ordering::Relaxed);
+                            inner.metrics.verify_rejects.add(1);
                         }
                     }
                 }

@@ -417,7 +417,7 @@ impl Store {
     ) -> Vec<bool> {
         let inner = &*self.inner;
         let m = &inner.metrics;
-        m.write_requests.increment(1);
+        m.write_requests.add(1);
         let mut pages = Vec::with_capacity(keys.len());
         let mut at = 0;
         for (j, (k, &c)) in keys.iter().zip(counts).enumerate() {
@@ -455,7 +455,7 @@ impl Store {
                 Published::Failed(e) => tracing::debug!(error = %e, "page not published"),
             }
         }
-        m.evictions.increment(evicted.len() as u64);
+        m.evictions.add(evicted.len() as u64);
         if let Some(b) = inner.evictions.lock().as_ref() {
             b.push(evicted);
         }
@@ -491,7 +491,7 @@ impl Store {
             // "already stored" for a page nobody can find.
             inner.pool.remove_batch(&undo);
         }
-        m.bytes_written.increment(written);
+        m.bytes_written.add(written);
         results
     }
 
@@ -582,7 +582,7 @@ impl Store {
     /// Presence of each key; with `leading` the vector stops at the first missing key.
     fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
         let inner = &*self.inner;
-        inner.metrics.exists_requests.increment(1);
+        inner.metrics.exists_requests.add(1);
         if inner.cfg.mode == crate::config::Mode::Slotmap {
             let mut p = self.slot_contains(keys);
             if leading {
@@ -592,7 +592,7 @@ impl Store {
             inner
                 .metrics
                 .exists_pages_found
-                .increment(p.iter().filter(|p| **p).count() as u64);
+                .add(p.iter().filter(|p| **p).count() as u64);
             return p;
         }
         let Ok(found) = inner.dir.lookup(keys) else {
@@ -654,7 +654,7 @@ impl Store {
         inner
             .metrics
             .exists_pages_found
-            .increment(present.iter().filter(|p| **p).count() as u64);
+            .add(present.iter().filter(|p| **p).count() as u64);
         present
     }
 
@@ -744,13 +744,13 @@ impl Store {
         let inner = &*self.inner;
         let m = &inner.metrics;
         let n = keys.len();
-        m.read_requests.increment(n as u64);
+        m.read_requests.add(n as u64);
         if inner.cfg.mode == crate::config::Mode::Slotmap {
             // SAFETY: forwarded from the caller.
             let hit = unsafe { self.slot_get(keys, segs, counts) };
             let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
-            m.read_hits.increment(hits);
-            m.read_misses.increment(n as u64 - hits);
+            m.read_hits.add(hits);
+            m.read_misses.add(n as u64 - hits);
             return hit;
         }
         let mut starts = Vec::with_capacity(n);
@@ -786,7 +786,7 @@ impl Store {
                 None => true,
             });
         }
-        m.lookups_saved.increment((n - need.len()) as u64);
+        m.lookups_saved.add((n - need.len()) as u64);
         if !need.is_empty() {
             let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
             if let Ok(found) = inner.dir.lookup(&ks) {
@@ -835,7 +835,7 @@ impl Store {
             } else {
                 let (got, leased) = inner.promote_and_lease(&missing);
                 m.read_disk_hits
-                    .increment(got.iter().filter(|l| l.is_some()).count() as u64);
+                    .add(got.iter().filter(|l| l.is_some()).count() as u64);
                 leased
             };
             let mut local_hits = 0u64;
@@ -859,7 +859,7 @@ impl Store {
                     local_hits += 1;
                 }
             }
-            m.read_local_hits.increment(local_hits);
+            m.read_local_hits.add(local_hits);
         }
 
         // Pages no owner holds in memory but another node holds on disk: ask it to promote.
@@ -942,13 +942,13 @@ impl Store {
                         remote_hits += 1;
                         remote_hit_idx.push(i);
                     } else {
-                        m.read_failures.increment(1);
+                        m.read_failures.add(1);
                     }
                 }
             }
             attempt += 1;
         }
-        m.read_remote_hits.increment(remote_hits);
+        m.read_remote_hits.add(remote_hits);
         if inner.cfg.replicate_on_read && !remote_hit_idx.is_empty() {
             // SAFETY: the caller's segments hold the verified pages and stay valid for the call.
             unsafe { self.replicate(&remote_hit_idx, keys, segs, &starts, counts, &valid) };
@@ -961,11 +961,9 @@ impl Store {
             }
         }
         let hits = hit.iter().filter(|h| **h).count() as u64;
-        m.read_hits.increment(hits);
-        m.requests_seen.fetch_add(n as u64, Ordering::Relaxed);
-        m.hits_seen.fetch_add(hits, Ordering::Relaxed);
-        m.read_misses.increment(n as u64 - hits);
-        m.bytes_read.increment(bytes);
+        m.read_hits.add(hits);
+        m.read_misses.add(n as u64 - hits);
+        m.bytes_read.add(bytes);
         hit.iter()
             .zip(valid)
             .map(|(&h, v)| h.then_some(v))
@@ -1024,7 +1022,7 @@ impl Store {
                 _ => None,
             })
             .collect();
-        inner.metrics.replicas.increment(entries.len() as u64);
+        inner.metrics.replicas.add(entries.len() as u64);
         let batcher = inner.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
@@ -1115,8 +1113,7 @@ impl Store {
         }
         let staged = direct.iter().filter(|d| !**d).count() as u64;
         if staged > 0 {
-            inner.metrics.staged_reads.increment(staged);
-            inner.staged_reads.fetch_add(staged, Ordering::Relaxed);
+            inner.metrics.staged_reads.add(staged);
         }
         let scratch = match self.checkout_scratch(pages.len(), staging_need) {
             Ok(s) => s,
@@ -1239,8 +1236,7 @@ impl Store {
                             if staging_off[j] == usize::MAX {
                                 scrub(*i);
                             }
-                            inner.metrics.verify_rejects.increment(1);
-                            inner.verify_rejects.fetch_add(1, Ordering::Relaxed);
+                            inner.metrics.verify_rejects.add(1);
                             tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
                             out.push((*i, false));
                         }
@@ -1320,12 +1316,7 @@ impl Store {
             .evictions
             .lock()
             .as_ref()
-            .map(|b| {
-                (
-                    b.counters.queued.load(Ordering::Relaxed),
-                    b.counters.notified.load(Ordering::Relaxed),
-                )
-            })
+            .map(|b| (b.counters.queued.get(), b.counters.notified.get()))
             .unwrap_or_default();
         StoreStats {
             pool_pages: p.retained + p.reclaimable,
@@ -1341,8 +1332,8 @@ impl Store {
             rdma_fallbacks: t.rdma_fallbacks,
             members: inner.discovery.members().len() as u64,
             primed: inner.primed.lock().len() as u64,
-            verify_rejects: inner.verify_rejects.load(Ordering::Relaxed),
-            staged_reads: inner.staged_reads.load(Ordering::Relaxed),
+            verify_rejects: inner.metrics.verify_rejects.get(),
+            staged_reads: inner.metrics.staged_reads.get(),
         }
     }
 

@@ -19,7 +19,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 
 use parking_lot::Mutex;
@@ -136,17 +136,6 @@ pub struct DiskStats {
     pub reads: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    writes: AtomicU64,
-    bytes_written: AtomicU64,
-    dropped: AtomicU64,
-    evictions: AtomicU64,
-    corrupt: AtomicU64,
-    recovered: AtomicU64,
-    reads: AtomicU64,
-}
-
 #[derive(Clone, Copy)]
 struct Entry {
     seg: u64,
@@ -188,7 +177,7 @@ impl Index {
 struct Shared {
     cfg: DiskConfig,
     index: Mutex<Index>,
-    counters: Counters,
+    counters: crate::metrics::DiskCounters,
     disabled: AtomicBool,
     /// Keys queued for the writer and not yet written (or failed).
     pending: Mutex<std::collections::HashSet<PageKey>>,
@@ -253,7 +242,7 @@ impl DiskTier {
                 active: None,
                 next_seg: 1,
             }),
-            counters: Counters::default(),
+            counters: crate::metrics::DiskCounters::register(),
             disabled: AtomicBool::new(false),
             pending: Mutex::new(Default::default()),
             free_bufs: Mutex::new(Vec::new()),
@@ -285,7 +274,7 @@ impl DiskTier {
         let fits = (len as u64 + RECORD_HEADER as u64)
             <= self.shared.cfg.segment_size().min(self.shared.cfg.capacity);
         if len == 0 || !fits || self.is_disabled() {
-            self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            self.shared.counters.dropped.add(1);
             return false;
         }
         if self.contains(key) {
@@ -309,8 +298,7 @@ impl DiskTier {
             Ok(()) => true,
             Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
                 self.shared.pending.lock().remove(&key);
-                self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(crate::metrics::DISK_DROPPED_TOTAL).increment(1);
+                self.shared.counters.dropped.add(1);
                 if let Job::Write { buf, .. } = job {
                     recycle(&self.shared, buf);
                 }
@@ -394,12 +382,11 @@ impl DiskTier {
         })();
         match result {
             Ok(()) => {
-                self.shared.counters.reads.fetch_add(1, Ordering::Relaxed);
+                self.shared.counters.reads.add(1);
                 Ok(h)
             }
             Err(e @ DiskError::Corrupt { .. }) => {
-                self.shared.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(crate::metrics::DISK_CORRUPT_TOTAL).increment(1);
+                self.shared.counters.corrupt.add(1);
                 tracing::warn!(%key, error = %e, "corrupt disk record dropped");
                 self.remove(key);
                 Err(e)
@@ -431,14 +418,14 @@ impl DiskTier {
             keys: idx.map.len() as u64,
             bytes: idx.bytes,
             segments: idx.segs.len() as u64,
-            writes: c.writes.load(Ordering::Relaxed),
-            bytes_written: c.bytes_written.load(Ordering::Relaxed),
-            dropped: c.dropped.load(Ordering::Relaxed),
-            evictions: c.evictions.load(Ordering::Relaxed),
-            corrupt: c.corrupt.load(Ordering::Relaxed),
-            recovered: c.recovered.load(Ordering::Relaxed),
+            writes: c.writes.get(),
+            bytes_written: c.bytes_written.get(),
+            dropped: c.dropped.get(),
+            evictions: c.evictions.get(),
+            corrupt: c.corrupt.get(),
+            recovered: c.recovered.get(),
             disabled: self.is_disabled(),
-            reads: c.reads.load(Ordering::Relaxed),
+            reads: c.reads.get(),
         }
     }
 }
@@ -468,11 +455,11 @@ fn write_loop(sh: &Shared, rx: Receiver<Job>) {
             }
             Job::Write { header, buf } => {
                 if sh.disabled.load(Ordering::Relaxed) {
-                    sh.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    sh.counters.dropped.add(1);
                 } else if let Err(e) = append(sh, &mut active, &header, &buf) {
                     // One error line, then the tier stays off; the pool is unaffected.
                     sh.disabled.store(true, Ordering::Relaxed);
-                    sh.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    sh.counters.dropped.add(1);
                     metrics::gauge!(crate::metrics::DISK_DISABLED).set(1.0);
                     tracing::error!(dir = %sh.cfg.dir.display(), error = %e, "disk tier write failed; disk tier disabled, pool keeps working");
                 }
@@ -565,16 +552,15 @@ fn append(
                         dropped += 1;
                     }
                 }
-                sh.counters.evictions.fetch_add(dropped, Ordering::Relaxed);
+                sh.counters.evictions.add(dropped);
             }
             victims.push(victim);
         }
     }
-    sh.counters.writes.fetch_add(1, Ordering::Relaxed);
+    sh.counters.writes.add(1);
     sh.counters
         .bytes_written
-        .fetch_add(h.len as u64, Ordering::Relaxed);
-    metrics::counter!(crate::metrics::DISK_WRITES_TOTAL).increment(1);
+        .add(h.len as u64);
     for v in victims {
         let _ = fs::remove_file(seg_path(&sh.cfg.dir, v));
     }
@@ -653,7 +639,7 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
             off = end;
         }
         if off < len {
-            sh.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+            sh.counters.corrupt.add(1);
             tracing::warn!(segment = %path.display(), at = off, size = len, "torn or corrupt record: the rest of the segment is skipped");
         }
         let t = idx.next_tick;
@@ -673,7 +659,7 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
     }
     // Records superseded by a later segment were overwritten in the map; count what is live.
     recovered = recovered.min(idx.map.len() as u64);
-    sh.counters.recovered.store(recovered, Ordering::Relaxed);
+    sh.counters.recovered.add(recovered);
     if recovered > 0 {
         tracing::info!(records = recovered, bytes = idx.bytes, dir = %sh.cfg.dir.display(), "disk tier recovered");
     }
