@@ -35,27 +35,11 @@ use crate::runner::{Timing, run_row};
 
 /// Options of `compare`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("concurrency", |a| a.default_value("1,2")))]
 pub struct CompareArgs {
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
-    /// Pages per batch call.
-    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
-    pub batch: u64,
-    /// Caller threads per row.
-    #[arg(
-        long,
-        visible_alias = "concurrencies",
-        value_delimiter = ',',
-        default_value = "1,2"
-    )]
-    pub concurrency: Vec<u64>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Pages in the read set.
     #[arg(long, default_value_t = 2048)]
     pub pages: u64,
@@ -72,6 +56,12 @@ pub struct CompareArgs {
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
+    /// Pages per call and caller threads (shared by every subcommand).
+    #[command(flatten)]
+    pub load: crate::rows::LoadArgs,
 }
 
 fn free_port() -> Result<u16> {
@@ -244,11 +234,11 @@ impl Mooncake {
 /// Runs the comparison.
 pub fn run(args: &CompareArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
-    let batch = args.batch as usize;
+    let batch = args.load.batch as usize;
     let n = args.pages;
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
     // PeerCache: node A holds the pages, node B reads them over loopback TCP (the host-local
     // path off, so the bytes move the way they do between two hosts). A second pair, A2 and
@@ -278,7 +268,12 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let (a, b) = pair(["127.0.0.1", "127.0.0.2"], false)?;
     let (a2, lc) = pair(["127.0.0.3", "127.0.0.4"], true)?;
     // The reader's destination: registered memory, as Mooncake's batch_get_into uses.
-    let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
+    let max_c = *args
+        .load
+        .concurrency
+        .iter()
+        .max()
+        .context("no concurrency")? as usize;
     let dst = Arc::new(crate::workload::CallerBuffers::new(max_c, page * batch));
     // SAFETY: `b` is shut down before `dst` is dropped (end of this function).
     unsafe { dst.register(&b) }?;
@@ -361,14 +356,16 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let mooncake_local = start_mc(true);
 
     let mut rows = Vec::new();
-    let mut progress =
-        crate::progress::Progress::new("compare", args.rounds as usize * args.concurrency.len());
-    for round in 0..args.rounds {
-        for &c in &args.concurrency {
+    let mut progress = crate::progress::Progress::new(
+        "compare",
+        args.run.rounds as usize * args.load.concurrency.len(),
+    );
+    for round in 0..args.run.rounds {
+        for &c in &args.load.concurrency {
             rows.push(run_row(
                 "raw-tcp",
                 args.page_bytes,
-                args.batch,
+                args.load.batch,
                 c,
                 round,
                 &timing,
@@ -378,7 +375,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 rows.push(run_row(
                     name,
                     args.page_bytes,
-                    args.batch,
+                    args.load.batch,
                     c,
                     round,
                     &timing,
@@ -404,13 +401,13 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                     "--threads".into(),
                     c.to_string(),
                     "--seconds".into(),
-                    args.secs.to_string(),
+                    args.run.secs.to_string(),
                 ]))?;
                 let pps = v["pages_per_s"].as_f64().unwrap_or(0.0);
                 rows.push(Row {
                     name: name.into(),
                     page_bytes: args.page_bytes,
-                    batch: args.batch,
+                    batch: args.load.batch,
                     concurrency: c,
                     pages_per_s: pps,
                     gb_per_s: pps * page as f64 / 1e9,
@@ -458,7 +455,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     if mcl_ok {
         // Same-host against same-host: PeerCache's shared-memory read beside Mooncake's dummy
         // client reading through its real client.
-        for &c in &args.concurrency {
+        for &c in &args.load.concurrency {
             summary.insert(
                 format!("c{c}/peercache-get-local/mooncake-get-local"),
                 json!(round3(
@@ -474,7 +471,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         );
     }
     summary.insert("host_local_read_bytes".into(), json!(local_bytes));
-    for &c in &args.concurrency {
+    for &c in &args.load.concurrency {
         let (raw, mc) = (med("raw-tcp", Some(c)), med("mooncake-get", Some(c)));
         for pc_name in ["peercache-get", "peercache-get-local"] {
             let pc = med(pc_name, Some(c));
@@ -518,6 +515,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         systems.push("mooncake-get");
     }
     let bars: Vec<(String, Vec<f64>)> = args
+        .load
         .concurrency
         .iter()
         .map(|&c| {
@@ -533,8 +531,8 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         bench: "compare".into(),
         host: Host::detect(),
         config: json!({
-            "page_bytes": args.page_bytes, "batch": args.batch, "concurrency": args.concurrency,
-            "rounds": args.rounds, "secs": args.secs, "pages": args.pages, "modes": args.modes,
+            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
+            "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages, "modes": args.modes,
             "transport": "loopback tcp (peercache-get-local: host-local shared memory)", "mooncake": "batch_get_into, pure client, one storage process",
         }),
         summary: serde_json::Value::Object(summary),

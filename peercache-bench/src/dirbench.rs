@@ -23,15 +23,12 @@ pub struct DirArgs {
     /// Entries loaded into the serving shard.
     #[arg(long, default_value_t = 100_000)]
     pub entries: u64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
 }
 
 fn key(i: u64) -> PageKey {
@@ -154,10 +151,10 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     for (k, l) in &entries {
         local.insert(*k, l.clone(), 0);
     }
-    let dur = Duration::from_secs_f64(args.secs);
+    let dur = Duration::from_secs_f64(args.run.secs);
     let n = args.entries;
     let mut rows = Vec::new();
-    for round in 0..args.rounds {
+    for round in 0..args.run.rounds {
         let mut i = 0u64;
         let mut keys32: Vec<PageKey> = Vec::with_capacity(32);
         rows.push(timed("shard-lookup", 32, round, dur, || {
@@ -210,7 +207,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     Ok(Report {
         bench: "directory".into(),
         host: Host::detect(),
-        config: serde_json::json!({"entries": args.entries, "rounds": args.rounds, "secs": args.secs, "transport": "loopback rpc"}),
+        config: serde_json::json!({"entries": args.entries, "rounds": args.run.rounds, "secs": args.run.secs, "transport": "loopback rpc"}),
         summary: serde_json::json!({
             "lookup32_p50_us": med("lookup", |r| r.p50_us),
             "exists2000_p50_us": med("exists", |r| r.p50_us),

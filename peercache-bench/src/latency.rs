@@ -15,6 +15,7 @@ use crate::runner::{Timing, run_row};
 
 /// Options of `latency`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("rounds", |a| a.default_value("2")))]
 pub struct LatencyArgs {
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
@@ -22,18 +23,15 @@ pub struct LatencyArgs {
     /// Batch sizes, one row per operation each.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub batch_sizes: Vec<u64>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 2)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Pages in the read set.
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
 }
 
 /// Runs the latency rows.
@@ -59,13 +57,15 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
     crate::workload::publish(&a, &keys, &src, page, max_batch)?;
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
-    let mut progress =
-        crate::progress::Progress::new("latency", args.rounds as usize * args.batch_sizes.len());
+    let mut progress = crate::progress::Progress::new(
+        "latency",
+        args.run.rounds as usize * args.batch_sizes.len(),
+    );
     let next = Arc::new(AtomicU64::new(0));
     let mut rows = Vec::new();
-    for round in 0..args.rounds {
+    for round in 0..args.run.rounds {
         for &bs in &args.batch_sizes {
             let batch = bs as usize;
             rows.push(run_row(
@@ -142,7 +142,7 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "page_bytes": args.page_bytes, "batch_sizes": args.batch_sizes, "threads": 1,
-            "rounds": args.rounds, "secs": args.secs, "pages": args.pages,
+            "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages,
         }),
         summary: serde_json::Value::Object(summary),
         results: rows,

@@ -20,6 +20,7 @@ pub mod progress;
 pub mod rawtcp;
 pub mod replicabench;
 pub mod report;
+pub mod rows;
 pub mod runner;
 pub mod saturation;
 pub mod serve;

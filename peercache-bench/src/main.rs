@@ -73,28 +73,28 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
         Some(Cmd::Serve(args)) => serve::run(&args),
-        Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Suite(args)) => finish(suite::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Drive(args)) => match drive::run(&args)? {
             Some(r) => finish(r, args.json.as_deref()),
             None => Ok(()),
         },
         Some(Cmd::DriveReader(args)) => drive::reader(&args),
         Some(Cmd::Throughput(args)) => finish(throughput::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),
-        Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.run.json.as_deref()),
         None => {
             eprintln!(
                 "peercache-bench main job: embedded two-node cluster on loopback, {}",
                 cli.main.describe()
             );
-            finish(mainjob::run(&cli.main)?, cli.main.json.as_deref())
+            finish(mainjob::run(&cli.main)?, cli.main.run.json.as_deref())
         }
     }
 }

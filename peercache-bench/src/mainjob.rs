@@ -24,51 +24,33 @@ pub struct MainArgs {
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
-    /// Pages per batch.
-    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
-    pub batch: u64,
-    /// Caller threads per row.
-    #[arg(
-        long,
-        visible_alias = "concurrencies",
-        value_delimiter = ',',
-        default_value = "1,2,4"
-    )]
-    pub concurrency: Vec<u64>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Pages in the read set on node A.
     #[arg(long, default_value_t = 2048)]
     pub read_pages: u64,
     /// Node B's pool in MiB (the set rows fill it).
     #[arg(long, default_value_t = 2048)]
     pub writer_pool_mib: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Any node setting for both nodes: `--set key=value`, repeatable (e.g.
     /// `lazy_registration=false` to measure reads through staging).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
+    /// Pages per call and caller threads (shared by every subcommand).
+    #[command(flatten)]
+    pub load: crate::rows::LoadArgs,
 }
 
 impl Default for MainArgs {
+    /// The flags' defaults (one source: the `#[arg]` attributes).
     fn default() -> Self {
-        MainArgs {
-            page_bytes: 131072,
-            batch: 32,
-            concurrency: vec![1, 2, 4],
-            rounds: 3,
-            secs: 0.5,
-            read_pages: 2048,
-            writer_pool_mib: 2048,
-            json: None,
-            set: Vec::new(),
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            args: MainArgs,
         }
+        <Defaults as clap::Parser>::parse_from(["peercache-bench"]).args
     }
 }
 
@@ -112,7 +94,7 @@ pub fn start_node_with(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Res
 /// Runs the main job.
 pub fn run(args: &MainArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
-    let batch = args.batch as usize;
+    let batch = args.load.batch as usize;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -154,22 +136,29 @@ pub fn run(args: &MainArgs) -> Result<Report> {
 
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
-    let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
+    let max_c = *args
+        .load
+        .concurrency
+        .iter()
+        .max()
+        .context("no concurrency")? as usize;
     let mut rows = Vec::new();
     let mut extra = serde_json::Map::new();
     let next_write = Arc::new(AtomicU64::new(0));
     let n_read = args.read_pages;
-    let mut progress =
-        crate::progress::Progress::new("main", (args.rounds as usize) * args.concurrency.len());
-    for round in 0..args.rounds {
-        for &c in &args.concurrency {
+    let mut progress = crate::progress::Progress::new(
+        "main",
+        (args.run.rounds as usize) * args.load.concurrency.len(),
+    );
+    for round in 0..args.run.rounds {
+        for &c in &args.load.concurrency {
             let tag = format!("c{c}/r{round}");
             rows.push(run_row(
                 "raw-tcp",
                 args.page_bytes,
-                args.batch,
+                args.load.batch,
                 c,
                 round,
                 &timing,
@@ -189,7 +178,7 @@ pub fn run(args: &MainArgs) -> Result<Report> {
             };
             let set_row = |name: &str, limit: Option<Arc<AtomicI64>>| {
                 let t = if limit.is_some() { &cold } else { &timing };
-                run_row(name, args.page_bytes, args.batch, c, round, t, |t| {
+                run_row(name, args.page_bytes, args.load.batch, c, round, t, |t| {
                     let (b, src, next, limit, written) = (
                         b.clone(),
                         src.clone(),
@@ -246,32 +235,40 @@ pub fn run(args: &MainArgs) -> Result<Report> {
                 let rpc0 = b.stats().directory_rpcs;
                 let bytes0 = b.stats().transport_read_bytes;
                 let calls = Arc::new(AtomicU64::new(0));
-                let row = run_row(name, args.page_bytes, args.batch, c, round, &timing, |t| {
-                    let (b, keys, calls) = (b.clone(), read_keys.clone(), calls.clone());
-                    let mut bufs = rawtcp::prefaulted(batch * page, 3);
-                    let mut k = t as u64 * 613;
-                    move || {
-                        let ks: Vec<&str> = (0..batch)
-                            .map(|_| {
-                                k = (k + 1) % n_read;
-                                keys[k as usize].as_str()
-                            })
-                            .collect();
-                        calls.fetch_add(1, Ordering::Relaxed);
-                        let mut found = batch as u64;
-                        if do_exists {
-                            found = b.batch_exists(&ks).unwrap_or(0) as u64;
+                let row = run_row(
+                    name,
+                    args.page_bytes,
+                    args.load.batch,
+                    c,
+                    round,
+                    &timing,
+                    |t| {
+                        let (b, keys, calls) = (b.clone(), read_keys.clone(), calls.clone());
+                        let mut bufs = rawtcp::prefaulted(batch * page, 3);
+                        let mut k = t as u64 * 613;
+                        move || {
+                            let ks: Vec<&str> = (0..batch)
+                                .map(|_| {
+                                    k = (k + 1) % n_read;
+                                    keys[k as usize].as_str()
+                                })
+                                .collect();
+                            calls.fetch_add(1, Ordering::Relaxed);
+                            let mut found = batch as u64;
+                            if do_exists {
+                                found = b.batch_exists(&ks).unwrap_or(0) as u64;
+                            }
+                            if do_get {
+                                let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
+                                found = b
+                                    .batch_get(&ks, &mut dst)
+                                    .map(|r| r.iter().filter(|&&x| x).count() as u64)
+                                    .unwrap_or(0);
+                            }
+                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
                         }
-                        if do_get {
-                            let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                            found = b
-                                .batch_get(&ks, &mut dst)
-                                .map(|r| r.iter().filter(|&&x| x).count() as u64)
-                                .unwrap_or(0);
-                        }
-                        CallOutcome::done(found, batch as u64 - found, found != batch as u64)
-                    }
-                });
+                    },
+                );
                 let mut row = row;
                 if !do_get {
                     // exists moves no payload.
@@ -315,8 +312,8 @@ pub fn run(args: &MainArgs) -> Result<Report> {
         bench: "main".into(),
         host: Host::detect(),
         config: json!({
-            "nodes": 2, "protocol": "tcp", "page_bytes": args.page_bytes, "batch": args.batch,
-            "concurrency": args.concurrency, "rounds": args.rounds, "secs": args.secs,
+            "nodes": 2, "protocol": "tcp", "page_bytes": args.page_bytes, "batch": args.load.batch,
+            "concurrency": args.load.concurrency, "rounds": args.run.rounds, "secs": args.run.secs,
             "read_pages": args.read_pages, "writer_pool_mib": args.writer_pool_mib,
             "keys": "MLA-shaped", "directory_read_cache_ttl": 0,
         }),
@@ -341,9 +338,9 @@ impl MainArgs {
         format!(
             "{} KiB pages, batch {}, concurrency {:?}, {} rounds",
             self.page_bytes >> 10,
-            self.batch,
-            self.concurrency,
-            self.rounds
+            self.load.batch,
+            self.load.concurrency,
+            self.run.rounds
         )
     }
 }

@@ -27,23 +27,6 @@ pub struct MicroArgs {
     /// Page sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "4096,131072,1048576")]
     pub page_sizes: Vec<u64>,
-    /// Caller threads.
-    #[arg(
-        long,
-        visible_alias = "concurrencies",
-        value_delimiter = ',',
-        default_value = "1,2,4"
-    )]
-    pub concurrency: Vec<u64>,
-    /// Pages per batch.
-    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
-    pub batch: u64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds measured per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Size of the serving region in MiB.
     #[arg(long, default_value_t = 256)]
     pub region_mib: u64,
@@ -55,6 +38,12 @@ pub struct MicroArgs {
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
+    /// Pages per call and caller threads (shared by every subcommand).
+    #[command(flatten)]
+    pub load: crate::rows::LoadArgs,
 }
 
 /// The layer `micro` measures.
@@ -211,39 +200,55 @@ fn store_rows(
     timing: &Timing,
 ) -> Vec<crate::report::Row> {
     let (page, pages) = (pair.page, pair.pages);
-    let batch = args.batch as usize;
+    let batch = args.load.batch as usize;
     let keys: Arc<Vec<String>> = Arc::new(
         (0..pages)
             .map(|i| crate::serve::key_for(&pair.owner, i))
             .collect(),
     );
-    let get = run_row("store-get", page, args.batch, conc, round, timing, |t| {
-        crate::workload::registered_get_caller(
-            pair.reader.clone(),
-            keys.clone(),
-            local.clone(),
-            page as usize,
-            batch,
-            t,
-            t as u64 * 1000,
-        )
-    });
+    let get = run_row(
+        "store-get",
+        page,
+        args.load.batch,
+        conc,
+        round,
+        timing,
+        |t| {
+            crate::workload::registered_get_caller(
+                pair.reader.clone(),
+                keys.clone(),
+                local.clone(),
+                page as usize,
+                batch,
+                t,
+                t as u64 * 1000,
+            )
+        },
+    );
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let src = Arc::new(rawtcp::prefaulted(
         batch * page as usize * conc as usize,
         29,
     ));
-    let set = run_row("store-set", page, args.batch, conc, round, timing, |t| {
-        crate::workload::set_caller(
-            pair.reader.clone(),
-            src.clone(),
-            format!("micro-set/{page}/r{round}"),
-            next.clone(),
-            page as usize,
-            batch,
-            t,
-        )
-    });
+    let set = run_row(
+        "store-set",
+        page,
+        args.load.batch,
+        conc,
+        round,
+        timing,
+        |t| {
+            crate::workload::set_caller(
+                pair.reader.clone(),
+                src.clone(),
+                format!("micro-set/{page}/r{round}"),
+                next.clone(),
+                page as usize,
+                batch,
+                t,
+            )
+        },
+    );
     vec![get, set]
 }
 
@@ -252,8 +257,13 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let server = spawn_server(args.region_mib)?;
     let info = &server.info;
     let max_page = *args.page_sizes.iter().max().context("no page sizes")? as usize;
-    let max_conc = *args.concurrency.iter().max().context("no concurrency")? as usize;
-    let batch = args.batch as usize;
+    let max_conc = *args
+        .load
+        .concurrency
+        .iter()
+        .max()
+        .context("no concurrency")? as usize;
+    let batch = args.load.batch as usize;
     let slot = batch * max_page;
     let client = Arc::new(Transport::start(TransportConfig::default(), None)?);
     let mut local = rawtcp::prefaulted(slot * max_conc, 9);
@@ -263,7 +273,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
         Arc::new(unsafe { client.register(local.as_mut_ptr(), local.len(), Access::LocalOnly) }?);
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
     let mut rows = Vec::new();
     let mut allocs = serde_json::Map::new();
@@ -273,7 +283,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let store_bufs = Arc::new(CallerBuffers::new(max_conc, slot));
     if args.path != MicroPath::Transport {
         for &page in &args.page_sizes {
-            let pages = ((args.region_mib << 20) / page).clamp(args.batch, 4096) as usize;
+            let pages = ((args.region_mib << 20) / page).clamp(args.load.batch, 4096) as usize;
             let pair = spawn_store_pair(page, pages)?;
             // SAFETY: `store_bufs` outlives every pair (the pairs, which shut their reader
             // down, are dropped first, below).
@@ -281,10 +291,10 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
             pairs.push(pair);
         }
     }
-    for round in 0..args.rounds {
+    for round in 0..args.run.rounds {
         for &page in &args.page_sizes {
             let pages_in_region = (info.len / page).max(1);
-            for &conc in &args.concurrency {
+            for &conc in &args.load.concurrency {
                 if let Some(pair) = pairs.iter().find(|p| p.page == page) {
                     rows.extend(store_rows(pair, &store_bufs, args, conc, round, &timing));
                 }
@@ -293,25 +303,33 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
                 }
                 // raw-tcp
                 let raw_addr = info.raw;
-                let row = run_row("raw-tcp", page, args.batch, conc, round, &timing, |t| {
-                    let mut c = RawClient::connect(raw_addr).expect("connect raw-tcp");
-                    let mut dst = rawtcp::prefaulted(batch * page as usize, 1);
-                    let mut offsets = vec![0u64; batch];
-                    let mut k = (t as u64) * 1000;
-                    move || {
-                        for o in offsets.iter_mut() {
-                            *o = (k % pages_in_region) * page;
-                            k += 1;
+                let row = run_row(
+                    "raw-tcp",
+                    page,
+                    args.load.batch,
+                    conc,
+                    round,
+                    &timing,
+                    |t| {
+                        let mut c = RawClient::connect(raw_addr).expect("connect raw-tcp");
+                        let mut dst = rawtcp::prefaulted(batch * page as usize, 1);
+                        let mut offsets = vec![0u64; batch];
+                        let mut k = (t as u64) * 1000;
+                        move || {
+                            for o in offsets.iter_mut() {
+                                *o = (k % pages_in_region) * page;
+                                k += 1;
+                            }
+                            let error = c.batch(&offsets, page as usize, &mut dst).is_err();
+                            CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
                         }
-                        let error = c.batch(&offsets, page as usize, &mut dst).is_err();
-                        CallOutcome::done(if error { 0 } else { batch as u64 }, 0, error)
-                    }
-                });
+                    },
+                );
                 rows.push(row);
                 for (name, write) in [("tcp-read", false), ("tcp-write", true)] {
                     let a0 = crate::alloc::count();
                     let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                    let row = run_row(name, page, args.batch, conc, round, &timing, |t| {
+                    let row = run_row(name, page, args.load.batch, conc, round, &timing, |t| {
                         let client = client.clone();
                         let handle = handle.clone();
                         let calls = calls.clone();
@@ -410,8 +428,8 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
         bench: "micro".into(),
         host: Host::detect(),
         config: serde_json::json!({
-            "page_sizes": args.page_sizes, "concurrency": args.concurrency, "batch": args.batch,
-            "rounds": args.rounds, "secs": args.secs, "region_mib": args.region_mib,
+            "page_sizes": args.page_sizes, "concurrency": args.load.concurrency, "batch": args.load.batch,
+            "rounds": args.run.rounds, "secs": args.run.secs, "region_mib": args.region_mib,
             "processes": 2, "transport": "tcp", "path": format!("{:?}", args.path).to_lowercase(),
         }),
         results: rows,

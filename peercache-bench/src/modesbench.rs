@@ -21,6 +21,8 @@ use crate::runner::{CallOutcome, Timing, run_row};
 
 /// Options of `modes`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("rounds", |a| a.default_value("2")))]
+#[command(mut_arg("concurrency", |a| a.default_value("1,2")))]
 pub struct ModesArgs {
     /// Modes to run, in order.
     #[arg(
@@ -32,29 +34,18 @@ pub struct ModesArgs {
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
-    /// Pages per batch.
-    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
-    pub batch: u64,
-    /// Caller threads per row.
-    #[arg(
-        long,
-        visible_alias = "concurrencies",
-        value_delimiter = ',',
-        default_value = "1,2"
-    )]
-    pub concurrency: Vec<u64>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 2)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Pool of the writer / storage server in MiB.
     #[arg(long, default_value_t = 1024)]
     pub pool_mib: u64,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
+    /// Pages per call and caller threads (shared by every subcommand).
+    #[command(flatten)]
+    pub load: crate::rows::LoadArgs,
 }
 
 fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Result<Store> {
@@ -126,12 +117,17 @@ pub(crate) fn cluster(
 /// Runs every mode.
 pub fn run(args: &ModesArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
-    let batch = args.batch as usize;
+    let batch = args.load.batch as usize;
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
-    let max_c = *args.concurrency.iter().max().context("no concurrency")? as usize;
+    let max_c = *args
+        .load
+        .concurrency
+        .iter()
+        .max()
+        .context("no concurrency")? as usize;
     let src = Arc::new(rawtcp::prefaulted(page * batch * max_c, 29));
     let mut rows = Vec::new();
     let mut summary = serde_json::Map::new();
@@ -139,7 +135,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
     let read_pages = 1024u64.min((args.pool_mib << 20) / (args.page_bytes + 64) / 4);
     let mut progress = crate::progress::Progress::new(
         "modes",
-        args.mode.len() * args.rounds as usize * args.concurrency.len(),
+        args.mode.len() * args.run.rounds as usize * args.load.concurrency.len(),
     );
     for (n, mode) in args.mode.iter().enumerate() {
         let (w, r, all) = cluster(mode, n, args.pool_mib, args.page_bytes)?;
@@ -152,12 +148,12 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
         );
         let publish_read_set = || crate::workload::publish(&w, &read_keys, &src, page, batch);
         let next = Arc::new(AtomicU64::new(0));
-        for round in 0..args.rounds {
-            for &c in &args.concurrency {
+        for round in 0..args.run.rounds {
+            for &c in &args.load.concurrency {
                 rows.push(run_row(
                     &format!("set/{mode}"),
                     args.page_bytes,
-                    args.batch,
+                    args.load.batch,
                     c,
                     round,
                     &timing,
@@ -187,7 +183,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                 rows.push(run_row(
                     &format!("get/{mode}"),
                     args.page_bytes,
-                    args.batch,
+                    args.load.batch,
                     c,
                     round,
                     &timing,
@@ -204,7 +200,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
                 rows.push(run_row(
                     &format!("exists/{mode}"),
                     args.page_bytes,
-                    args.batch,
+                    args.load.batch,
                     c,
                     round,
                     &timing,
@@ -253,8 +249,8 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "modes": args.mode, "protocol": "tcp", "page_bytes": args.page_bytes,
-            "batch": args.batch, "concurrency": args.concurrency, "rounds": args.rounds,
-            "secs": args.secs, "pool_mib": args.pool_mib,
+            "batch": args.load.batch, "concurrency": args.load.concurrency, "rounds": args.run.rounds,
+            "secs": args.run.secs, "pool_mib": args.pool_mib,
             "hybrid_write_policy": "both",
         }),
         summary: serde_json::Value::Object(summary),

@@ -13,6 +13,7 @@ use crate::report::{self, Host, Report, Row};
 
 /// Options of the `pool` subcommand.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("secs", |a| a.default_value("1")))]
 pub struct PoolArgs {
     /// Page size of the copy rows.
     #[arg(long, default_value_t = 131072)]
@@ -26,15 +27,12 @@ pub struct PoolArgs {
     /// Pages per batch.
     #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 1.0)]
-    pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
 }
 
 struct Acc {
@@ -94,7 +92,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
         hugepages: false,
     })?;
     let meta_src = [7u8; 64];
-    let dur = Duration::from_secs_f64(args.secs);
+    let dur = Duration::from_secs_f64(args.run.secs);
     let mut rows = Vec::new();
     let mut next_key = 0u64;
     let mut scratch = PublishScratch::default();
@@ -102,7 +100,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
     let mut evicted = Vec::new();
     let mut keys: Vec<PageKey> = Vec::with_capacity(batch);
     let mut locs = Vec::new();
-    for round in 0..args.rounds {
+    for round in 0..args.run.rounds {
         // memcpy: the same bytes into a pre-faulted destination of the pool's size.
         let mut a = Acc::new();
         let mut i = 0usize;
@@ -216,7 +214,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
         host: Host::detect(),
         config: serde_json::json!({
             "page_bytes": args.page_bytes, "source_mib": args.source_mib, "pool_mib": args.pool_mib,
-            "batch": args.batch, "rounds": args.rounds, "secs": args.secs,
+            "batch": args.batch, "rounds": args.run.rounds, "secs": args.run.secs,
         }),
         results: rows.clone(),
         summary: serde_json::json!({

@@ -32,15 +32,12 @@ pub struct ReplicaArgs {
     /// Pages in the hot set.
     #[arg(long, default_value_t = 64)]
     pub hot_pages: u64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
 }
 
 fn start(ip: &str, seed: &str, extra: serde_json::Value) -> Result<Store> {
@@ -77,7 +74,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
     let batch = args.batch as usize;
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
     let src = rawtcp::prefaulted(page * batch, 41);
     let mut rows = Vec::new();
@@ -100,8 +97,8 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
         crate::workload::publish(&owner, &keys, &src, page, batch)?;
         clusters.push((if on { "on" } else { "off" }, nodes, keys));
     }
-    let mut progress = crate::progress::Progress::new("replicas", args.rounds as usize);
-    for round in 0..args.rounds {
+    let mut progress = crate::progress::Progress::new("replicas", args.run.rounds as usize);
+    for round in 0..args.run.rounds {
         for (variant, nodes, keys) in &clusters {
             rows.push(run_row(
                 &format!("hot-get/{variant}"),
@@ -155,7 +152,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
     crate::workload::publish(&owner, &cold, &src, page, batch)?;
     owner.flush_disk();
     owner.flush_evictions(Duration::from_secs(10));
-    for round in 0..args.rounds {
+    for round in 0..args.run.rounds {
         rows.push(run_row(
             "get-disk-only",
             args.page_bytes,
@@ -190,7 +187,7 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "page_bytes": args.page_bytes, "batch": args.batch, "hot_pages": args.hot_pages,
-            "readers": 3, "rounds": args.rounds, "secs": args.secs,
+            "readers": 3, "rounds": args.run.rounds, "secs": args.run.secs,
             "disk_only": "owner pool 16 MiB, 512 pages (64 MiB) on its disk tier",
         }),
         summary: json!({

@@ -14,27 +14,12 @@ use crate::runner::{Timing, run_row};
 
 /// Options of `saturation`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("rounds", |a| a.default_value("2")))]
+#[command(mut_arg("concurrency", |a| a.default_value("1,2,4,8,16")))]
 pub struct SaturationArgs {
     /// Page size in bytes.
     #[arg(long, default_value_t = 131072)]
     pub page_bytes: u64,
-    /// Pages per batch call.
-    #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
-    pub batch: u64,
-    /// Caller threads, one row each.
-    #[arg(
-        long,
-        visible_alias = "concurrencies",
-        value_delimiter = ',',
-        default_value = "1,2,4,8,16"
-    )]
-    pub concurrency: Vec<u64>,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 2)]
-    pub rounds: u64,
-    /// Seconds per row.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
-    pub secs: f64,
     /// Pages in the read set.
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
@@ -44,11 +29,17 @@ pub struct SaturationArgs {
     /// Write the report here as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Rounds, seconds per round and the JSON output (shared by every subcommand).
+    #[command(flatten)]
+    pub run: crate::rows::RunArgs,
+    /// Pages per call and caller threads (shared by every subcommand).
+    #[command(flatten)]
+    pub load: crate::rows::LoadArgs,
 }
 
 /// Runs the sweep.
 pub fn run(args: &SaturationArgs) -> Result<Report> {
-    let (page, batch) = (args.page_bytes as usize, args.batch as usize);
+    let (page, batch) = (args.page_bytes as usize, args.load.batch as usize);
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -67,17 +58,19 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
     crate::workload::publish(&a, &keys, &rawtcp::prefaulted(page * batch, 9), page, batch)?;
     let timing = Timing {
         warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.secs),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
-    let mut progress =
-        crate::progress::Progress::new("saturation", args.rounds as usize * args.concurrency.len());
+    let mut progress = crate::progress::Progress::new(
+        "saturation",
+        args.run.rounds as usize * args.load.concurrency.len(),
+    );
     let mut rows = Vec::new();
-    for round in 0..args.rounds {
-        for &c in &args.concurrency {
+    for round in 0..args.run.rounds {
+        for &c in &args.load.concurrency {
             rows.push(run_row(
                 "get",
                 args.page_bytes,
-                args.batch,
+                args.load.batch,
                 c,
                 round,
                 &timing,
@@ -97,7 +90,8 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
     a.shutdown();
     b.shutdown();
     let per_c = |f: fn(&report::Row) -> f64| -> Vec<f64> {
-        args.concurrency
+        args.load
+            .concurrency
             .iter()
             .map(|&c| report::median(rows.iter().filter(|r| r.concurrency == c).map(f).collect()))
             .collect()
@@ -108,7 +102,7 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
         .max_by(|&i, &j| pps[i].total_cmp(&pps[j]))
         .unwrap_or(0);
     std::fs::create_dir_all(&args.out_dir)?;
-    let x: Vec<f64> = args.concurrency.iter().map(|&c| c as f64).collect();
+    let x: Vec<f64> = args.load.concurrency.iter().map(|&c| c as f64).collect();
     std::fs::write(
         args.out_dir.join("saturation.svg"),
         crate::charts::line_chart(
@@ -135,11 +129,11 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
         bench: "saturation".into(),
         host: Host::detect(),
         config: json!({
-            "page_bytes": args.page_bytes, "batch": args.batch, "concurrency": args.concurrency,
-            "rounds": args.rounds, "secs": args.secs, "pages": args.pages,
+            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
+            "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages,
         }),
         summary: json!({
-            "peak_concurrency": args.concurrency[peak],
+            "peak_concurrency": args.load.concurrency[peak],
             "peak_pages_per_s": pps[peak].round(),
             "pages_per_s_by_concurrency": pps.iter().map(|v| v.round()).collect::<Vec<_>>(),
             "p99_us_by_concurrency": p99.iter().map(|v| v.round()).collect::<Vec<_>>(),

@@ -928,7 +928,12 @@ impl Pool {
             evicted_retained: st.evictions[0],
             evicted_reclaimable: st.evictions[1],
             slab_steals: st.slab_steals,
-            verify_rejects: self.metrics.verify_rejects.iter().map(peercache_wire::tally::Tally::get).sum(),
+            verify_rejects: self
+                .metrics
+                .verify_rejects
+                .iter()
+                .map(peercache_wire::tally::Tally::get)
+                .sum(),
         }
     }
 

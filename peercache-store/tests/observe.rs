@@ -148,3 +148,109 @@ fn metrics_dashboard_cluster_and_labelled_series() {
     }
     let _ = std::net::TcpStream::connect_timeout(&ep, Duration::from_millis(200));
 }
+
+/// The value of one series of `node` in a scrape (0 when absent).
+fn sample(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    node: &str,
+    extra: &[(&str, &str)],
+) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && s.labels.get("node") == Some(node))
+        .filter(|s| extra.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Gauge(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[test]
+fn stats_and_the_scrape_read_the_same_counts() {
+    let port = free_port();
+    let nodes: Vec<Store> = [40u8, 47].iter().map(|&n| node(n, port)).collect();
+    for n in &nodes {
+        assert!(n.wait_members(2, Duration::from_secs(10)));
+    }
+    // Enough pages to evict from a 16 MiB pool, then reads from the other node.
+    let page = vec![3u8; 64 << 10];
+    let keys: Vec<String> = (0..400).map(|i| format!("k{i}")).collect();
+    for chunk in keys.chunks(32) {
+        let ks: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let pages: Vec<&[u8]> = ks.iter().map(|_| &page[..]).collect();
+        nodes[0].batch_set(&ks, &pages).unwrap();
+    }
+    let mut bufs = vec![vec![0u8; 64 << 10]; 32];
+    let tail: Vec<&str> = keys[keys.len() - 32..].iter().map(String::as_str).collect();
+    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = nodes[1].batch_get(&tail, &mut outs).unwrap();
+    assert!(got.iter().all(|g| *g), "the newest pages are resident");
+    // Eviction notices are sent in the background: wait until the queue drained.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while {
+        let s = nodes[0].stats();
+        s.evictions_notified < s.evictions_queued
+    } {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "eviction notices never drained"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ep = nodes[0].metrics_endpoint().unwrap();
+    let (_, _, body) = get(ep, "/metrics");
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let (writer, reader) = (nodes[0].stats(), nodes[1].stats());
+    let (w, r) = (nodes[0].node_id().as_str(), nodes[1].node_id().as_str());
+    assert!(writer.evictions_queued > 0, "the pool evicted");
+    let pairs = [
+        (
+            "peercache_eviction_notices_total",
+            w,
+            vec![],
+            writer.evictions_notified,
+        ),
+        (
+            "peercache_eviction_notices_queued_total",
+            w,
+            vec![],
+            writer.evictions_queued,
+        ),
+        (
+            "peercache_transport_bytes_total",
+            r,
+            vec![("op", "read"), ("side", "client")],
+            reader.transport_read_bytes,
+        ),
+        (
+            "peercache_transport_local_read_bytes_total",
+            r,
+            vec![],
+            reader.transport_local_read_bytes,
+        ),
+        (
+            "peercache_read_staged_pages_total",
+            r,
+            vec![],
+            reader.staged_reads,
+        ),
+        (
+            "peercache_verify_rejects_total",
+            r,
+            vec![],
+            reader.verify_rejects,
+        ),
+    ];
+    assert!(reader.transport_read_bytes >= 32 * (64 << 10));
+    for (name, node, extra, stat) in pairs {
+        assert_eq!(
+            sample(&scrape, name, node, &extra),
+            stat as f64,
+            "{name} on {node}: the series and stats() disagree"
+        );
+    }
+}

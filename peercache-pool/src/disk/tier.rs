@@ -558,9 +558,7 @@ fn append(
         }
     }
     sh.counters.writes.add(1);
-    sh.counters
-        .bytes_written
-        .add(h.len as u64);
+    sh.counters.bytes_written.add(h.len as u64);
     for v in victims {
         let _ = fs::remove_file(seg_path(&sh.cfg.dir, v));
     }
