@@ -33,6 +33,7 @@ mod node;
 pub mod observe;
 mod prime;
 mod promote;
+mod read_plan;
 mod slotmode;
 pub mod status;
 mod store;

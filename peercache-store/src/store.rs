@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
 use crate::node::Inner;
+use crate::read_plan::ReadPlan;
 
 /// One segment by address, for callers that hold raw memory (the Python facade).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -761,62 +762,14 @@ impl Store {
             lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
             at += c;
         }
-        // Owners: primed by a preceding exists, else one directory fan-out.
-        let mut owners: Vec<Option<Owners>> = vec![None; n];
-        let mut need = Vec::new();
-        {
-            let now = Instant::now();
-            let mut primed = inner.primed.lock();
-            for (i, k) in keys.iter().enumerate() {
-                match primed.take(*k, now) {
-                    Some(o) => owners[i] = Some(o),
-                    None => need.push(i),
-                }
-            }
-        }
-        let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
-        if !cache_ttl.is_zero() && !need.is_empty() {
-            let now = Instant::now();
-            let cache = inner.read_cache.lock();
-            need.retain(|&i| match cache.get(keys[i], now) {
-                Some(o) => {
-                    owners[i] = Some(o);
-                    false
-                }
-                None => true,
-            });
-        }
-        m.lookups_saved.add((n - need.len()) as u64);
-        if !need.is_empty() {
-            let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-            if let Ok(found) = inner.dir.lookup(&ks) {
-                if !cache_ttl.is_zero() {
-                    let now = Instant::now();
-                    let mut cache = inner.read_cache.lock();
-                    for (k, o) in ks.iter().zip(&found) {
-                        if let Some(o) = o {
-                            cache.put(*k, o.clone(), cache_ttl, now);
-                        }
-                    }
-                }
-                for (&i, o) in need.iter().zip(found) {
-                    owners[i] = o;
-                }
-            }
-        }
-        let mut hit = vec![false; n];
-        let mut valid = vec![0u32; n];
+        let me = inner.me.clone();
+        let mut plan = ReadPlan::new(&me, keys, &lens);
+        self.find_owners(keys, &mut plan);
         let mut bytes = 0u64;
 
         // Local pages: lease what is in the pool, promote from the disk tier what is not (the
         // leases keep the first ones from being evicted by that promotion), copy under leases.
-        let local: Vec<usize> = (0..n)
-            .filter(|&i| {
-                owners[i]
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|l| l.node == inner.me))
-            })
-            .collect();
+        let local = plan.local();
         if !local.is_empty() {
             let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
             let leases = inner.pool.lease_batch(&lk);
@@ -853,8 +806,7 @@ impl Store {
                     .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
                     .collect();
                 if inner.pool.read_leased(ls, at, keys[i], &mut dst).is_ok() {
-                    hit[i] = true;
-                    valid[i] = at_loc.valid_len;
+                    plan.served_local(i, at_loc.valid_len);
                     bytes += lens[i];
                     local_hits += 1;
                 }
@@ -863,72 +815,22 @@ impl Store {
         }
 
         // Pages no owner holds in memory but another node holds on disk: ask it to promote.
-        let mut want: Vec<(NodeId, Vec<usize>)> = Vec::new();
-        for i in (0..n).filter(|&i| !hit[i]) {
-            let Some(o) = &owners[i] else { continue };
-            if o.iter()
-                .any(|l| l.resident && l.node != inner.me && l.len as u64 == lens[i])
-            {
-                continue;
-            }
-            if let Some(l) = o
-                .iter()
-                .find(|l| !l.resident && l.node != inner.me && l.len as u64 == lens[i])
-            {
-                match want.iter_mut().find(|w| w.0 == l.node) {
-                    Some(w) => w.1.push(i),
-                    None => want.push((l.node.clone(), vec![i])),
-                }
-            }
-        }
+        let want = plan.disk_promotions();
         if !want.is_empty() {
-            self.promote_remote(&want, keys, &lens, &mut owners);
+            self.promote_remote(&want, keys, &lens, plan.owners_mut());
         }
 
-        // Remote pages: one transport batch per owner, then verification; a failed owner
-        // hands its pages to the next owner on the list.
+        // Remote pages: one transport batch per owner and round, then verification; a page
+        // whose read failed goes to its next owner in the next round.
         let mut remote_hits = 0u64;
-        let mut attempt = 0usize;
         let mut remote_hit_idx: Vec<usize> = Vec::new();
         loop {
-            let mut groups: Vec<(std::net::SocketAddr, Vec<(usize, Location)>)> = Vec::new();
-            // Several live copies: try the owner with the fewest reads in flight from this node
-            // first (ties spread by key), then the others in turn.
             let load = inner.inflight.lock().clone();
-            for i in 0..n {
-                if hit[i] {
-                    continue;
-                }
-                let Some(o) = &owners[i] else { continue };
-                let mut cands: SmallVec<[&Location; 2]> = o
-                    .iter()
-                    .filter(|l| {
-                        l.node != inner.me
-                            && l.resident
-                            && l.len as u64 == lens[i]
-                            && !l.rails.is_empty()
-                    })
-                    .collect();
-                if cands.len() > 1 {
-                    cands.sort_by_key(|l| {
-                        let ep = l.rails[0].endpoint;
-                        let spread = keys[i].lo() ^ l.addr.rotate_left(17) ^ u64::from(ep.port());
-                        (load.get(&ep).copied().unwrap_or(0), spread)
-                    });
-                }
-                if let Some(l) = cands.get(attempt) {
-                    valid[i] = l.valid_len;
-                    let ep = l.rails[0].endpoint;
-                    match groups.iter_mut().find(|g| g.0 == ep) {
-                        Some(g) => g.1.push((i, (*l).clone())),
-                        None => groups.push((ep, vec![(i, (*l).clone())])),
-                    }
-                }
-            }
-            if groups.is_empty() {
+            let fetches = plan.next_fetches(&load);
+            if fetches.is_empty() {
                 break;
             }
-            for (ep, pages) in groups {
+            for (ep, pages) in fetches {
                 *inner.inflight.lock().entry(ep).or_insert(0) += pages.len();
                 // SAFETY: forwarded from the caller.
                 let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
@@ -937,7 +839,7 @@ impl Store {
                 }
                 for (i, ok) in got {
                     if ok {
-                        hit[i] = true;
+                        plan.served_remote(i);
                         bytes += lens[i];
                         remote_hits += 1;
                         remote_hit_idx.push(i);
@@ -946,28 +848,76 @@ impl Store {
                     }
                 }
             }
-            attempt += 1;
         }
         m.read_remote_hits.add(remote_hits);
         if inner.cfg.replicate_on_read && !remote_hit_idx.is_empty() {
+            let valid: Vec<u32> = (0..n).map(|i| plan.valid_len(i)).collect();
             // SAFETY: the caller's segments hold the verified pages and stay valid for the call.
             unsafe { self.replicate(&remote_hit_idx, keys, segs, &starts, counts, &valid) };
         }
-        if !cache_ttl.is_zero() {
+        if inner.cfg.directory_read_cache_ttl > 0.0 {
             // A cached location that did not serve (slot reused, owner gone) is dropped.
             let mut cache = inner.read_cache.lock();
-            for i in (0..n).filter(|&i| !hit[i] && owners[i].is_some()) {
+            for i in plan.missed_with_owners() {
                 cache.remove(keys[i]);
             }
         }
-        let hits = hit.iter().filter(|h| **h).count() as u64;
+        let hits = plan.hits();
         m.read_hits.add(hits);
         m.read_misses.add(n as u64 - hits);
         m.bytes_read.add(bytes);
-        hit.iter()
-            .zip(valid)
-            .map(|(&h, v)| h.then_some(v))
-            .collect()
+        plan.finish()
+    }
+
+    /// Fills `plan` with the owners of `keys`: handed over by a preceding `exists` (primed),
+    /// else from the read cache (`directory_read_cache_ttl`), else one directory fan-out.
+    fn find_owners(&self, keys: &[PageKey], plan: &mut ReadPlan<'_>) {
+        let inner = &*self.inner;
+        let mut need = Vec::new();
+        {
+            let now = Instant::now();
+            let mut primed = inner.primed.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match primed.take(*k, now) {
+                    Some(o) => plan.set_owners(i, Some(o)),
+                    None => need.push(i),
+                }
+            }
+        }
+        let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
+        if !cache_ttl.is_zero() && !need.is_empty() {
+            let now = Instant::now();
+            let cache = inner.read_cache.lock();
+            need.retain(|&i| match cache.get(keys[i], now) {
+                Some(o) => {
+                    plan.set_owners(i, Some(o));
+                    false
+                }
+                None => true,
+            });
+        }
+        inner
+            .metrics
+            .lookups_saved
+            .add((keys.len() - need.len()) as u64);
+        if need.is_empty() {
+            return;
+        }
+        let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
+        if let Ok(found) = inner.dir.lookup(&ks) {
+            if !cache_ttl.is_zero() {
+                let now = Instant::now();
+                let mut cache = inner.read_cache.lock();
+                for (k, o) in ks.iter().zip(&found) {
+                    if let Some(o) = o {
+                        cache.put(*k, o.clone(), cache_ttl, now);
+                    }
+                }
+            }
+            for (&i, o) in need.iter().zip(found) {
+                plan.set_owners(i, o);
+            }
+        }
     }
 
     /// `replicate_on_read`: keeps copies of pages just fetched from peers in the local pool as
