@@ -179,7 +179,7 @@ mod tests {
     const LEN: u32 = 4096;
 
     fn node(n: u8) -> NodeId {
-        NodeId::new(&format!("node-{n}")).unwrap()
+        NodeId::new(format!("node-{n}")).unwrap()
     }
 
     fn ep(n: u8) -> SocketAddr {
