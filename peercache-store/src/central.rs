@@ -16,96 +16,24 @@
 //! carries its bytes. Reads need nothing new: the directory names the storage node, and readers
 //! read its pool one-sided like any peer's.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use peercache_directory::{Location, Ring};
+use peercache_directory::Location;
 use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass, Reservation, Reserved};
-use peercache_transport::{Batch, RemoteRange, Segment, WriteGuard};
+use peercache_transport::{Batch, RemoteRange, Segment};
 use peercache_wire::{NodeId, PageKey, envelope, rpc};
 use smallvec::SmallVec;
 
+use crate::base::Core;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
-use crate::node::Inner;
 use crate::store::Store;
 
-/// One reservation held for a writer.
-#[derive(Debug)]
-struct Held {
-    res: Reservation,
-    writer: NodeId,
-    expires: Instant,
-}
-
-/// Reservations of a storage node, by token and by payload address.
-#[derive(Debug, Default)]
-pub(crate) struct Reservations {
-    by_token: HashMap<u64, Held>,
-    by_addr: BTreeMap<u64, u64>,
-    next: u64,
-}
-
-impl Reservations {
-    fn take(&mut self, token: u64) -> Option<Held> {
-        let h = self.by_token.remove(&token)?;
-        self.by_addr.remove(&h.res.payload_addr);
-        Some(h)
-    }
-}
-
-/// The write guard of a storage node's pool: a remote write must fall inside one live
-/// reservation of the node that writes.
-#[derive(Debug)]
-pub(crate) struct ReservationGuard(pub(crate) Arc<Mutex<Reservations>>);
-
-impl WriteGuard for ReservationGuard {
-    fn allow_write(&self, peer: Option<&NodeId>, addr: u64, len: u64) -> bool {
-        let Some(peer) = peer else { return false };
-        let t = self.0.lock();
-        let Some((_, token)) = t.by_addr.range(..=addr).next_back() else {
-            return false;
-        };
-        let Some(h) = t.by_token.get(token) else {
-            return false;
-        };
-        addr.checked_add(len)
-            .is_some_and(|end| end <= h.res.payload_addr + h.res.len as u64)
-            && h.writer == *peer
-            && Instant::now() < h.expires
-    }
-}
-
-/// Where the storage servers are, as this node's membership sees them.
-#[derive(Debug, Default)]
-pub(crate) struct StorageView {
-    /// Ring of storage nodes only (placement).
-    pub(crate) ring: Option<Ring>,
-    /// Their control endpoints.
-    pub(crate) control: HashMap<NodeId, std::net::SocketAddr>,
-}
-
-impl StorageView {
-    /// A view of `members` whose role is `storage`.
-    pub(crate) fn of(members: &[peercache_discovery::NodeInfo], vnodes: u32) -> StorageView {
-        let storage: Vec<&peercache_discovery::NodeInfo> =
-            members.iter().filter(|m| m.role == "storage").collect();
-        StorageView {
-            ring: (!storage.is_empty())
-                .then(|| Ring::new(storage.iter().map(|m| m.node.clone()), vnodes)),
-            control: storage
-                .iter()
-                .map(|m| (m.node.clone(), m.control))
-                .collect(),
-        }
-    }
-}
+use crate::storage_view::Held;
 
 // ----- storage side -----
 
-impl Inner {
+impl Core {
     /// Releases reservations whose writer did not commit in time.
     pub(crate) fn reap_reservations(&self) -> usize {
         let Some(table) = &self.reservations else {

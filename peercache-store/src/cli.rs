@@ -64,19 +64,7 @@ pub struct MetaArgs {
     pub cluster_secret_file: Option<std::path::PathBuf>,
 }
 
-/// The cluster secret of a tool process: `file` if given, else `PEERCACHE_CLUSTER_SECRET`.
-pub fn tool_auth(file: Option<&std::path::Path>) -> Result<peercache_wire::Auth> {
-    let mut cfg = crate::PeerCacheConfig::default();
-    match file {
-        Some(f) => cfg.cluster_secret_file = f.display().to_string(),
-        None => {
-            cfg.cluster_secret = crate::config::Secret::new(
-                std::env::var("PEERCACHE_CLUSTER_SECRET").unwrap_or_default(),
-            )
-        }
-    }
-    Ok(cfg.cluster_auth()?)
-}
+pub use crate::tool::tool_auth;
 
 /// Installs the log subscriber: `RUST_LOG` if set, else `level`.
 pub fn init_logging(level: &str) {

@@ -182,7 +182,7 @@ fn wait_rings(nodes: &[&NodeInfo], members: usize, args: &DriveArgs) -> Result<(
 pub fn run(args: DriveArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
         .context("parsing --discovery-addr")?;
-    let auth = crate::cli::tool_auth(args.cluster_secret_file.as_deref())?;
+    let auth = crate::tool::tool_auth(args.cluster_secret_file.as_deref())?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let members = wait_members(&args, &seeds, &auth)?;
     let find = |name: &str| members.iter().find(|m| m.node.as_str() == name);

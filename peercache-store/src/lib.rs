@@ -17,6 +17,7 @@
 //! [`cli`] (with the [`status`], [`drive`] and [`locate`] tools). [`client`] lets a process that does not
 //! embed a node put, get and check pages through one (`client_enabled`).
 
+mod base;
 mod central;
 pub mod cli;
 pub mod client;
@@ -26,6 +27,7 @@ pub mod drive;
 mod error;
 mod evict;
 mod fdlimit;
+mod http;
 pub mod keys;
 pub mod locate;
 pub mod metrics;
@@ -34,11 +36,16 @@ pub mod observe;
 mod prime;
 mod promote;
 mod read_plan;
+mod scratch;
+mod slot_layout;
 mod slotmode;
 pub mod status;
+mod storage_view;
 mod store;
+pub mod tool;
 
 pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, RdmaBackend, Role, WritePolicy};
 pub use error::StoreError;
 pub use keys::Keyspace;
-pub use store::{RawSeg, Store, StoreStats};
+pub use scratch::RawSeg;
+pub use store::{Store, StoreStats};

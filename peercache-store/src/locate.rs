@@ -45,7 +45,7 @@ pub fn location_json(l: &peercache_directory::Location) -> serde_json::Value {
 pub fn run(args: LocateArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
         .context("parsing --discovery-addr")?;
-    let auth = crate::cli::tool_auth(args.cluster_secret_file.as_deref())?;
+    let auth = crate::tool::tool_auth(args.cluster_secret_file.as_deref())?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let members = crate::status::members(&seeds, timeout, auth.clone())?;
     let via = members

@@ -10,84 +10,23 @@ use parking_lot::{Condvar, Mutex};
 use peercache_directory::{DirectoryClient, DirectoryService, Member};
 use peercache_discovery::{DiscoveryClient, DiscoveryServer, Hosting, NodeInfo};
 use peercache_pool::{Pool, PoolConfig, PublishScratch, Published};
-use peercache_transport::{Access, RegionHandle, Transport};
+use peercache_transport::{Access, Transport};
 use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::StoreError;
+use crate::base::Core;
 use crate::config::{Mode, PeerCacheConfig, Protocol, Role};
 use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
 use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
 use crate::prime::PrimeMap;
-use crate::store::Scratch;
-
-/// Everything a running node owns. Field order is drop order: the pool's registration goes
-/// before the pool, the transport before the memory it serves.
-pub(crate) struct Inner {
-    pub(crate) cfg: PeerCacheConfig,
-    pub(crate) me: NodeId,
-    pub(crate) incarnation: Incarnation,
-    /// Connections prove the cluster secret (false: an open node, loopback or `insecure`).
-    pub(crate) auth_enabled: bool,
-    pub(crate) keys: Keyspace,
-    pub(crate) metrics: Handles,
-    pub(crate) evictions: Mutex<Option<EvictionBatcher>>,
-    pub(crate) discovery: DiscoveryClient,
-    pub(crate) dir: Arc<DirectoryClient>,
-    pub(crate) dir_service: Arc<DirectoryService>,
-    pub(crate) control: Mutex<Option<RpcServer>>,
-    /// The client API listener (`client_enabled`).
-    pub(crate) client: Mutex<Option<RpcServer>>,
-    pub(crate) client_endpoint: Option<SocketAddr>,
-    pub(crate) meta: Mutex<Option<DiscoveryServer>>,
-    pub(crate) primed: Mutex<PrimeMap>,
-    pub(crate) read_cache: Mutex<PrimeMap>,
-    pub(crate) scratch: Mutex<Vec<Scratch>>,
-    pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
-    pub(crate) pool_region: Mutex<Option<RegionHandle>>,
-    pub(crate) transport: Arc<Transport>,
-    pub(crate) pool: Arc<Pool>,
-    pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
-    /// Recovered disk pages still to re-publish once the ring includes this node.
-    pub(crate) republish_pending: AtomicBool,
-    /// Data endpoints of the members at the last membership sync (departed ones are forgotten
-    /// by the transport: pooled connections, host-local attachment).
-    pub(crate) member_data: Mutex<std::collections::HashSet<SocketAddr>>,
-    pub(crate) data_endpoint: SocketAddr,
-    pub(crate) control_endpoint: SocketAddr,
-    pub(crate) pool_key: u64,
-    pub(crate) ring_ready: (Mutex<bool>, Condvar),
-    pub(crate) stopping: AtomicBool,
-    pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
-    pub(crate) http: Mutex<Option<crate::observe::HttpServer>>,
-    pub(crate) metrics_endpoint: Option<SocketAddr>,
-    /// Background promotion of disk-only pages that `batch_exists` found.
-    pub(crate) promoter: std::sync::OnceLock<crate::promote::Promoter>,
-    /// One promotion at a time: a background promotion must not evict the pages a read just
-    /// promoted for itself.
-    pub(crate) promote_lock: Mutex<()>,
-    /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
-    pub(crate) inflight: Mutex<std::collections::HashMap<SocketAddr, usize>>,
-    /// Storage servers: slots reserved for remote writers.
-    pub(crate) reservations: Option<Arc<Mutex<crate::central::Reservations>>>,
-    /// Where the storage servers are (centralized and hybrid writers).
-    pub(crate) storage: parking_lot::RwLock<Arc<crate::central::StorageView>>,
-    /// The "no storage server" warning was logged (reset when one appears).
-    pub(crate) no_storage_logged: AtomicBool,
-    /// Slotmap mode: this node's registration of its slot region (dropped before the region).
-    pub(crate) slot_region: Mutex<Option<RegionHandle>>,
-    /// Slotmap mode: this node's slot region.
-    pub(crate) slotmap: Option<Arc<peercache_pool::slotmap::SlotMap>>,
-    /// Slotmap mode: the members' regions, refreshed on membership changes.
-    pub(crate) slot_layouts: parking_lot::RwLock<crate::slotmode::Layouts>,
-}
 
 /// Serves a store-level control request (kinds `0x03xx`).
-fn serve_store(cell: &crate::observe::NodeCell, env: peercache_wire::Envelope<'_>) -> Reply {
+fn serve_store(cell: &crate::base::NodeCell, env: peercache_wire::Envelope<'_>) -> Reply {
     let refuse = |code, message: String, close| Reply::Error {
         error: RpcError { code, message },
         close,
@@ -310,8 +249,8 @@ fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> SocketAddr {
     }
 }
 
-impl Inner {
-    pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Inner>, StoreError> {
+impl Core {
+    pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Core>, StoreError> {
         cfg.validate()?;
         if cfg.mode == Mode::P2p && cfg.role == Role::Storage {
             return Err(StoreError::Unsupported(
@@ -376,7 +315,7 @@ impl Inner {
         seeds: Vec<SocketAddr>,
         meta_port: u16,
         transport_why: String,
-    ) -> Result<Arc<Inner>, StoreError> {
+    ) -> Result<Arc<Core>, StoreError> {
         let incarnation = Incarnation::fresh();
         let nofile = crate::fdlimit::raise_nofile();
         let conn_cap = crate::fdlimit::connection_cap(cfg.max_inbound_connections, nofile);
@@ -386,11 +325,11 @@ impl Inner {
         if let Some(warning) = cfg.check_authentication(&auth)? {
             tracing::warn!("{warning}");
         }
-        let cell: crate::observe::NodeCell = Default::default();
+        let cell: crate::base::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
             let port = rank_port(cfg.metrics_port, &cfg);
             let bind = bind_addr(&cfg.metrics_bind_host, port)?;
-            Some(crate::observe::HttpServer::start(
+            Some(crate::observe::serve(
                 bind,
                 cell.clone(),
                 cfg.metrics_dashboard,
@@ -444,16 +383,16 @@ impl Inner {
         )?);
         // Storage servers accept remote writes, only into reserved slots and only from the
         // node that reserved them; every other pool is remote-read only.
-        let reservations =
-            storage_role.then(|| Arc::new(Mutex::new(crate::central::Reservations::default())));
+        let reservations = storage_role
+            .then(|| Arc::new(Mutex::new(crate::storage_view::Reservations::default())));
         let pool_region = match &reservations {
-            // SAFETY: the pool's mapping outlives the registration: `Inner` drops `pool_region`
+            // SAFETY: the pool's mapping outlives the registration: `Core` drops `pool_region`
             // (explicitly in shutdown, and by field order) before `pool`.
             Some(r) => unsafe {
                 transport.register_guarded(
                     pool.base(),
                     pool.len(),
-                    Arc::new(crate::central::ReservationGuard(r.clone())),
+                    Arc::new(crate::storage_view::ReservationGuard(r.clone())),
                 )
             }?,
             // SAFETY: as above.
@@ -470,7 +409,7 @@ impl Inner {
                 cfg.slot_num_buckets,
                 cfg.pool_bytes(),
             )?);
-            // SAFETY: the slot region outlives its registration: `Inner` drops `slot_region`
+            // SAFETY: the slot region outlives its registration: `Core` drops `slot_region`
             // (explicitly in shutdown, and by field order) before `slotmap`.
             let h = unsafe { transport.register(map.base(), map.len(), Access::RemoteRead) }?;
             let layout =
@@ -624,7 +563,7 @@ impl Inner {
             client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
         );
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(Core {
             keys: Keyspace::new(&cfg.prefix),
             cfg,
             me,
@@ -669,9 +608,23 @@ impl Inner {
             slotmap,
             slot_layouts: Default::default(),
         });
-        let _ = inner
-            .promoter
-            .set(crate::promote::Promoter::start(Arc::downgrade(&inner))?);
+        let _ = inner.promoter.set(crate::promote::Promoter::start({
+            let node = Arc::downgrade(&inner);
+            move |job: crate::promote::Job| {
+                let Some(inner) = node.upgrade() else {
+                    return false;
+                };
+                let (mine, theirs): (crate::promote::Job, crate::promote::Job) =
+                    job.into_iter().partition(|(n, _)| *n == inner.me);
+                for (_, keys) in mine {
+                    inner.promote_here(&keys, true);
+                }
+                if !theirs.is_empty() {
+                    inner.ask_promote(&theirs);
+                }
+                true
+            }
+        })?);
         let _ = cell.set(Arc::downgrade(&inner));
         let weak = Arc::downgrade(&inner);
         let events = inner.discovery.subscribe();
@@ -708,8 +661,10 @@ impl Inner {
         if self.cfg.mode == Mode::Slotmap {
             *self.slot_layouts.write() = Arc::new(crate::slotmode::layouts(&infos));
         } else if self.cfg.mode != Mode::P2p {
-            *self.storage.write() =
-                Arc::new(crate::central::StorageView::of(&infos, self.cfg.vnodes));
+            *self.storage.write() = Arc::new(crate::storage_view::StorageView::of(
+                &infos,
+                self.cfg.vnodes,
+            ));
         }
         self.reap_reservations();
         self.forget_departed(&infos);
@@ -765,7 +720,7 @@ impl Inner {
     }
 
     /// Drops transport state for peers that are not members (a read may have reached a member
-    /// after it left, re-creating what [`Inner::forget_departed`] dropped). Once a heartbeat.
+    /// after it left, re-creating what [`Core::forget_departed`] dropped). Once a heartbeat.
     fn forget_strangers(&self) {
         let known = self.member_data.lock().clone();
         if known.is_empty() {
@@ -790,7 +745,7 @@ impl Inner {
         self.promote_inner(keys, inline, false).0
     }
 
-    /// [`Inner::promote_here`] for a read on this node: the promoted pages are leased in the
+    /// [`Core::promote_here`] for a read on this node: the promoted pages are leased in the
     /// same step, so no other promotion or publish can evict them before the read copies them.
     pub(crate) fn promote_and_lease(
         &self,

@@ -9,15 +9,13 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
 
-/// Where the HTTP handlers find their node once it exists.
-pub(crate) type NodeCell = Arc<OnceLock<Weak<Inner>>>;
-
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString, Unit,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-use crate::node::Inner;
+use crate::base::{Core, NodeCell};
+use crate::http::HttpServer;
 
 /// Latency buckets in seconds: 20 µs to 5 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -127,76 +125,17 @@ pub fn render() -> String {
     g.handle.render()
 }
 
-/// A node's HTTP endpoint.
-pub(crate) struct HttpServer {
-    pub(crate) addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// Serves `/metrics`, `/healthz`, `/cluster` and `/` for the node behind `inner` on `bind`
+/// (an ephemeral port if that one is taken).
+pub(crate) fn serve(
+    bind: SocketAddr,
+    inner: NodeCell,
+    dashboard: bool,
+) -> std::io::Result<HttpServer> {
+    HttpServer::start(bind, routes(inner, dashboard))
 }
 
-impl HttpServer {
-    /// Serves `/metrics`, `/healthz`, `/cluster` and `/` for the node behind `inner`. Binds
-    /// `bind`; if that port is taken, an ephemeral one (and says so).
-    pub(crate) fn start(
-        bind: SocketAddr,
-        inner: NodeCell,
-        dashboard: bool,
-    ) -> std::io::Result<HttpServer> {
-        let listener = match std::net::TcpListener::bind(bind) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                let any = SocketAddr::new(bind.ip(), 0);
-                let l = std::net::TcpListener::bind(any)?;
-                tracing::warn!(wanted = %bind, got = %l.local_addr()?, "metrics port taken; serving metrics on an ephemeral port");
-                l
-            }
-            Err(e) => return Err(e),
-        };
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name("pc-metrics-http".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    let app = routes(inner, dashboard);
-                    let _ = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            let _ = rx.await;
-                        })
-                        .await;
-                });
-            })?;
-        Ok(HttpServer {
-            addr,
-            stop: Some(tx),
-            thread: Some(thread),
-        })
-    }
-
-    pub(crate) fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn node(cell: &NodeCell) -> Option<Arc<Inner>> {
+fn node(cell: &NodeCell) -> Option<Arc<Core>> {
     cell.get().and_then(Weak::upgrade)
 }
 
@@ -257,7 +196,7 @@ fn routes(inner: NodeCell, dashboard: bool) -> axum::Router {
 }
 
 /// The `/cluster` document.
-pub(crate) fn cluster_view(inner: &Arc<Inner>) -> serde_json::Value {
+pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
     let members: Vec<serde_json::Value> = inner
         .discovery
         .members()

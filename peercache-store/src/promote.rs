@@ -2,20 +2,18 @@
 //! hands them here, so the `batch_get` that usually follows finds them in memory. Bounded: a
 //! short queue, and a full queue drops the request (the get promotes synchronously instead).
 
-use std::sync::Weak;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 
 use parking_lot::Mutex;
 use peercache_wire::{NodeId, PageKey};
-
-use crate::node::Inner;
 
 /// Requests queued at most; more are dropped (and counted by the caller's metrics).
 const QUEUE: usize = 8;
 /// Keys in one queued request at most.
 pub(crate) const MAX_KEYS: usize = 4096;
 
-type Job = Vec<(NodeId, Vec<PageKey>)>;
+/// Pages to promote, grouped by the node that holds them on disk.
+pub(crate) type Job = Vec<(NodeId, Vec<PageKey>)>;
 
 /// The promoter's handle; dropping the sender stops the thread.
 pub(crate) struct Promoter {
@@ -24,21 +22,17 @@ pub(crate) struct Promoter {
 }
 
 impl Promoter {
-    /// Starts the thread; it holds only a weak reference to the node.
-    pub(crate) fn start(node: Weak<Inner>) -> std::io::Result<Self> {
+    /// Starts the thread, which hands each job to `run` (the node's promotion, holding only a
+    /// weak reference to it); it stops when `run` returns false (the node is gone) or the
+    /// promoter is stopped.
+    pub(crate) fn start(run: impl Fn(Job) -> bool + Send + 'static) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("pc-promote".into())
             .spawn(move || {
                 for job in rx {
-                    let Some(inner) = node.upgrade() else { return };
-                    let (mine, theirs): (Job, Job) =
-                        job.into_iter().partition(|(n, _)| *n == inner.me);
-                    for (_, keys) in mine {
-                        inner.promote_here(&keys, true);
-                    }
-                    if !theirs.is_empty() {
-                        inner.ask_promote(&theirs);
+                    if !run(job) {
+                        return;
                     }
                 }
             })?;

@@ -12,82 +12,22 @@
 //!   and accepts the page only if the header is unchanged and the checksum matches.
 //! * Keys whose owner moved after a membership change are misses (nothing migrates).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use peercache_pool::slotmap::{self, Geometry, HEADER, SlotHeader};
+use peercache_pool::slotmap::{self, HEADER, SlotHeader};
 use peercache_transport::{Batch, RegionKey, RemoteRange, Segment};
 use peercache_wire::{NodeId, PageKey, envelope, rpc};
 use smallvec::SmallVec;
 
+use crate::base::Core;
 use crate::control::{StoreReply, StoreRequest};
-use crate::node::Inner;
-use crate::store::{RawSeg, Store};
+use crate::scratch::RawSeg;
+use crate::store::Store;
 
 /// The discovery attribute that carries a node's slotmap layout.
-pub(crate) const LAYOUT_ATTR: &str = "slotmap";
+pub(crate) use crate::slot_layout::{LAYOUT_ATTR, encode_layout, layouts};
 
-/// Where a peer's slotmap region is.
-#[derive(Clone, Debug)]
-pub(crate) struct Layout {
-    pub(crate) data: SocketAddr,
-    pub(crate) control: SocketAddr,
-    pub(crate) region: u64,
-    pub(crate) base: u64,
-    pub(crate) geo: Geometry,
-}
-
-/// `region:base:max_page:ways:buckets`.
-pub(crate) fn encode_layout(region: u64, base: u64, g: &Geometry) -> String {
-    format!("{region}:{base}:{}:{}:{}", g.max_page, g.ways, g.buckets)
-}
-
-fn decode_layout(s: &str) -> Option<(u64, u64, Geometry)> {
-    let p: Vec<u64> = s
-        .split(':')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    let [region, base, max_page, ways, buckets] = p[..] else {
-        return None;
-    };
-    // The announced geometry, checked the way the owner built it.
-    let mut g = Geometry::new(
-        u32::try_from(max_page).ok()?,
-        u32::try_from(ways).ok()?,
-        0,
-        u64::MAX / 2,
-    )
-    .ok()?;
-    if buckets == 0 {
-        return None;
-    }
-    g.buckets = buckets;
-    Some((region, base, g))
-}
-
-/// The layouts of the members that announce one.
-pub(crate) fn layouts(members: &[peercache_discovery::NodeInfo]) -> HashMap<NodeId, Layout> {
-    members
-        .iter()
-        .filter_map(|m| {
-            let attr = m.attrs.iter().find(|(k, _)| k == LAYOUT_ATTR)?;
-            let (region, base, geo) = decode_layout(&attr.1)?;
-            Some((
-                m.node.clone(),
-                Layout {
-                    data: *m.data.first()?,
-                    control: m.control,
-                    region,
-                    base,
-                    geo,
-                },
-            ))
-        })
-        .collect()
-}
-
-impl Inner {
+impl Core {
     /// Serves a `SlotWrite`: writes each page into this node's region.
     pub(crate) fn slot_write(&self, pages: &[(PageKey, Vec<u8>)]) -> Vec<bool> {
         let Some(map) = &self.slotmap else {
@@ -374,6 +314,3 @@ impl Store {
         hit
     }
 }
-
-/// A shared handle to the layouts (swapped whole on membership changes).
-pub(crate) type Layouts = Arc<HashMap<NodeId, Layout>>;

@@ -92,7 +92,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let seeds = peercache_discovery::parse_seeds(&args.discovery_addr)
         .context("parsing --discovery-addr")?;
     let timeout = Duration::from_secs_f64(args.timeout);
-    let auth = crate::cli::tool_auth(args.cluster_secret_file.as_deref())?;
+    let auth = crate::tool::tool_auth(args.cluster_secret_file.as_deref())?;
     let members = members(&seeds, timeout, auth)?;
     let servers = members.iter().filter_map(|m| m.meta).collect();
     let masters = choose_masters(&seeds, &servers, 3);

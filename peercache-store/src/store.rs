@@ -16,85 +16,10 @@ use peercache_wire::{NodeId, PageKey};
 use smallvec::SmallVec;
 
 use crate::StoreError;
+use crate::base::Core;
 use crate::config::PeerCacheConfig;
-use crate::node::Inner;
 use crate::read_plan::ReadPlan;
-
-/// One segment by address, for callers that hold raw memory (the Python facade).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawSeg {
-    /// Start address.
-    pub ptr: *mut u8,
-    /// Length in bytes.
-    pub len: usize,
-}
-
-// SAFETY: a RawSeg is only an address and a length; the unsafe entry points that take them
-// state the validity requirements.
-unsafe impl Send for RawSeg {}
-// SAFETY: as above.
-unsafe impl Sync for RawSeg {}
-
-/// Registered scratch memory of one batch: 64-byte header slots, then staging space for
-/// destinations outside any registered host buffer.
-pub(crate) struct Scratch {
-    handle: RegionHandle,
-    buf: Vec<u8>,
-    headers: usize,
-}
-
-impl Scratch {
-    fn new(inner: &Inner, headers: usize, staging: usize) -> Result<Scratch, StoreError> {
-        let len = headers * HEADER_LEN + staging;
-        let mut buf = vec![0u8; len.max(HEADER_LEN)];
-        for i in (0..buf.len()).step_by(4096) {
-            // Fault every page in now rather than on the read path.
-            // SAFETY: `i` is in bounds.
-            unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0) };
-        }
-        // SAFETY: `buf` lives in the same struct as the handle and is never reallocated; the
-        // handle is dropped first (field order).
-        let handle = unsafe {
-            inner
-                .transport
-                .register(buf.as_mut_ptr(), buf.len(), Access::LocalOnly)
-        }?;
-        Ok(Scratch {
-            handle,
-            buf,
-            headers,
-        })
-    }
-
-    fn fits(&self, headers: usize, staging: usize) -> bool {
-        self.headers >= headers && self.buf.len() >= self.headers * HEADER_LEN + staging
-    }
-
-    fn header_addr(&self, i: usize) -> u64 {
-        self.buf.as_ptr() as u64 + (i * HEADER_LEN) as u64
-    }
-
-    fn header(&self, i: usize) -> &[u8; HEADER_LEN] {
-        self.buf[i * HEADER_LEN..(i + 1) * HEADER_LEN]
-            .try_into()
-            .expect("64 bytes")
-    }
-
-    /// The registered staging bytes at `off..off + len` (write sources for centralized writes).
-    pub(crate) fn staging_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        let at = self.headers * HEADER_LEN + off;
-        &mut self.buf[at..at + len]
-    }
-
-    /// The region key of the scratch buffer.
-    pub(crate) fn key(&self) -> peercache_transport::RegionKey {
-        self.handle.key()
-    }
-
-    pub(crate) fn staging_addr(&self, off: usize) -> u64 {
-        self.buf.as_ptr() as u64 + (self.headers * HEADER_LEN + off) as u64
-    }
-}
+use crate::scratch::{RawSeg, Scratch};
 
 /// Counters of a node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,7 +97,7 @@ pub struct StoreStats {
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Core>,
 }
 
 impl std::fmt::Debug for Store {
@@ -203,7 +128,7 @@ impl Store {
     /// Starts a node. Returns at once; see [`Store::wait_ready`].
     pub fn start(cfg: PeerCacheConfig) -> Result<Store, StoreError> {
         Ok(Store {
-            inner: Inner::start(cfg)?,
+            inner: Core::start(cfg)?,
         })
     }
 
@@ -1024,7 +949,7 @@ impl Store {
             return Ok(pool.swap_remove(pos));
         }
         drop(pool);
-        Scratch::new(&self.inner, headers.max(64), staging.max(1 << 20))
+        Scratch::new(&self.inner.transport, headers.max(64), staging.max(1 << 20))
     }
 
     /// Reads `pages` from one owner: header + payload per page, straight into the caller's
