@@ -53,9 +53,6 @@ pub struct CompareArgs {
     /// Where the chart goes.
     #[arg(long, default_value = "peercache-bench-results")]
     pub out_dir: PathBuf,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

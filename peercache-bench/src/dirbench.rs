@@ -23,9 +23,6 @@ pub struct DirArgs {
     /// Entries loaded into the serving shard.
     #[arg(long, default_value_t = 100_000)]
     pub entries: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

@@ -26,9 +26,6 @@ pub struct LatencyArgs {
     /// Pages in the read set.
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

@@ -114,3 +114,14 @@ fn finish(report: report::Report, json: Option<&std::path::Path>) -> Result<()> 
     eprintln!("results in {} and {}", j.display(), m.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_subcommand_declares_each_flag_once() {
+        // Duplicate ids (a flattened flag also declared by the subcommand) fail here.
+        super::Cli::command().debug_assert();
+    }
+}

@@ -35,9 +35,6 @@ pub struct MicroArgs {
     /// `serve` child process), or both.
     #[arg(long, value_enum, default_value_t = MicroPath::Transport)]
     pub path: MicroPath,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

@@ -37,9 +37,6 @@ pub struct ModesArgs {
     /// Pool of the writer / storage server in MiB.
     #[arg(long, default_value_t = 1024)]
     pub pool_mib: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

@@ -27,9 +27,6 @@ pub struct PoolArgs {
     /// Pages per batch.
     #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

@@ -32,9 +32,6 @@ pub struct ReplicaArgs {
     /// Pages in the hot set.
     #[arg(long, default_value_t = 64)]
     pub hot_pages: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

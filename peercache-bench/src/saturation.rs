@@ -26,9 +26,6 @@ pub struct SaturationArgs {
     /// Where the chart goes.
     #[arg(long, default_value = "peercache-bench-results")]
     pub out_dir: std::path::PathBuf,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,

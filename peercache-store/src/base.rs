@@ -4,7 +4,7 @@
 //! come from the lower crates and the leaf modules of this crate only.
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::{Condvar, Mutex};
@@ -13,8 +13,9 @@ use peercache_discovery::{DiscoveryClient, DiscoveryServer};
 use peercache_pool::Pool;
 use peercache_transport::{RegionHandle, Transport};
 use peercache_wire::rpc::RpcServer;
-use peercache_wire::{Incarnation, NodeId};
+use peercache_wire::{Incarnation, NodeId, PageKey};
 
+use crate::StoreError;
 use crate::config::PeerCacheConfig;
 use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
@@ -84,4 +85,39 @@ pub(crate) struct Core {
     pub(crate) slotmap: Option<Arc<peercache_pool::slotmap::SlotMap>>,
     /// Slotmap mode: the members' regions, refreshed on membership changes.
     pub(crate) slot_layouts: parking_lot::RwLock<crate::slot_layout::Layouts>,
+}
+
+impl Core {
+    /// The page keys of `keys` in this node's keyspace (`prefix`).
+    pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
+        keys.iter()
+            .map(|k| self.keys.page_key(k.as_ref()))
+            .collect()
+    }
+
+    /// Refuses calls once the node is stopping.
+    pub(crate) fn check_open(&self) -> Result<(), StoreError> {
+        if self.stopping.load(Ordering::Acquire) {
+            Err(StoreError::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Checks that `counts` (segments per page) fit `n` pages and `segs` segments.
+pub(crate) fn check_counts(n: usize, segs: usize, counts: &[usize]) -> Result<(), StoreError> {
+    if counts.len() != n {
+        return Err(StoreError::BadRequest(format!(
+            "{} segment counts for {n} keys",
+            counts.len()
+        )));
+    }
+    let total: usize = counts.iter().sum();
+    if total != segs {
+        return Err(StoreError::BadRequest(format!(
+            "segment counts add up to {total}, {segs} segments given"
+        )));
+    }
+    Ok(())
 }

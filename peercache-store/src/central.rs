@@ -27,7 +27,6 @@ use smallvec::SmallVec;
 
 use crate::base::Core;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
-use crate::store::Store;
 
 use crate::storage_view::Held;
 
@@ -262,7 +261,7 @@ struct OwnerWrite {
     pages: Vec<usize>,
 }
 
-impl Store {
+impl Core {
     /// Writes pages into storage servers. `None` when no storage server is registered.
     pub(crate) fn write_to_storage(
         &self,
@@ -271,7 +270,7 @@ impl Store {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Option<Vec<bool>> {
-        let inner = &*self.inner;
+        let inner = self;
         let view = inner.storage.read().clone();
         let Some(ring) = &view.ring else {
             if !inner.no_storage_logged.swap(true, Ordering::Relaxed) {
@@ -390,7 +389,7 @@ impl Store {
         done: &mut [bool],
         entries: &mut Vec<(PageKey, Location)>,
     ) {
-        let inner = &*self.inner;
+        let inner = self;
         let timeout = inner.cfg.op_timeout();
         let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
         for (&i, o) in w.pages.iter().zip(outcomes) {

@@ -17,6 +17,7 @@
 //! Kinds `0x0303` (request) and `0x0304` (reply).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use peercache_wire::envelope::{self, Envelope, Message};
@@ -26,7 +27,9 @@ use peercache_wire::{Auth, Incarnation};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use crate::{Store, StoreError};
+use crate::StoreError;
+use crate::base::Core;
+use crate::scratch::RawSeg;
 
 /// Most keys in one client request.
 pub const MAX_CLIENT_KEYS: usize = 4096;
@@ -123,8 +126,8 @@ fn check(keys: usize, page_bytes: u32, data: Option<usize>) -> Result<(), String
     Ok(())
 }
 
-/// Serves one client request on `store`.
-pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
+/// Serves one client request on the node `core` (`None`: starting or stopping).
+pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
     let refuse = |code, message: String, close| Reply::Error {
         error: RpcError { code, message },
         close,
@@ -140,7 +143,7 @@ pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
         Ok(r) => r,
         Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
     };
-    let Some(store) = store else {
+    let Some(core) = core else {
         return refuse(
             RpcError::CODE_SHUTDOWN,
             "node is starting or stopping".into(),
@@ -156,19 +159,23 @@ pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
             .map_err(StoreError::BadRequest)
             .and_then(|()| {
                 let pages: Vec<&[u8]> = data.chunks_exact(page_bytes as usize).collect();
-                store.batch_set(&keys, &pages).map(ClientReply::Stored)
+                let counts = vec![1; pages.len()];
+                core.set_pages(&core.page_keys(&keys), &pages, &counts)
+                    .map(ClientReply::Stored)
             }),
         ClientRequest::Get { keys, page_bytes } => check(keys.len(), page_bytes, None)
             .map_err(StoreError::BadRequest)
-            .and_then(|()| get(&store, &keys, page_bytes as usize)),
+            .and_then(|()| get(&core, &keys, page_bytes as usize)),
         ClientRequest::Exists { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
-        ClientRequest::Exists { keys } => store.batch_contains(&keys).map(ClientReply::Present),
+        ClientRequest::Exists { keys } => core
+            .contains(&core.page_keys(&keys))
+            .map(ClientReply::Present),
         ClientRequest::Locate { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
-        ClientRequest::Locate { keys } => store.locate(&keys).map(|owners| {
+        ClientRequest::Locate { keys } => core.locate(&core.page_keys(&keys)).map(|owners| {
             ClientReply::Located(
                 owners
                     .into_iter()
@@ -187,12 +194,19 @@ pub(crate) fn serve(store: Option<Store>, env: Envelope<'_>) -> Reply {
 }
 
 /// Reads a batch and packs the found pages.
-fn get(store: &Store, keys: &[String], page_bytes: usize) -> Result<ClientReply, StoreError> {
+fn get(core: &Core, keys: &[String], page_bytes: usize) -> Result<ClientReply, StoreError> {
     let mut buf = vec![0u8; keys.len() * page_bytes];
-    let valid = {
-        let mut pages: Vec<&mut [u8]> = buf.chunks_exact_mut(page_bytes).collect();
-        store.batch_get_valid(keys, &mut pages)?
-    };
+    let raw: Vec<RawSeg> = buf
+        .chunks_exact_mut(page_bytes)
+        .map(|s| RawSeg {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        })
+        .collect();
+    let counts = vec![1; raw.len()];
+    // SAFETY: `buf` is owned here, and each segment is a distinct chunk of it, unused until
+    // the call returns.
+    let valid = unsafe { core.get_pages(&core.page_keys(keys), &raw, &counts) }?;
     // Close the gaps the misses left (in place, front to back).
     let mut end = 0;
     for (i, v) in valid.iter().enumerate() {

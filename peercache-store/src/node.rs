@@ -456,11 +456,7 @@ impl Core {
         let client = if cfg.client_enabled {
             let node_cell = cell.clone();
             let handler: rpc::Handler = Arc::new(move |env| {
-                let store = node_cell
-                    .get()
-                    .and_then(|w| w.upgrade())
-                    .map(|inner| crate::Store { inner });
-                crate::client::serve(store, env)
+                crate::client::serve(node_cell.get().and_then(|w| w.upgrade()), env)
             });
             Some(RpcServer::start(
                 ServerConfig {

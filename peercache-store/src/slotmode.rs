@@ -22,7 +22,6 @@ use smallvec::SmallVec;
 use crate::base::Core;
 use crate::control::{StoreReply, StoreRequest};
 use crate::scratch::RawSeg;
-use crate::store::Store;
 
 /// The discovery attribute that carries a node's slotmap layout.
 pub(crate) use crate::slot_layout::{LAYOUT_ATTR, encode_layout, layouts};
@@ -58,7 +57,7 @@ fn group(owners: &[Option<NodeId>], me: &NodeId) -> (Vec<usize>, Groups) {
     (local, remote)
 }
 
-impl Store {
+impl Core {
     /// Slotmap writes: local keys into this region, the others by `SlotWrite` to their owners
     /// (all owners at once).
     pub(crate) fn slot_set(
@@ -67,7 +66,7 @@ impl Store {
         slices: &[&[u8]],
         counts: &[usize],
     ) -> Vec<bool> {
-        let inner = &*self.inner;
+        let inner = self;
         let Some(map) = &inner.slotmap else {
             return vec![false; keys.len()];
         };
@@ -117,7 +116,7 @@ impl Store {
     /// Reads the header block of every key's bucket on its owner; returns the blocks (None:
     /// owner unknown or unreachable). Local keys are read in place.
     fn header_blocks(&self, keys: &[PageKey], owners: &[Option<NodeId>]) -> Vec<Option<Vec<u8>>> {
-        let inner = &*self.inner;
+        let inner = self;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         let (local, remote) = group(owners, &inner.me);
         if let Some(map) = &inner.slotmap {
@@ -174,7 +173,7 @@ impl Store {
     /// Slotmap exists: the leading keys whose bucket holds them.
     /// Per-key presence in slotmap mode (one header-block fetch per owner).
     pub(crate) fn slot_contains(&self, keys: &[PageKey]) -> Vec<bool> {
-        let owners = self.inner.dir.primaries(keys);
+        let owners = self.dir.primaries(keys);
         let blocks = self.header_blocks(keys, &owners);
         keys.iter()
             .zip(&blocks)
@@ -195,7 +194,7 @@ impl Store {
         segs: &[RawSeg],
         counts: &[usize],
     ) -> Vec<Option<u32>> {
-        let inner = &*self.inner;
+        let inner = self;
         let n = keys.len();
         let mut starts = Vec::with_capacity(n);
         let mut lens = Vec::with_capacity(n);
@@ -253,7 +252,7 @@ impl Store {
             };
             // Slotmap reads stage every payload: a slot may be rewritten under the read, so
             // the bytes reach the caller only after the re-read header proves them whole.
-            self.inner.metrics.staged_reads.add(found.len() as u64);
+            self.metrics.staged_reads.add(found.len() as u64);
             let mut batch = Batch::new();
             let mut offs = Vec::with_capacity(found.len());
             let mut off = 0usize;
