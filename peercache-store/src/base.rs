@@ -73,18 +73,8 @@ pub(crate) struct Core {
     pub(crate) promote_lock: Mutex<()>,
     /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
     pub(crate) inflight: Mutex<std::collections::HashMap<SocketAddr, usize>>,
-    /// Storage servers: slots reserved for remote writers.
-    pub(crate) reservations: Option<Arc<Mutex<crate::storage_view::Reservations>>>,
-    /// Where the storage servers are (centralized and hybrid writers).
-    pub(crate) storage: parking_lot::RwLock<Arc<crate::storage_view::StorageView>>,
-    /// The "no storage server" warning was logged (reset when one appears).
-    pub(crate) no_storage_logged: AtomicBool,
-    /// Slotmap mode: this node's registration of its slot region (dropped before the region).
-    pub(crate) slot_region: Mutex<Option<RegionHandle>>,
-    /// Slotmap mode: this node's slot region.
-    pub(crate) slotmap: Option<Arc<peercache_pool::slotmap::SlotMap>>,
-    /// Slotmap mode: the members' regions, refreshed on membership changes.
-    pub(crate) slot_layouts: parking_lot::RwLock<crate::slot_layout::Layouts>,
+    /// The deployment mode and the state only it has (matched once per operation).
+    pub(crate) mode: crate::mode_state::ModeState,
 }
 
 impl Core {

@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 use crate::base::Core;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
 
+use crate::mode_state::StorageMode;
 use crate::storage_view::Held;
 
 // ----- storage side -----
@@ -35,7 +36,7 @@ use crate::storage_view::Held;
 impl Core {
     /// Releases reservations whose writer did not commit in time.
     pub(crate) fn reap_reservations(&self) -> usize {
-        let Some(table) = &self.reservations else {
+        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return 0;
         };
         let now = Instant::now();
@@ -70,7 +71,7 @@ impl Core {
         writer: NodeId,
         pages: &[(PageKey, u32, u32)],
     ) -> Vec<PrepareOutcome> {
-        let Some(table) = &self.reservations else {
+        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return pages
                 .iter()
                 .map(|_| PrepareOutcome::Refused("this node is not a storage server".into()))
@@ -126,7 +127,7 @@ impl Core {
     }
 
     fn commit_checked(&self, tokens: &[u64], sums: Option<&[u64]>) -> Vec<Option<Location>> {
-        let Some(table) = &self.reservations else {
+        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return vec![None; tokens.len()];
         };
         let held: Vec<Option<Reservation>> = {
@@ -198,7 +199,7 @@ impl Core {
 
     /// Serves an abort: releases reservations the writer gave up on.
     pub(crate) fn abort(&self, tokens: &[u64]) -> u32 {
-        let Some(table) = &self.reservations else {
+        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return 0;
         };
         let res: Vec<Reservation> = {
@@ -213,7 +214,7 @@ impl Core {
 
     /// Serves an ingest: publishes pages whose bytes came inside the request.
     pub(crate) fn ingest(&self, pages: &[(PageKey, u32, Vec<u8>)]) -> Vec<Option<Location>> {
-        if self.reservations.is_none() {
+        if self.mode.storage().is_none_or(|s| s.reservations.is_none()) {
             return vec![None; pages.len()];
         }
         let segs: Vec<[&[u8]; 1]> = pages.iter().map(|p| [p.2.as_slice()]).collect();
@@ -265,15 +266,16 @@ impl Core {
     /// Writes pages into storage servers. `None` when no storage server is registered.
     pub(crate) fn write_to_storage(
         &self,
+        st: &StorageMode,
         keys: &[PageKey],
         slices: &[&[u8]],
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Option<Vec<bool>> {
         let inner = self;
-        let view = inner.storage.read().clone();
+        let view = st.view.read().clone();
         let Some(ring) = &view.ring else {
-            if !inner.no_storage_logged.swap(true, Ordering::Relaxed) {
+            if !st.no_storage_logged.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     mode = ?inner.cfg.mode,
                     "no storage server is registered: writes to storage fail (centralized) or \
@@ -282,7 +284,7 @@ impl Core {
             }
             return None;
         };
-        inner.no_storage_logged.store(false, Ordering::Relaxed);
+        st.no_storage_logged.store(false, Ordering::Relaxed);
         let mut starts = Vec::with_capacity(keys.len());
         let mut lens = Vec::with_capacity(keys.len());
         let mut at = 0;

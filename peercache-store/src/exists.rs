@@ -44,8 +44,8 @@ impl Core {
     pub(crate) fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
         let inner = self;
         inner.metrics.exists_requests.add(1);
-        if inner.cfg.mode == crate::config::Mode::Slotmap {
-            let mut p = self.slot_contains(keys);
+        if let Some(slots) = inner.mode.slots() {
+            let mut p = self.slot_contains(slots, keys);
             if leading {
                 let n = p.iter().take_while(|p| **p).count();
                 p.truncate(n);

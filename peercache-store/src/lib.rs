@@ -32,6 +32,7 @@ mod http;
 pub mod keys;
 pub mod locate;
 pub mod metrics;
+mod mode_state;
 mod node;
 pub mod observe;
 mod prime;

@@ -23,6 +23,7 @@ use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest
 use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
+use crate::mode_state::{ModeState, StorageMode};
 use crate::prime::PrimeMap;
 
 /// Serves a store-level control request (kinds `0x03xx`).
@@ -67,7 +68,10 @@ fn serve_store(cell: &crate::base::NodeCell, env: peercache_wire::Envelope<'_>) 
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
-            frame(StoreReply::SlotWritten(inner.slot_write(&pages)))
+            frame(StoreReply::SlotWritten(match inner.mode.slots() {
+                Some(slots) => inner.slot_write(slots, &pages),
+                None => vec![false; pages.len()],
+            }))
         }
         StoreRequest::Abort(tokens) => frame(StoreReply::Aborted(inner.abort(&tokens))),
         StoreRequest::Ingest(pages) => {
@@ -402,7 +406,7 @@ impl Core {
             transport.share(&pool_region, fd, 0)?;
         }
         let pool_key = pool_region.key().0;
-        let (slotmap, slot_region, slot_layout) = if cfg.mode == Mode::Slotmap {
+        let (slots, slot_layout) = if cfg.mode == Mode::Slotmap {
             let map = Arc::new(peercache_pool::slotmap::SlotMap::new(
                 cfg.slot_max_page_bytes as u32,
                 cfg.slot_ways,
@@ -414,9 +418,14 @@ impl Core {
             let h = unsafe { transport.register(map.base(), map.len(), Access::RemoteRead) }?;
             let layout =
                 crate::slotmode::encode_layout(h.key().0, map.base() as u64, &map.geometry());
-            (Some(map), Some(h), Some(layout))
+            let slots = crate::mode_state::SlotMode {
+                region: Mutex::new(Some(h)),
+                map,
+                layouts: Default::default(),
+            };
+            (Some(slots), Some(layout))
         } else {
-            (None, None, None)
+            (None, None)
         };
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
@@ -559,6 +568,16 @@ impl Core {
             client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
         );
+        let mode = match cfg.mode {
+            Mode::P2p => ModeState::P2p,
+            Mode::Hybrid => ModeState::Hybrid(StorageMode::new(cfg.write_policy, reservations)),
+            Mode::Centralized => {
+                ModeState::Centralized(StorageMode::new(cfg.write_policy, reservations))
+            }
+            Mode::Slotmap => ModeState::Slotmap(slots.ok_or_else(|| {
+                StoreError::Unsupported("slotmap mode without a slot region".into())
+            })?),
+        };
         let inner = Arc::new(Core {
             keys: Keyspace::new(&cfg.prefix),
             cfg,
@@ -597,12 +616,7 @@ impl Core {
             promoter: std::sync::OnceLock::new(),
             promote_lock: Mutex::new(()),
             inflight: Mutex::new(Default::default()),
-            reservations,
-            storage: Default::default(),
-            no_storage_logged: AtomicBool::new(false),
-            slot_region: Mutex::new(slot_region),
-            slotmap,
-            slot_layouts: Default::default(),
+            mode,
         });
         let _ = inner.promoter.set(crate::promote::Promoter::start({
             let node = Arc::downgrade(&inner);
@@ -654,10 +668,10 @@ impl Core {
     /// Installs discovery's current members as the directory ring.
     pub(crate) fn sync_membership(&self) {
         let infos = self.discovery.members();
-        if self.cfg.mode == Mode::Slotmap {
-            *self.slot_layouts.write() = Arc::new(crate::slotmode::layouts(&infos));
-        } else if self.cfg.mode != Mode::P2p {
-            *self.storage.write() = Arc::new(crate::storage_view::StorageView::of(
+        if let Some(slots) = self.mode.slots() {
+            *slots.layouts.write() = Arc::new(crate::slotmode::layouts(&infos));
+        } else if let Some(st) = self.mode.storage() {
+            *st.view.write() = Arc::new(crate::storage_view::StorageView::of(
                 &infos,
                 self.cfg.vnodes,
             ));
@@ -1026,7 +1040,9 @@ impl Core {
         self.host_buffers.write().clear();
         self.scratch.lock().clear();
         self.pool_region.lock().take();
-        self.slot_region.lock().take();
+        if let Some(slots) = self.mode.slots() {
+            slots.region.lock().take();
+        }
         tracing::info!(node = %self.me, "peercache node stopped");
     }
 }

@@ -56,9 +56,9 @@ impl Core {
         let m = &inner.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
-        if inner.cfg.mode == crate::config::Mode::Slotmap {
+        if let Some(slots) = inner.mode.slots() {
             // SAFETY: forwarded from the caller.
-            let hit = unsafe { self.slot_get(keys, segs, counts) };
+            let hit = unsafe { self.slot_get(slots, keys, segs, counts) };
             let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
             m.read_hits.add(hits);
             m.read_misses.add(n as u64 - hits);

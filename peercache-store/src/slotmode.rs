@@ -21,6 +21,7 @@ use smallvec::SmallVec;
 
 use crate::base::Core;
 use crate::control::{StoreReply, StoreRequest};
+use crate::mode_state::SlotMode;
 use crate::scratch::RawSeg;
 
 /// The discovery attribute that carries a node's slotmap layout.
@@ -28,10 +29,8 @@ pub(crate) use crate::slot_layout::{LAYOUT_ATTR, encode_layout, layouts};
 
 impl Core {
     /// Serves a `SlotWrite`: writes each page into this node's region.
-    pub(crate) fn slot_write(&self, pages: &[(PageKey, Vec<u8>)]) -> Vec<bool> {
-        let Some(map) = &self.slotmap else {
-            return vec![false; pages.len()];
-        };
+    pub(crate) fn slot_write(&self, slots: &SlotMode, pages: &[(PageKey, Vec<u8>)]) -> Vec<bool> {
+        let map = &slots.map;
         pages
             .iter()
             .map(|(k, bytes)| map.write(*k, &[bytes.as_slice()]).is_ok())
@@ -62,14 +61,13 @@ impl Core {
     /// (all owners at once).
     pub(crate) fn slot_set(
         &self,
+        slots: &SlotMode,
         keys: &[PageKey],
         slices: &[&[u8]],
         counts: &[usize],
     ) -> Vec<bool> {
         let inner = self;
-        let Some(map) = &inner.slotmap else {
-            return vec![false; keys.len()];
-        };
+        let map = &slots.map;
         let mut starts = Vec::with_capacity(keys.len());
         let mut at = 0;
         for &c in counts {
@@ -84,7 +82,7 @@ impl Core {
                 .write(keys[i], &slices[starts[i]..starts[i] + counts[i]])
                 .is_ok();
         }
-        let layouts = inner.slot_layouts.read().clone();
+        let layouts = slots.layouts.read().clone();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, &Vec<usize>)> = Vec::new();
         for (node, idx) in &remote {
             let Some(l) = layouts.get(node) else { continue };
@@ -115,11 +113,16 @@ impl Core {
 
     /// Reads the header block of every key's bucket on its owner; returns the blocks (None:
     /// owner unknown or unreachable). Local keys are read in place.
-    fn header_blocks(&self, keys: &[PageKey], owners: &[Option<NodeId>]) -> Vec<Option<Vec<u8>>> {
+    fn header_blocks(
+        &self,
+        slots: &SlotMode,
+        keys: &[PageKey],
+        owners: &[Option<NodeId>],
+    ) -> Vec<Option<Vec<u8>>> {
         let inner = self;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         let (local, remote) = group(owners, &inner.me);
-        if let Some(map) = &inner.slotmap {
+        if let Some(map) = Some(&slots.map) {
             let g = map.geometry();
             for i in local {
                 let b = g.bucket_of(keys[i]);
@@ -133,7 +136,7 @@ impl Core {
                 out[i] = Some(block.to_vec());
             }
         }
-        let layouts = inner.slot_layouts.read().clone();
+        let layouts = slots.layouts.read().clone();
         for (node, idx) in remote {
             let Some(l) = layouts.get(&node) else {
                 continue;
@@ -172,9 +175,9 @@ impl Core {
 
     /// Slotmap exists: the leading keys whose bucket holds them.
     /// Per-key presence in slotmap mode (one header-block fetch per owner).
-    pub(crate) fn slot_contains(&self, keys: &[PageKey]) -> Vec<bool> {
+    pub(crate) fn slot_contains(&self, slots: &SlotMode, keys: &[PageKey]) -> Vec<bool> {
         let owners = self.dir.primaries(keys);
-        let blocks = self.header_blocks(keys, &owners);
+        let blocks = self.header_blocks(slots, keys, &owners);
         keys.iter()
             .zip(&blocks)
             .map(|(k, b)| {
@@ -190,6 +193,7 @@ impl Core {
     /// As [`Store::batch_get_raw`].
     pub(crate) unsafe fn slot_get(
         &self,
+        slots: &SlotMode,
         keys: &[PageKey],
         segs: &[RawSeg],
         counts: &[usize],
@@ -214,7 +218,7 @@ impl Core {
         let mut hit: Vec<Option<u32>> = vec![None; n];
         let owners = inner.dir.primaries(keys);
         let (local, remote) = group(&owners, &inner.me);
-        if let Some(map) = &inner.slotmap {
+        if let Some(map) = Some(&slots.map) {
             for i in local {
                 match map.read(keys[i], &mut dst(i)) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
@@ -229,8 +233,8 @@ impl Core {
         if remote_keys.is_empty() {
             return hit;
         }
-        let blocks = self.header_blocks(keys, &owners);
-        let layouts = inner.slot_layouts.read().clone();
+        let blocks = self.header_blocks(slots, keys, &owners);
+        let layouts = slots.layouts.read().clone();
         for (node, idx) in remote {
             let Some(l) = layouts.get(&node) else {
                 continue;

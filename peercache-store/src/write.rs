@@ -45,30 +45,31 @@ impl Core {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Vec<bool> {
-        use crate::config::{Mode, Role, WritePolicy};
-        let cfg = &self.cfg;
-        if cfg.mode == Mode::Slotmap {
-            return self.slot_set(keys, slices, counts);
-        }
-        let (to_storage, also_local) = match (cfg.mode, cfg.role, cfg.write_policy) {
-            (_, Role::Storage, _) => (false, true),
-            (Mode::Centralized, _, _) => (true, false),
-            (Mode::Hybrid, _, WritePolicy::Storage) => (true, false),
-            (Mode::Hybrid, _, WritePolicy::Both) => (true, true),
-            _ => (false, true),
+        use crate::config::{Role, WritePolicy};
+        use crate::mode_state::ModeState;
+        // A storage server keeps what it is sent; otherwise the mode decides.
+        let (st, also_local, fallback_local) = match &self.mode {
+            ModeState::Slotmap(slots) => return self.slot_set(slots, keys, slices, counts),
+            ModeState::P2p => return self.set_local(keys, slices, counts, valid_lens),
+            _ if self.cfg.role == Role::Storage => {
+                return self.set_local(keys, slices, counts, valid_lens);
+            }
+            // No storage server registered: centralized has no pool to fall back to.
+            ModeState::Centralized(st) => (st, false, false),
+            ModeState::Hybrid(st) => match st.policy {
+                WritePolicy::Local => return self.set_local(keys, slices, counts, valid_lens),
+                WritePolicy::Storage => (st, false, true),
+                WritePolicy::Both => (st, true, true),
+            },
         };
-        if !to_storage {
-            return self.set_local(keys, slices, counts, valid_lens);
-        }
-        match self.write_to_storage(keys, slices, counts, valid_lens) {
+        match self.write_to_storage(st, keys, slices, counts, valid_lens) {
             Some(stored) if also_local => {
                 let local = self.set_local(keys, slices, counts, valid_lens);
                 stored.iter().zip(local).map(|(s, l)| *s || l).collect()
             }
             Some(stored) => stored,
-            // No storage server registered: hybrid falls back to the local pool; centralized
-            // has no pool to fall back to.
-            None if cfg.mode == Mode::Hybrid => self.set_local(keys, slices, counts, valid_lens),
+            // No storage server registered: hybrid falls back to the local pool.
+            None if fallback_local => self.set_local(keys, slices, counts, valid_lens),
             None => vec![false; keys.len()],
         }
     }
