@@ -425,68 +425,52 @@ impl DirectoryClient {
     /// Owners of each key, best first; misses and failures come back as `None`. Within
     /// `handoff_grace` of a ring change, a key no owner has is looked for on every member.
     pub fn lookup(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, DirError> {
-        let view = self.view();
-        if view.ring.is_empty() {
-            return Err(DirError::NoMembers);
-        }
-        let mut out: Vec<Option<Owners>> = vec![None; keys.len()];
-        let retry_misses = view.changed_at.elapsed() < self.cfg.handoff_grace;
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
-        for rank in 0..self.cfg.replicas {
-            if pending.is_empty() {
-                break;
-            }
-            if rank > 0 {
-                self.c.fallbacks.add(pending.len() as u64);
-            }
-            let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
-            let replies = self.fan_out(&view, &chunks, |items| {
-                DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
-            });
-            let mut next = Vec::new();
-            for ((_, items), reply) in chunks.iter().zip(replies) {
-                match reply {
-                    Ok(DirReply::Found(v)) if v.len() == items.len() => {
-                        for (&i, o) in items.iter().zip(v) {
-                            match o {
-                                Some(o) => out[i] = Some(o),
-                                None if retry_misses => next.push(i),
-                                None => {}
-                            }
-                        }
-                    }
-                    _ => next.extend_from_slice(items),
-                }
-            }
-            pending = next;
-        }
-        if retry_misses && !pending.is_empty() {
-            let replies = self.ask_every_member(&view, &pending, |items| {
-                DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
-            });
-            for (items, reply) in replies {
-                if let Ok(DirReply::Found(v)) = reply
-                    && v.len() == items.len()
-                {
-                    for (&i, o) in items.iter().zip(v) {
-                        if out[i].is_none() {
-                            out[i] = o;
-                        }
-                    }
-                }
-            }
-        }
-        Ok(out)
+        self.replica_query(
+            keys,
+            None,
+            |items| DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
+            |reply| match reply {
+                DirReply::Found(v) => Some(v),
+                _ => None,
+            },
+            Option::is_some,
+        )
     }
 
     /// Presence of each key (memory or disk of a live owner). Within `handoff_grace` of a ring
     /// change, a key no owner has is asked about on every member, as [`Self::lookup`] does.
     pub fn exists(&self, keys: &[PageKey]) -> Result<Vec<bool>, DirError> {
+        self.replica_query(
+            keys,
+            false,
+            |items| DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
+            |reply| match reply {
+                DirReply::Exists(v) => Some(v),
+                _ => None,
+            },
+            |present| *present,
+        )
+    }
+
+    /// The one replica query behind [`Self::lookup`] and [`Self::exists`]: asks each key's
+    /// owner at replica rank 0, then — for keys whose owner failed or (within
+    /// `handoff_grace` of a ring change) did not have them — the owner at the next rank, and
+    /// so on; within the grace, keys still missing are asked about on every member. `build`
+    /// makes the request for a chunk of key indices, `decode` takes the per-key answers out
+    /// of a reply (`None`: not the reply asked for), `found` says whether an answer is a hit.
+    fn replica_query<'a, T: Clone>(
+        &self,
+        keys: &[PageKey],
+        missing: T,
+        build: impl Fn(&[usize]) -> DirRequest<'a>,
+        decode: impl Fn(DirReply) -> Option<Vec<T>>,
+        found: impl Fn(&T) -> bool,
+    ) -> Result<Vec<T>, DirError> {
         let view = self.view();
         if view.ring.is_empty() {
             return Err(DirError::NoMembers);
         }
-        let mut out = vec![false; keys.len()];
+        let mut out = vec![missing; keys.len()];
         let retry_misses = view.changed_at.elapsed() < self.cfg.handoff_grace;
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         for rank in 0..self.cfg.replicas {
@@ -497,16 +481,14 @@ impl DirectoryClient {
                 self.c.fallbacks.add(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
-            let replies = self.fan_out(&view, &chunks, |items| {
-                DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
-            });
+            let replies = self.fan_out(&view, &chunks, &build);
             let mut next = Vec::new();
             for ((_, items), reply) in chunks.iter().zip(replies) {
-                match reply {
-                    Ok(DirReply::Exists(v)) if v.len() == items.len() => {
-                        for (&i, present) in items.iter().zip(v) {
-                            if present {
-                                out[i] = true;
+                match reply.ok().and_then(&decode) {
+                    Some(v) if v.len() == items.len() => {
+                        for (&i, answer) in items.iter().zip(v) {
+                            if found(&answer) {
+                                out[i] = answer;
                             } else if retry_misses {
                                 next.push(i);
                             }
@@ -518,15 +500,14 @@ impl DirectoryClient {
             pending = next;
         }
         if retry_misses && !pending.is_empty() {
-            let replies = self.ask_every_member(&view, &pending, |items| {
-                DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into())
-            });
-            for (items, reply) in replies {
-                if let Ok(DirReply::Exists(v)) = reply
+            for (items, reply) in self.ask_every_member(&view, &pending, &build) {
+                if let Some(v) = reply.ok().and_then(&decode)
                     && v.len() == items.len()
                 {
-                    for (&i, present) in items.iter().zip(v) {
-                        out[i] |= present;
+                    for (&i, answer) in items.iter().zip(v) {
+                        if !found(&out[i]) {
+                            out[i] = answer;
+                        }
                     }
                 }
             }
