@@ -37,14 +37,17 @@ mod node;
 pub mod observe;
 mod prime;
 mod promote;
+mod promotion;
 mod read;
 mod read_plan;
 mod scratch;
 mod slot_layout;
 mod slotmode;
+mod start;
 pub mod status;
 mod storage_view;
 mod store;
+mod store_rpc;
 pub mod tool;
 mod write;
 

@@ -1,0 +1,85 @@
+//! Store-level control requests (kinds `0x03xx`) a node serves on its control port:
+//! promotions for readers, the storage-server write protocol and slot writes, each refused
+//! with a typed error while the node starts or stops, or when the request is out of bounds.
+
+use std::sync::atomic::Ordering;
+
+use peercache_wire::envelope::{self};
+use peercache_wire::rpc::{Reply, RpcError};
+
+use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
+
+/// Serves a store-level control request (kinds `0x03xx`).
+pub(crate) fn serve_store(
+    cell: &crate::base::NodeCell,
+    env: peercache_wire::Envelope<'_>,
+) -> Reply {
+    let refuse = |code, message: String, close| Reply::Error {
+        error: RpcError { code, message },
+        close,
+    };
+    let req: StoreRequest = match env.decode() {
+        Ok(r) => r,
+        Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
+    };
+    let Some(inner) = cell.get().and_then(|w| w.upgrade()) else {
+        return refuse(
+            RpcError::CODE_SHUTDOWN,
+            "node is starting or stopping".into(),
+            false,
+        );
+    };
+    if inner.stopping.load(Ordering::Acquire) {
+        return refuse(RpcError::CODE_SHUTDOWN, "node is stopping".into(), false);
+    }
+    let frame = |r: StoreReply| match envelope::encode(&r, &[]) {
+        Ok(f) => Reply::Frame(f),
+        Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
+    };
+    match req {
+        StoreRequest::Prepare { writer, pages } => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Prepared(inner.prepare(writer, &pages)))
+        }
+        StoreRequest::Commit(tokens) => frame(StoreReply::Committed(inner.commit(&tokens))),
+        StoreRequest::CommitVerified(pairs) => {
+            if pairs.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Committed(inner.commit_verified(&pairs)))
+        }
+        StoreRequest::SlotWrite(pages) => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::SlotWritten(match inner.mode.slots() {
+                Some(slots) => inner.slot_write(slots, &pages),
+                None => vec![false; pages.len()],
+            }))
+        }
+        StoreRequest::Abort(tokens) => frame(StoreReply::Aborted(inner.abort(&tokens))),
+        StoreRequest::Ingest(pages) => {
+            if pages.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            frame(StoreReply::Ingested(inner.ingest(&pages)))
+        }
+        StoreRequest::Promote(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
+            RpcError::CODE_REFUSED,
+            format!(
+                "{} keys in one promote (limit {MAX_PROMOTE_KEYS})",
+                keys.len()
+            ),
+            false,
+        ),
+        StoreRequest::Promote(keys) => {
+            let locs = inner.promote_here(&keys, false);
+            match envelope::encode(&StoreReply::Promoted(locs), &[]) {
+                Ok(f) => Reply::Frame(f),
+                Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
+            }
+        }
+    }
+}
