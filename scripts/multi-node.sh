@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -q -p peercache-store
 BIN=target/release
+# One generated cluster secret for the four nodes and the tools (read from the environment).
+PEERCACHE_CLUSTER_SECRET=${PEERCACHE_CLUSTER_SECRET:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
+export PEERCACHE_CLUSTER_SECRET
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 META=127.0.0.1:$(free_port)     # the one discovery (meta) port of the cluster
 METRICS_PORT=$(free_port)       # same port on every node; each node has its own address

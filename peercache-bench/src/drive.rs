@@ -257,6 +257,7 @@ impl ChildProc {
     fn spawn(name: String, args: &[String]) -> Result<ChildProc> {
         let mut child = Command::new(std::env::current_exe()?)
             .args(args)
+            .env(crate::secret::ENV, crate::secret::generated())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -23,6 +23,7 @@ pub mod report;
 pub mod rows;
 pub mod runner;
 pub mod saturation;
+pub mod secret;
 pub mod serve;
 pub mod sglwork;
 pub mod suite;

@@ -75,6 +75,7 @@ pub fn start_node_with(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Res
         "heartbeat_interval": 0.5, "member_ttl": 1.5,
         "metrics_enabled": false,
         "directory_read_cache_ttl": 0,
+        "cluster_secret": crate::secret::generated(),
         // Bench nodes stand in for separate hosts: reads take the network path (`--set
         // host_local=true` measures shared memory between processes of one host instead).
         "host_local": false,

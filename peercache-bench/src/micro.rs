@@ -158,7 +158,7 @@ fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
         .args(["--set", &format!("node_id={owner}")])
         .args(["--set", &format!("global_segment_size={pool}")])
         .args(["--set", "metrics_enabled=false"])
-        .args(["--set", "cluster_secret=peercache-bench-cluster-secret"])
+        .env(crate::secret::ENV, crate::secret::generated())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -53,6 +53,7 @@ fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Resul
         "heartbeat_interval": 0.5, "member_ttl": 1.5, "metrics_enabled": false,
         // Bench nodes stand in for separate hosts: reads take the network path.
         "host_local": false,
+        "cluster_secret": crate::secret::generated(),
     });
     for (k, v) in extra.as_object().context("extra config")? {
         cfg[k] = v.clone();

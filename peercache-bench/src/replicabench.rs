@@ -45,6 +45,7 @@ fn start(ip: &str, seed: &str, extra: serde_json::Value) -> Result<Store> {
         "metrics_enabled": false,
         // Bench nodes stand in for separate hosts: reads take the network path.
         "host_local": false,
+        "cluster_secret": crate::secret::generated(),
     });
     for (k, v) in extra.as_object().context("extra")? {
         cfg[k] = v.clone();

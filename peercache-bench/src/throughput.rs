@@ -159,7 +159,7 @@ pub fn start_node(
         "heartbeat_interval": 0.5, "member_ttl": 1.5,
         "metrics_enabled": false,
         // Authenticated like a production cluster (the handshake is part of connection setup).
-        "cluster_secret": "peercache-bench-cluster-secret",
+        "cluster_secret": crate::secret::generated(),
         // Bench nodes stand in for separate hosts: reads take the network path.
         "host_local": false,
     });

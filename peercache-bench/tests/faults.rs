@@ -38,6 +38,20 @@ struct Proc {
     ip: String,
 }
 
+/// The cluster secret of this run's nodes (generated; every node and the client prove it).
+fn secret() -> &'static str {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let word = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        format!("{:016x}{:016x}", word(), word())
+    })
+}
+
 impl Proc {
     fn spawn(ip: &str, seeds: &str, id: &str, preload: usize, extra: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_peercache-bench"));
@@ -59,6 +73,7 @@ impl Proc {
             ("op_timeout", "0.5".into()),
             ("startup_timeout", "15".into()),
             ("log_level", "error".into()),
+            ("cluster_secret", secret().into()),
         ];
         for (k, v) in base.iter().chain(extra) {
             cmd.arg("--set").arg(format!("{k}={v}"));
@@ -127,6 +142,7 @@ fn client(ip: &str, seeds: &str, extra: serde_json::Value) -> Store {
         // The nodes stand in for separate hosts: a stall or a partition must reach the reads,
         // which shared memory between processes of one host would route around.
         "host_local": false,
+        "cluster_secret": secret(),
     });
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();

@@ -1,5 +1,7 @@
 """Shared helpers: free ports, node configs on loopback, and a stand-in SGLang host pool."""
 
+import os
+import secrets
 import socket
 
 import numpy as np
@@ -14,6 +16,11 @@ def free_port() -> int:
     return port
 
 
+# The cluster secret every test node proves: generated per test session, and inherited by the
+# node processes a test starts (they import this module too).
+TEST_SECRET = os.environ.setdefault("PC_TEST_CLUSTER_SECRET", secrets.token_hex(16))
+
+
 def node_config(n: int, seed: int, port: int, **extra):
     host = f"127.0.0.{n}"
     cfg = {
@@ -24,6 +31,7 @@ def node_config(n: int, seed: int, port: int, **extra):
         "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
         "metrics_enabled": False,
         "startup_timeout": 10,
+        "cluster_secret": TEST_SECRET,
     }
     cfg.update(extra)
     return cfg

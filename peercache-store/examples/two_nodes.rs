@@ -6,9 +6,25 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use peercache_store::{PeerCacheConfig, Store};
 
+/// The cluster secret both nodes prove (generated per run; in production, one value from
+/// `openssl rand -hex 32` given to every node).
+fn secret() -> &'static str {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let word = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        format!("{:016x}{:016x}", word(), word())
+    })
+}
+
 fn node(ip: &str, seed: &str) -> Result<Store> {
     let cfg = serde_json::json!({
         "discovery_addr": seed,
+        "cluster_secret": secret(),
         "protocol": "tcp",
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
         "global_segment_size": "64mb",

@@ -24,7 +24,8 @@ use common::free_port;
 fn cfg(n: u8, port: u16, secret: Option<&str>) -> PeerCacheConfig {
     let extra = match secret {
         Some(s) => json!({ "cluster_secret": s }),
-        None => json!({}),
+        // Explicitly open (the shared helper would give every node the test secret).
+        None => json!({ "cluster_secret": "" }),
     };
     common::config(&format!("127.0.0.{n}"), "127.0.0.20", port, extra)
 }

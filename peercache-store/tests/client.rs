@@ -12,17 +12,15 @@ use serde_json::json;
 
 mod common;
 
-const SECRET: &str = "client api secret, long enough";
-
 fn auth() -> Auth {
-    Auth::from_secret(SECRET.as_bytes()).unwrap()
+    Auth::from_secret(common::secret().as_bytes()).unwrap()
 }
 
 #[test]
 fn put_on_one_node_get_through_another_and_bad_requests_are_refused() {
     let nodes = common::cluster(
         &[40, 41],
-        json!({"client_enabled": true, "cluster_secret": SECRET}),
+        json!({"client_enabled": true, "cluster_secret": common::secret()}),
     );
     let (a, b) = (&nodes[0], &nodes[1]);
     let timeout = Duration::from_secs(5);
@@ -147,11 +145,12 @@ fn the_client_api_is_off_unless_enabled() {
     nodes[0].shutdown();
 }
 
-/// Runs the `peercache-node` binary with `args` (no cluster secret in its environment).
+/// Runs the `peercache-node` binary with `args` and the test nodes' secret in its
+/// environment (`PEERCACHE_CLUSTER_SECRET`, as an operator's tool would have it).
 fn node_tool(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
         .args(args)
-        .env_remove("PEERCACHE_CLUSTER_SECRET")
+        .env("PEERCACHE_CLUSTER_SECRET", common::secret())
         .output()
         .unwrap()
 }
@@ -255,7 +254,7 @@ impl Drop for Killed {
 #[test]
 fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     let port = common::free_port();
-    let reader = common::node(46, 46, port, json!({"cluster_secret": SECRET}));
+    let reader = common::node(46, 46, port, json!({"cluster_secret": common::secret()}));
     let client_port = common::free_port();
     let exe = env!("CARGO_BIN_EXE_peercache-node");
     let mut owner = Killed(
@@ -267,7 +266,7 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
             .args(["--set", "client_enabled=true"])
             .args(["--set", &format!("client_port={client_port}")])
             .args(["--set", "metrics_enabled=false", "--set", "log_level=warn"])
-            .env("PEERCACHE_CLUSTER_SECRET", SECRET)
+            .env("PEERCACHE_CLUSTER_SECRET", common::secret())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

@@ -16,6 +16,14 @@ use peercache_wire::{Incarnation, NodeId, PageKey, envelope};
 use serde_json::json;
 
 mod common;
+
+/// A transport that proves the test nodes' secret.
+fn authed() -> TransportConfig {
+    TransportConfig {
+        auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+        ..TransportConfig::default()
+    }
+}
 use common::{free_port, get as read_all, page};
 
 /// A node on 127.0.0.`n` named `n<n>`.
@@ -101,7 +109,7 @@ fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
         hello: Hello::new(Plane::Control, None, Incarnation(7)),
         max_idle_per_peer: 1,
         max_frame: 1 << 20,
-        auth: Default::default(),
+        auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
     });
     let len = 16 << 10;
     let key = "leaked-0";
@@ -134,8 +142,7 @@ fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
 
     // Least privilege on the data plane: only the reserving node may write the slot.
     let write_as = |who: &str, addr: u64| {
-        let t =
-            Transport::start(TransportConfig::default(), Some(NodeId::new(who).unwrap())).unwrap();
+        let t = Transport::start(authed(), Some(NodeId::new(who).unwrap())).unwrap();
         let mut src = page(5, len);
         // SAFETY: `src` outlives the handle (dropped at the end of this closure).
         let h = unsafe { t.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
@@ -318,7 +325,7 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
         hello: Hello::new(Plane::Control, None, Incarnation(9)),
         max_idle_per_peer: 1,
         max_frame: 1 << 20,
-        auth: Default::default(),
+        auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
     });
     let call = |req: &StoreRequest| {
         let f = rpc
@@ -332,8 +339,7 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
     };
     let len = 8 << 10;
     let pk = PageKey::from_key("checked-0");
-    let writer =
-        Transport::start(TransportConfig::default(), Some(NodeId::new("w").unwrap())).unwrap();
+    let writer = Transport::start(authed(), Some(NodeId::new("w").unwrap())).unwrap();
     let mut src = page(11, len);
     // SAFETY: `src` outlives the handle (dropped before it at the end of the test).
     let h = unsafe { writer.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();

@@ -8,6 +8,8 @@ use std::time::Duration;
 use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
+mod common;
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -25,6 +27,7 @@ fn node(n: u8, port: u16) -> Store {
         "metrics_bind_host": host, "metrics_port": 0,
         "global_segment_size": "16mb",
         "heartbeat_interval": 0.2, "member_ttl": 0.6,
+        "cluster_secret": common::secret(),
     });
     let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
     let s = Store::start(cfg).unwrap();
@@ -109,8 +112,12 @@ fn metrics_dashboard_cluster_and_labelled_series() {
 
     // `peercache-node status` asks discovery for the same members.
     let seeds = vec![format!("127.0.0.40:{port}").parse().unwrap()];
-    let seen = peercache_store::status::members(&seeds, Duration::from_secs(2), Default::default())
-        .unwrap();
+    let seen = peercache_store::status::members(
+        &seeds,
+        Duration::from_secs(2),
+        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(seen.len(), 3);
     assert!(
         seen.iter()

@@ -16,8 +16,24 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// The cluster secret every node of this test process proves: generated once per process
+/// (tests run the way a deployment should — authenticated — unless they say otherwise).
+pub(crate) fn secret() -> &'static str {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let word = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        format!("{:016x}{:016x}", word(), word())
+    })
+}
+
 /// The config of a node on `host` whose seed is `seed` (both loopback addresses): TCP, every
-/// listener on `host`, fast heartbeats, metrics off, 32 MiB pool; `extra` overrides any key.
+/// listener on `host`, fast heartbeats, metrics off, 32 MiB pool, the test process's generated
+/// [`secret`]; `extra` overrides any key.
 pub(crate) fn config(
     host: &str,
     seed: &str,
@@ -31,6 +47,7 @@ pub(crate) fn config(
         "global_segment_size": "32mb",
         "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
         "metrics_enabled": false,
+        "cluster_secret": secret(),
     });
     for (k, v) in extra.as_object().unwrap() {
         m[k] = v.clone();
