@@ -7,21 +7,18 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
-use peercache_discovery::{DiscoveryClient, DiscoveryServer};
+use peercache_discovery::DiscoveryClient;
 use peercache_pool::Pool;
 use peercache_transport::{RegionHandle, Transport};
-use peercache_wire::rpc::RpcServer;
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
-use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
-use crate::prime::PrimeMap;
-use crate::scratch::Scratch;
+use crate::parts::{ReadState, Servers, Tasks};
 
 /// Where request handlers that start before the node exists find it once it does.
 pub(crate) type NodeCell = Arc<OnceLock<Weak<Core>>>;
@@ -36,43 +33,25 @@ pub(crate) struct Core {
     pub(crate) auth_enabled: bool,
     pub(crate) keys: Keyspace,
     pub(crate) metrics: Handles,
-    pub(crate) evictions: Mutex<Option<EvictionBatcher>>,
+    /// Background work: eviction notices, promotions, membership.
+    pub(crate) tasks: Tasks,
     pub(crate) discovery: DiscoveryClient,
     pub(crate) dir: Arc<DirectoryClient>,
     pub(crate) dir_service: Arc<DirectoryService>,
-    pub(crate) control: Mutex<Option<RpcServer>>,
-    /// The client API listener (`client_enabled`).
-    pub(crate) client: Mutex<Option<RpcServer>>,
+    /// The listeners besides the data server.
+    pub(crate) servers: Servers,
     pub(crate) client_endpoint: Option<SocketAddr>,
-    pub(crate) meta: Mutex<Option<DiscoveryServer>>,
-    pub(crate) primed: Mutex<PrimeMap>,
-    pub(crate) read_cache: Mutex<PrimeMap>,
-    pub(crate) scratch: Mutex<Vec<Scratch>>,
-    pub(crate) host_buffers: parking_lot::RwLock<Vec<RegionHandle>>,
+    /// The read path's caches and memory (its registrations go before the transport).
+    pub(crate) reads: ReadState,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
     pub(crate) transport: Arc<Transport>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
-    /// Recovered disk pages still to re-publish once the ring includes this node.
-    pub(crate) republish_pending: AtomicBool,
-    /// Data endpoints of the members at the last membership sync (departed ones are forgotten
-    /// by the transport: pooled connections, host-local attachment).
-    pub(crate) member_data: Mutex<std::collections::HashSet<SocketAddr>>,
     pub(crate) data_endpoint: SocketAddr,
     pub(crate) control_endpoint: SocketAddr,
     pub(crate) pool_key: u64,
-    pub(crate) ring_ready: (Mutex<bool>, Condvar),
     pub(crate) stopping: AtomicBool,
-    pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
-    pub(crate) http: Mutex<Option<crate::http::HttpServer>>,
     pub(crate) metrics_endpoint: Option<SocketAddr>,
-    /// Background promotion of disk-only pages that `batch_exists` found.
-    pub(crate) promoter: std::sync::OnceLock<crate::promote::Promoter>,
-    /// One promotion at a time: a background promotion must not evict the pages a read just
-    /// promoted for itself.
-    pub(crate) promote_lock: Mutex<()>,
-    /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
-    pub(crate) inflight: Mutex<std::collections::HashMap<SocketAddr, usize>>,
     /// The deployment mode and the state only it has (matched once per operation).
     pub(crate) mode: crate::mode_state::ModeState,
 }

@@ -83,7 +83,7 @@ impl Core {
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
         self.pool
             .reserve_batch(&want, ReplClass::Retained, &mut out, &mut evicted);
-        if let Some(b) = self.evictions.lock().as_ref() {
+        if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         let expires = Instant::now() + Duration::from_secs_f64(self.cfg.reservation_timeout);
@@ -235,7 +235,7 @@ impl Core {
             &mut out,
             &mut evicted,
         );
-        if let Some(b) = self.evictions.lock().as_ref() {
+        if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         out.iter()
@@ -412,7 +412,7 @@ impl Core {
         }
         // 2. One-sided WRITE of every reserved page: straight from registered host memory, or
         // from a registered staging copy.
-        let bufs = inner.host_buffers.read();
+        let bufs = inner.reads.host_buffers.read();
         // With `lazy_registration`, unregistered pages are sent straight from the caller's
         // memory (named unregistered); otherwise from a registered staging copy.
         let lazy = inner.cfg.lazy_registration;
@@ -484,7 +484,7 @@ impl Core {
             None => vec![false; slots.len()],
         };
         drop(bufs);
-        inner.scratch.lock().push(scratch);
+        inner.reads.scratch.lock().push(scratch);
         // Each committed page carries the writer's checksum, so the server publishes exactly
         // the bytes written (a torn or stray one-sided write is refused, not published).
         let commit: Vec<(u64, u64)> = slots

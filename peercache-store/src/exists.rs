@@ -74,7 +74,7 @@ impl Core {
         let n = present.len();
         // Present only on some disk tier: start promoting now, so the get that follows finds
         // the pages in memory.
-        if let Some(p) = inner.promoter.get() {
+        if let Some(p) = inner.tasks.promoter.get() {
             // At most half a pool's worth, so a long prefix cannot thrash the pool.
             let mut budget = inner.pool.len() as u64 / 2;
             let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
@@ -105,7 +105,7 @@ impl Core {
         let ttl = Duration::from_secs_f64(inner.cfg.exists_prime_ttl);
         if !ttl.is_zero() && n > 0 {
             let now = Instant::now();
-            let mut primed = inner.primed.lock();
+            let mut primed = inner.reads.primed.lock();
             for (k, o) in keys.iter().zip(found).take(n) {
                 if let Some(o) = o.filter(|o| !o.is_empty()) {
                     primed.put(*k, o, ttl, now);

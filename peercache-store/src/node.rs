@@ -42,7 +42,7 @@ impl Core {
         let has_me = members.iter().any(|m| m.node == self.me);
         let before = self.dir.ring();
         self.dir.apply_membership(&members);
-        if has_me && self.republish_pending.swap(false, Ordering::AcqRel) {
+        if has_me && self.tasks.republish_pending.swap(false, Ordering::AcqRel) {
             self.republish_recovered();
         }
         let after = self.dir.ring();
@@ -50,10 +50,10 @@ impl Core {
             self.reannounce(&before, &after);
         }
         if has_me {
-            let mut ready = self.ring_ready.0.lock();
+            let mut ready = self.tasks.ring_ready.0.lock();
             if !*ready {
                 *ready = true;
-                self.ring_ready.1.notify_all();
+                self.tasks.ring_ready.1.notify_all();
             }
         }
     }
@@ -68,7 +68,7 @@ impl Core {
         let now: std::collections::HashSet<SocketAddr> =
             infos.iter().flat_map(|m| m.data.iter().copied()).collect();
         let gone: Vec<SocketAddr> = {
-            let mut known = self.member_data.lock();
+            let mut known = self.tasks.member_data.lock();
             let gone = known.difference(&now).copied().collect();
             *known = now;
             gone
@@ -82,7 +82,7 @@ impl Core {
     /// Drops transport state for peers that are not members (a read may have reached a member
     /// after it left, re-creating what [`Core::forget_departed`] dropped). Once a heartbeat.
     pub(crate) fn forget_strangers(&self) {
-        let known = self.member_data.lock().clone();
+        let known = self.tasks.member_data.lock().clone();
         if known.is_empty() {
             return;
         }
@@ -186,11 +186,18 @@ impl Core {
     pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         self.discovery.wait_ready(timeout)?;
-        let mut ready = self.ring_ready.0.lock();
+        let mut ready = self.tasks.ring_ready.0.lock();
         while !*ready {
             match deadline {
                 Some(d) => {
-                    if self.ring_ready.1.wait_until(&mut ready, d).timed_out() && !*ready {
+                    if self
+                        .tasks
+                        .ring_ready
+                        .1
+                        .wait_until(&mut ready, d)
+                        .timed_out()
+                        && !*ready
+                    {
                         return Err(StoreError::Discovery(
                             peercache_discovery::DiscoveryError::NotReady {
                                 after: timeout.unwrap_or_default(),
@@ -199,7 +206,7 @@ impl Core {
                         ));
                     }
                 }
-                None => self.ring_ready.1.wait(&mut ready),
+                None => self.tasks.ring_ready.1.wait(&mut ready),
             }
         }
         Ok(())
@@ -212,35 +219,35 @@ impl Core {
         }
         // Leave the cluster first so peers stop routing to us, then flush eviction notices.
         self.discovery.shutdown();
-        if let Some(p) = self.promoter.get() {
+        if let Some(p) = self.tasks.promoter.get() {
             p.stop();
         }
-        if let Some(mut e) = self.evictions.lock().take() {
+        if let Some(mut e) = self.tasks.evictions.lock().take() {
             e.stop();
         }
         if let Some(d) = &self.disk {
             d.flush();
         }
-        if let Some(t) = self.membership.lock().take()
+        if let Some(t) = self.tasks.membership.lock().take()
             && t.thread().id() != std::thread::current().id()
         {
             let _ = t.join();
         }
-        if let Some(mut c) = self.client.lock().take() {
+        if let Some(mut c) = self.servers.client.lock().take() {
             c.shutdown();
         }
-        if let Some(mut c) = self.control.lock().take() {
+        if let Some(mut c) = self.servers.control.lock().take() {
             c.shutdown();
         }
-        if let Some(mut m) = self.meta.lock().take() {
+        if let Some(mut m) = self.servers.meta.lock().take() {
             m.shutdown();
         }
-        if let Some(mut h) = self.http.lock().take() {
+        if let Some(mut h) = self.servers.http.lock().take() {
             h.shutdown();
         }
         self.transport.shutdown();
-        self.host_buffers.write().clear();
-        self.scratch.lock().clear();
+        self.reads.host_buffers.write().clear();
+        self.reads.scratch.lock().clear();
         self.pool_region.lock().take();
         if let Some(slots) = self.mode.slots() {
             slots.region.lock().take();

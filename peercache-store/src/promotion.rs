@@ -54,7 +54,7 @@ impl Core {
             disk.flush();
         }
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        let serial = self.promote_lock.lock();
+        let serial = self.tasks.promote_lock.lock();
         self.pool.promote_batch(
             disk,
             keys,
@@ -75,7 +75,7 @@ impl Core {
             }
         }
         self.metrics.promotes_owner.add(promoted);
-        let batcher = self.evictions.lock();
+        let batcher = self.tasks.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
         }

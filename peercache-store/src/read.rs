@@ -135,16 +135,16 @@ impl Core {
         let mut remote_hits = 0u64;
         let mut remote_hit_idx: Vec<usize> = Vec::new();
         loop {
-            let load = inner.inflight.lock().clone();
+            let load = inner.reads.inflight.lock().clone();
             let fetches = plan.next_fetches(&load);
             if fetches.is_empty() {
                 break;
             }
             for (ep, pages) in fetches {
-                *inner.inflight.lock().entry(ep).or_insert(0) += pages.len();
+                *inner.reads.inflight.lock().entry(ep).or_insert(0) += pages.len();
                 // SAFETY: forwarded from the caller.
                 let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
-                if let Some(c) = inner.inflight.lock().get_mut(&ep) {
+                if let Some(c) = inner.reads.inflight.lock().get_mut(&ep) {
                     *c = c.saturating_sub(pages.len());
                 }
                 for (i, ok) in got {
@@ -167,7 +167,7 @@ impl Core {
         }
         if inner.cfg.directory_read_cache_ttl > 0.0 {
             // A cached location that did not serve (slot reused, owner gone) is dropped.
-            let mut cache = inner.read_cache.lock();
+            let mut cache = inner.reads.read_cache.lock();
             for i in plan.missed_with_owners() {
                 cache.remove(keys[i]);
             }
@@ -186,7 +186,7 @@ impl Core {
         let mut need = Vec::new();
         {
             let now = Instant::now();
-            let mut primed = inner.primed.lock();
+            let mut primed = inner.reads.primed.lock();
             for (i, k) in keys.iter().enumerate() {
                 match primed.take(*k, now) {
                     Some(o) => plan.set_owners(i, Some(o)),
@@ -197,7 +197,7 @@ impl Core {
         let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
         if !cache_ttl.is_zero() && !need.is_empty() {
             let now = Instant::now();
-            let cache = inner.read_cache.lock();
+            let cache = inner.reads.read_cache.lock();
             need.retain(|&i| match cache.get(keys[i], now) {
                 Some(o) => {
                     plan.set_owners(i, Some(o));
@@ -217,7 +217,7 @@ impl Core {
         if let Ok(found) = inner.dir.lookup(&ks) {
             if !cache_ttl.is_zero() {
                 let now = Instant::now();
-                let mut cache = inner.read_cache.lock();
+                let mut cache = inner.reads.read_cache.lock();
                 for (k, o) in ks.iter().zip(&found) {
                     if let Some(o) = o {
                         cache.put(*k, o.clone(), cache_ttl, now);
@@ -283,7 +283,7 @@ impl Core {
             })
             .collect();
         inner.metrics.replicas.add(entries.len() as u64);
-        let batcher = inner.evictions.lock();
+        let batcher = inner.tasks.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
             b.publish(entries);
@@ -329,7 +329,7 @@ impl Core {
         headers: usize,
         staging: usize,
     ) -> Result<Scratch, StoreError> {
-        let mut pool = self.scratch.lock();
+        let mut pool = self.reads.scratch.lock();
         if let Some(pos) = pool.iter().position(|s| s.fits(headers, staging)) {
             return Ok(pool.swap_remove(pos));
         }
@@ -352,7 +352,7 @@ impl Core {
         counts: &[usize],
     ) -> Vec<(usize, bool)> {
         let inner = self;
-        let bufs = inner.host_buffers.read();
+        let bufs = inner.reads.host_buffers.read();
         // Which pages land directly, which go through staging.
         // With `lazy_registration` every page lands directly: segments outside registered host
         // buffers are named unregistered (TCP receives into them; RDMA registers them for the
@@ -504,7 +504,7 @@ impl Core {
                 }
             }
         }
-        inner.scratch.lock().push(scratch);
+        inner.reads.scratch.lock().push(scratch);
         out
     }
 }

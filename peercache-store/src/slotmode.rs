@@ -168,7 +168,7 @@ impl Core {
                     }
                 }
             }
-            inner.scratch.lock().push(scratch);
+            inner.reads.scratch.lock().push(scratch);
         }
         out
     }
@@ -312,7 +312,7 @@ impl Core {
                     }
                 }
             }
-            inner.scratch.lock().push(scratch);
+            inner.reads.scratch.lock().push(scratch);
         }
         hit
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
 use peercache_discovery::{DiscoveryClient, DiscoveryServer, Hosting, NodeInfo};
 use peercache_pool::{Pool, PoolConfig};
@@ -27,7 +27,7 @@ use crate::evict::EvictionBatcher;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
 use crate::mode_state::{ModeState, StorageMode};
-use crate::prime::PrimeMap;
+use crate::parts::{ReadState, Servers, Tasks};
 
 /// The address peers should use to reach this node.
 fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
@@ -509,6 +509,7 @@ impl Core {
                 StoreError::Unsupported("slotmap mode without a slot region".into())
             })?),
         };
+        let republish = disk.as_ref().is_some_and(|d| d.stats().recovered > 0);
         let inner = Arc::new(Core {
             keys: Keyspace::new(&cfg.prefix),
             cfg,
@@ -516,40 +517,30 @@ impl Core {
             incarnation,
             auth_enabled: auth.is_enabled(),
             metrics,
-            evictions: Mutex::new(Some(evictions)),
+            tasks: Tasks::new(evictions, republish),
             discovery,
             dir,
             dir_service,
-            control: Mutex::new(Some(control)),
-            client: Mutex::new(client),
+            servers: Servers {
+                control: Mutex::new(Some(control)),
+                client: Mutex::new(client),
+                meta: Mutex::new(meta),
+                http: Mutex::new(http),
+            },
             client_endpoint,
-            meta: Mutex::new(meta),
-            primed: Mutex::new(PrimeMap::default()),
-            read_cache: Mutex::new(PrimeMap::default()),
-            scratch: Mutex::new(Vec::new()),
-            host_buffers: parking_lot::RwLock::new(Vec::new()),
+            reads: ReadState::new(),
             pool_region: Mutex::new(Some(pool_region)),
             transport,
             pool,
-            republish_pending: AtomicBool::new(
-                disk.as_ref().is_some_and(|d| d.stats().recovered > 0),
-            ),
-            member_data: Mutex::new(Default::default()),
             disk,
             data_endpoint,
             control_endpoint,
             pool_key,
-            ring_ready: (Mutex::new(false), Condvar::new()),
             stopping: AtomicBool::new(false),
-            membership: Mutex::new(None),
-            http: Mutex::new(http),
             metrics_endpoint,
-            promoter: std::sync::OnceLock::new(),
-            promote_lock: Mutex::new(()),
-            inflight: Mutex::new(Default::default()),
             mode,
         });
-        let _ = inner.promoter.set(crate::promote::Promoter::start({
+        let _ = inner.tasks.promoter.set(crate::promote::Promoter::start({
             let node = Arc::downgrade(&inner);
             move |job: crate::promote::Job| {
                 let Some(inner) = node.upgrade() else {
@@ -584,7 +575,7 @@ impl Core {
                     inner.reap_reservations();
                     inner.dir.drop_due();
                     inner.forget_strangers();
-                    if got.is_err() && *inner.ring_ready.0.lock() {
+                    if got.is_err() && *inner.tasks.ring_ready.0.lock() {
                         continue;
                     }
                     // Coalesce a burst of events into one ring change.
@@ -592,7 +583,7 @@ impl Core {
                     inner.sync_membership();
                 }
             })?;
-        *inner.membership.lock() = Some(t);
+        *inner.tasks.membership.lock() = Some(t);
         Ok(inner)
     }
 }

@@ -173,7 +173,7 @@ impl Store {
     pub unsafe fn register_host_buffer(&self, ptr: *mut u8, len: usize) -> Result<(), StoreError> {
         // SAFETY: forwarded from the caller.
         let h = unsafe { self.inner.transport.register(ptr, len, Access::LocalOnly) }?;
-        self.inner.host_buffers.write().push(h);
+        self.inner.reads.host_buffers.write().push(h);
         Ok(())
     }
 
@@ -396,7 +396,7 @@ impl Store {
     pub fn clear(&self) -> usize {
         let gone = self.inner.pool.clear();
         let n = gone.len();
-        if let Some(b) = self.inner.evictions.lock().as_ref() {
+        if let Some(b) = self.inner.tasks.evictions.lock().as_ref() {
             b.push(gone);
         }
         self.flush_evictions(self.inner.cfg.op_timeout() * 4);
@@ -443,6 +443,7 @@ impl Store {
     /// Waits until queued eviction notices reached the directory.
     pub fn flush_evictions(&self, timeout: Duration) -> bool {
         self.inner
+            .tasks
             .evictions
             .lock()
             .as_ref()
@@ -456,6 +457,7 @@ impl Store {
         let d = inner.dir.stats();
         let t = inner.transport.stats();
         let (q, nfd) = inner
+            .tasks
             .evictions
             .lock()
             .as_ref()
@@ -474,7 +476,7 @@ impl Store {
             rdma_read_bytes: t.rdma_read_bytes,
             rdma_fallbacks: t.rdma_fallbacks,
             members: inner.discovery.members().len() as u64,
-            primed: inner.primed.lock().len() as u64,
+            primed: inner.reads.primed.lock().len() as u64,
             verify_rejects: inner.metrics.verify_rejects.get(),
             staged_reads: inner.metrics.staged_reads.get(),
         }

@@ -122,7 +122,7 @@ impl Core {
             }
         }
         m.evictions.add(evicted.len() as u64);
-        if let Some(b) = inner.evictions.lock().as_ref() {
+        if let Some(b) = inner.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         if entries.is_empty() {
