@@ -31,3 +31,8 @@ pub use msg::{DirReply, DirRequest, OwnerRef};
 pub use ring::Ring;
 pub use service::DirectoryService;
 pub use shard::{InsertOutcome, Shard, ShardConfig};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

@@ -55,3 +55,8 @@ pub fn parse_seeds(addr: &str) -> Result<Vec<std::net::SocketAddr>, DiscoveryErr
     }
     Ok(out)
 }
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

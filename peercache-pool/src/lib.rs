@@ -36,3 +36,8 @@ pub use pool::{
     Evicted, Leases, PageLocation, PageWrite, Pool, PoolConfig, PoolStats, PublishScratch,
     Published, ReplClass, Reservation, Reserved,
 };
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

@@ -57,3 +57,8 @@ pub use error::StoreError;
 pub use keys::Keyspace;
 pub use scratch::RawSeg;
 pub use store::{Store, StoreStats};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

@@ -96,3 +96,8 @@ pub fn fuzz_request(data: &[u8]) -> usize {
         .count()
         + local
 }
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

@@ -34,3 +34,8 @@ pub use auth::Auth;
 pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};
 pub use error::WireError;
 pub use ids::{Incarnation, NodeId, PageKey};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
