@@ -14,17 +14,7 @@ pub fn generated() -> &'static str {
     static SECRET: OnceLock<String> = OnceLock::new();
     SECRET.get_or_init(|| match std::env::var(ENV) {
         Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
-        _ => {
-            use std::hash::{BuildHasher, Hasher};
-            // Each RandomState is seeded from the OS once per process and then stepped, so two
-            // words are 128 unpredictable bits.
-            let word = || {
-                std::collections::hash_map::RandomState::new()
-                    .build_hasher()
-                    .finish()
-            };
-            format!("{:016x}{:016x}", word(), word())
-        }
+        _ => peercache_wire::auth::generate_secret().expect("the OS random source"),
     })
 }
 

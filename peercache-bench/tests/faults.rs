@@ -41,15 +41,7 @@ struct Proc {
 /// The cluster secret of this run's nodes (generated; every node and the client prove it).
 fn secret() -> &'static str {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SECRET.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let word = || {
-            std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish()
-        };
-        format!("{:016x}{:016x}", word(), word())
-    })
+    SECRET.get_or_init(|| peercache_wire::auth::generate_secret().expect("the OS random source"))
 }
 
 impl Proc {

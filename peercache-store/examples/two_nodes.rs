@@ -10,15 +10,7 @@ use peercache_store::{PeerCacheConfig, Store};
 /// `openssl rand -hex 32` given to every node).
 fn secret() -> &'static str {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SECRET.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let word = || {
-            std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish()
-        };
-        format!("{:016x}{:016x}", word(), word())
-    })
+    SECRET.get_or_init(|| peercache_wire::auth::generate_secret().expect("the OS random source"))
 }
 
 fn node(ip: &str, seed: &str) -> Result<Store> {

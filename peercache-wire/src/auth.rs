@@ -222,6 +222,18 @@ pub fn nonce() -> Result<[u8; TAG_LEN], WireError> {
     Ok(n)
 }
 
+/// A fresh cluster secret: 32 bytes from the operating system's random source, as 64 hex
+/// characters (what `openssl rand -hex 32` prints).
+///
+/// ```
+/// let s = peercache_wire::auth::generate_secret().unwrap();
+/// assert_eq!(s.len(), 64);
+/// assert!(peercache_wire::Auth::from_secret(s.as_bytes()).is_ok());
+/// ```
+pub fn generate_secret() -> Result<String, WireError> {
+    Ok(nonce()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

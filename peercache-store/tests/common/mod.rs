@@ -20,15 +20,7 @@ pub(crate) fn free_port() -> u16 {
 /// (tests run the way a deployment should — authenticated — unless they say otherwise).
 pub(crate) fn secret() -> &'static str {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SECRET.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let word = || {
-            std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish()
-        };
-        format!("{:016x}{:016x}", word(), word())
-    })
+    SECRET.get_or_init(|| peercache_wire::auth::generate_secret().expect("the OS random source"))
 }
 
 /// The config of a node on `host` whose seed is `seed` (both loopback addresses): TCP, every
