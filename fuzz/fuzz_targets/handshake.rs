@@ -25,10 +25,17 @@ fuzz_target!(|data: &[u8]| {
             assert!(r.is_err(), "a stranger was accepted");
         }
     }
-    // The client side must refuse a server that cannot prove the secret.
+    // The client side answers a challenge with its proof (the client proves first), but must
+    // never accept a server that cannot prove the secret.
     let hello = Hello::new(Plane::Control, None, Incarnation(2));
     let (mut cli, _) = ClientHandshake::new(&hello, &ACCEPTOR.auth).unwrap();
-    if let Ok(Step::Send(_)) = cli.on_frame(first) {
-        panic!("a forged challenge was accepted");
+    match cli.on_frame(first) {
+        Ok(Step::Finish(_, r)) => assert!(r.is_err(), "a forged acceptance was taken"),
+        Ok(Step::Send(_)) => {
+            if let Ok(Step::Finish(_, r)) = cli.on_frame(second) {
+                assert!(r.is_err(), "a forged acceptance was taken");
+            }
+        }
+        Err(_) => {}
     }
 });

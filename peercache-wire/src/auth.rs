@@ -1,19 +1,29 @@
 //! Cluster authentication: a shared `cluster_secret` proven in the handshake.
 //!
 //! Both sides prove knowledge of the secret without sending it, with HMAC-SHA256 over the
-//! connection's transcript:
+//! connection's transcript, **the client first** (handshake version 2):
 //!
 //! ```text
-//! client → server   Hello + extension EXT_AUTH_NONCE = Nc          (32 random bytes)
-//! server → client   AuthChallenge { nonce: Ns, proof: MAC("server", Nc, Ns, hello) }
+//! client → server   Hello + EXT_HANDSHAKE_VERSION = 2 + EXT_AUTH_NONCE = Nc   (32 random bytes)
+//! server → client   AuthChallenge { nonce: Ns }                              (nothing else)
 //! client → server   AuthProof { proof: MAC("client", Nc, Ns, hello) }
-//! server → client   HelloReply (Accept | Reject)
+//! server → client   HelloReply::Accept + EXT_SERVER_PROOF = MAC("server", Nc, Ns, hello, accept)
+//!                   or HelloReply::Reject
 //! ```
 //!
-//! Each side contributes a fresh nonce, so a recorded exchange replayed on a new connection
-//! fails on the side that chose a new nonce; the MAC covers the exact Hello bytes (plane, node
-//! id, incarnation, versions), so a proof cannot be moved to another request. The key used is
-//! derived from the secret; the secret itself never leaves the process and is never logged.
+//! A peer that has not proven the secret receives only a random nonce and a refusal: nothing
+//! it could use to test guesses of the secret offline. Each side contributes a fresh nonce, so
+//! a recorded exchange replayed on a new connection fails on the side that chose a new nonce;
+//! the MACs cover the exact Hello bytes (plane, node id, incarnation, versions) and the
+//! server's acceptance, so a proof cannot be moved to another request. The key used is derived
+//! from the secret; the secret itself never leaves the process and is never logged.
+//!
+//! What a proof shows is **membership**: the peer holds the cluster secret. It does not show
+//! which member the peer is — every member holds the same secret, so the node id in a Hello is
+//! the member's claim. Services bind each connection to that claim (a member may register,
+//! publish and remove only as the node it said it is), which stops mistakes and
+//! mis-configuration from one member overwriting another, but a member that lies in its Hello
+//! is not stopped by the secret; per-node keys (docs/security.md) would be.
 //!
 //! Traffic after the handshake is neither encrypted nor integrity-protected: this keeps
 //! strangers out of a trusted fabric, it does not defend against an on-path attacker.
@@ -39,8 +49,8 @@ pub const TAG_LEN: usize = 32;
 pub use crate::metrics::AUTH_REJECTED_TOTAL as REJECTED_TOTAL;
 
 const KDF_LABEL: &[u8] = b"peercache cluster_secret v1";
-const SERVER_LABEL: &[u8] = b"peercache auth v1 server";
-const CLIENT_LABEL: &[u8] = b"peercache auth v1 client";
+const SERVER_LABEL: &[u8] = b"peercache auth v2 server";
+const CLIENT_LABEL: &[u8] = b"peercache auth v2 client";
 
 /// Which side produced a proof.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,26 +123,21 @@ impl Auth {
         self.inner.as_ref().map_or(0, |i| i.rejected.get())
     }
 
-    /// The proof `side` sends for this transcript, or None without a secret.
+    /// The proof `side` sends for the exchange whose messages are `transcript` (each part
+    /// length-prefixed into the MAC), or None without a secret.
     pub fn proof(
         &self,
         side: Side,
         client_nonce: &[u8; TAG_LEN],
         server_nonce: &[u8; TAG_LEN],
-        hello_frame: &[u8],
+        transcript: &[&[u8]],
     ) -> Option<[u8; TAG_LEN]> {
         let inner = self.inner.as_ref()?;
         Some(
-            transcript_mac(
-                &inner.keys[0],
-                side,
-                client_nonce,
-                server_nonce,
-                hello_frame,
-            )
-            .finalize()
-            .into_bytes()
-            .into(),
+            transcript_mac(&inner.keys[0], side, client_nonce, server_nonce, transcript)
+                .finalize()
+                .into_bytes()
+                .into(),
         )
     }
 
@@ -142,7 +147,7 @@ impl Auth {
         side: Side,
         client_nonce: &[u8; TAG_LEN],
         server_nonce: &[u8; TAG_LEN],
-        hello_frame: &[u8],
+        transcript: &[&[u8]],
         proof: &[u8; TAG_LEN],
     ) -> bool {
         let Some(inner) = self.inner.as_ref() else {
@@ -150,7 +155,7 @@ impl Auth {
         };
         // Every key is checked (constant time each), so timing does not reveal which matched.
         inner.keys.iter().fold(false, |ok, key| {
-            let this = transcript_mac(key, side, client_nonce, server_nonce, hello_frame)
+            let this = transcript_mac(key, side, client_nonce, server_nonce, transcript)
                 .verify_slice(proof)
                 .is_ok();
             ok | this
@@ -201,7 +206,7 @@ fn transcript_mac(
     side: Side,
     client_nonce: &[u8; TAG_LEN],
     server_nonce: &[u8; TAG_LEN],
-    hello_frame: &[u8],
+    transcript: &[&[u8]],
 ) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(match side {
@@ -210,9 +215,19 @@ fn transcript_mac(
     });
     mac.update(client_nonce);
     mac.update(server_nonce);
-    mac.update(&(hello_frame.len() as u64).to_le_bytes());
-    mac.update(hello_frame);
+    for part in transcript {
+        mac.update(&(part.len() as u64).to_le_bytes());
+        mac.update(part);
+    }
     mac
+}
+
+/// A random 64-bit value from the operating system's random source (reservation tokens and
+/// other values a peer must not be able to guess).
+pub fn random_u64() -> Result<u64, WireError> {
+    let mut n = [0u8; 8];
+    getrandom::fill(&mut n).map_err(|e| WireError::Io(std::io::Error::other(e.to_string())))?;
+    Ok(u64::from_le_bytes(n))
 }
 
 /// 32 bytes from the operating system's random source.
@@ -252,13 +267,13 @@ mod tests {
         let b = Auth::from_secret(b"0123456789abcdef-two").unwrap();
         let (nc, ns) = (nonce().unwrap(), nonce().unwrap());
         assert_ne!(nc, ns);
-        let p = a.proof(Side::Client, &nc, &ns, b"hello").unwrap();
-        assert!(a.verify(Side::Client, &nc, &ns, b"hello", &p));
-        assert!(!a.verify(Side::Server, &nc, &ns, b"hello", &p));
-        assert!(!a.verify(Side::Client, &ns, &nc, b"hello", &p));
-        assert!(!a.verify(Side::Client, &nc, &ns, b"hellp", &p));
-        assert!(!b.verify(Side::Client, &nc, &ns, b"hello", &p));
-        assert!(!Auth::none().verify(Side::Client, &nc, &ns, b"hello", &p));
+        let p = a.proof(Side::Client, &nc, &ns, &[b"hello"]).unwrap();
+        assert!(a.verify(Side::Client, &nc, &ns, &[b"hello"], &p));
+        assert!(!a.verify(Side::Server, &nc, &ns, &[b"hello"], &p));
+        assert!(!a.verify(Side::Client, &ns, &nc, &[b"hello"], &p));
+        assert!(!a.verify(Side::Client, &nc, &ns, &[b"hellp"], &p));
+        assert!(!b.verify(Side::Client, &nc, &ns, &[b"hello"], &p));
+        assert!(!Auth::none().verify(Side::Client, &nc, &ns, &[b"hello"], &p));
     }
 
     #[test]
@@ -270,8 +285,8 @@ mod tests {
         let phase3 = Auth::from_secret(new).unwrap();
         let (nc, ns) = (nonce().unwrap(), nonce().unwrap());
         let ok = |prover: &Auth, verifier: &Auth| {
-            let p = prover.proof(Side::Client, &nc, &ns, b"h").unwrap();
-            verifier.verify(Side::Client, &nc, &ns, b"h", &p)
+            let p = prover.proof(Side::Client, &nc, &ns, &[b"h"]).unwrap();
+            verifier.verify(Side::Client, &nc, &ns, &[b"h"], &p)
         };
         // Neighbouring phases (the ones that coexist during a rolling restart) interoperate.
         for (a, b) in [(&phase0, &phase1), (&phase1, &phase2), (&phase2, &phase3)] {

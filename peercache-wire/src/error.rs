@@ -70,6 +70,20 @@ pub enum WireError {
     /// The handshake failed: the peer rejected us or sent something unexpected.
     #[error("handshake failed: {0}")]
     Handshake(String),
+    /// The peer runs another version of the handshake and the two cannot agree (with a
+    /// cluster secret set, version 2 — the client proves first — and version 1 refuse each
+    /// other).
+    #[error(
+        "handshake version mismatch: this node runs handshake version {ours}, the peer \
+         {theirs} (since version 2 the client proves the cluster secret first); run the same \
+         PeerCache release on every node of the cluster"
+    )]
+    HandshakeVersion {
+        /// The version this node runs.
+        ours: u8,
+        /// The version the peer runs (0: not stated).
+        theirs: u8,
+    },
     /// A network wait passed its deadline.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

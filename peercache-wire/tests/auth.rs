@@ -145,24 +145,35 @@ fn a_recorded_client_exchange_replayed_is_refused() {
 }
 
 #[test]
-fn a_recorded_server_challenge_replayed_is_refused() {
+fn a_recorded_server_acceptance_replayed_is_refused() {
     let auth = Auth::from_secret(SECRET).unwrap();
     let srv = server(auth.clone());
-    // Record a genuine challenge.
+    // Record a genuine exchange: the challenge and the acceptance that carries the proof.
     let mut s = TcpStream::connect(srv.local_addr()).unwrap();
     let hello = Hello::new(Plane::Control, None, Incarnation(8));
-    let (_, hello_frame) = ClientHandshake::new(&hello, &auth).unwrap();
+    let (mut hs, hello_frame) = ClientHandshake::new(&hello, &auth).unwrap();
     write_frame(&mut s, &hello_frame).unwrap();
-    let recorded = read(&mut s);
+    let challenge = read(&mut s);
+    let Step::Send(proof_frame) = hs.on_frame(&challenge).unwrap() else {
+        panic!("expected a challenge");
+    };
+    write_frame(&mut s, &proof_frame).unwrap();
+    let acceptance = read(&mut s);
+    let Step::Finish(_, ok) = hs.on_frame(&acceptance).unwrap() else {
+        panic!("expected the reply");
+    };
+    ok.unwrap();
     drop(s);
 
-    // An impostor without the secret replays it to a fresh client.
+    // An impostor without the secret replays both to a fresh client, whose nonce is new.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let impostor = std::thread::spawn(move || {
         let (mut c, _) = l.accept().unwrap();
         let _hello = read(&mut c);
-        write_frame(&mut c, &recorded).unwrap();
+        write_frame(&mut c, &challenge).unwrap();
+        let _proof = read(&mut c);
+        write_frame(&mut c, &acceptance).unwrap();
         // Wait for the client to hang up.
         let mut buf = Vec::new();
         let _ = read_frame(&mut c, 4096, &mut buf);

@@ -1,0 +1,174 @@
+//! The server's side of the handshake, without I/O.
+
+use super::{
+    AUTH_REASON_PREFIX, Acceptor, AuthChallenge, AuthProof, EXT_AUTH_NONCE, EXT_HANDSHAKE_VERSION,
+    EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, Step, accept, version_reason,
+};
+use crate::WireError;
+use crate::auth::{self, Side, TAG_LEN};
+use crate::envelope::{self, Envelope, Extension};
+
+/// The server's side of the handshake, without I/O. In an authenticated cluster it sends
+/// nothing that depends on the secret until the client has proven it.
+#[derive(Debug)]
+pub struct ServerHandshake<'a> {
+    acceptor: &'a Acceptor,
+    pending: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    hello: Hello,
+    hello_frame: Vec<u8>,
+    client_nonce: [u8; TAG_LEN],
+    server_nonce: [u8; TAG_LEN],
+}
+
+/// The handshake version a Hello announces (1 when it carries none).
+fn hello_version(env: &Envelope<'_>) -> Result<u8, WireError> {
+    Ok(match env.extension(EXT_HANDSHAKE_VERSION)? {
+        Some([v, ..]) => *v,
+        _ => 1,
+    })
+}
+
+impl<'a> ServerHandshake<'a> {
+    /// A server handshake answering as `acceptor`.
+    pub fn new(acceptor: &'a Acceptor) -> Self {
+        ServerHandshake {
+            acceptor,
+            pending: None,
+        }
+    }
+
+    /// Answers `hello`; with `proven`, the exchange the client proved, the acceptance carries
+    /// the server's own proof over it.
+    fn finish(&self, hello: Hello, proven: Option<&Pending>) -> Result<Step<Hello>, WireError> {
+        let a = self.acceptor;
+        let reply = accept(&hello, &a.planes, a.node.clone(), a.incarnation);
+        let mut frame = envelope::encode(&reply, &[])?;
+        if let (Some(p), HelloReply::Accept { .. }) = (proven, &reply) {
+            let body = Envelope::parse(&frame)?.body;
+            let proof = a
+                .auth
+                .proof(
+                    Side::Server,
+                    &p.client_nonce,
+                    &p.server_nonce,
+                    &[&p.hello_frame, body],
+                )
+                .unwrap_or([0; TAG_LEN]);
+            frame = envelope::encode(
+                &reply,
+                &[Extension {
+                    tag: EXT_SERVER_PROOF,
+                    data: proof.to_vec(),
+                }],
+            )?;
+        }
+        let result = match reply {
+            HelloReply::Accept { .. } => Ok(hello),
+            HelloReply::Reject { reason } => Err(WireError::Handshake(reason)),
+        };
+        Ok(Step::Finish(frame, result))
+    }
+
+    fn refuse(&self, why: &str) -> Result<Step<Hello>, WireError> {
+        self.acceptor.auth.count_rejection(why);
+        let reason = format!("{AUTH_REASON_PREFIX} failed: {why}");
+        let frame = envelope::encode(
+            &HelloReply::Reject {
+                reason: reason.clone(),
+            },
+            &[],
+        )?;
+        Ok(Step::Finish(frame, Err(WireError::Unauthenticated(reason))))
+    }
+
+    fn refuse_version(&self, client: u8) -> Result<Step<Hello>, WireError> {
+        self.acceptor
+            .auth
+            .count_rejection("the client runs the previous handshake version");
+        let frame = envelope::encode(
+            &HelloReply::Reject {
+                reason: version_reason(client),
+            },
+            &[],
+        )?;
+        Ok(Step::Finish(
+            frame,
+            Err(WireError::HandshakeVersion {
+                ours: HANDSHAKE_VERSION,
+                theirs: client,
+            }),
+        ))
+    }
+
+    /// The connection ended (closed, timed out) before the exchange finished. A client that
+    /// was challenged and left without a proof counts as a refused stranger.
+    pub fn abandoned(&mut self) {
+        if self.pending.take().is_some() {
+            self.acceptor
+                .auth
+                .count_rejection("left after the challenge without a proof");
+        }
+    }
+
+    /// Feeds the client's next frame.
+    pub fn on_frame(&mut self, frame: &[u8]) -> Result<Step<Hello>, WireError> {
+        if let Some(p) = self.pending.take() {
+            return self.on_proof(p, frame);
+        }
+        let env = Envelope::parse(frame)?;
+        let hello: Hello = env.decode()?;
+        let auth = &self.acceptor.auth;
+        if !auth.is_enabled() {
+            // Without a secret nothing changed between versions: both talk.
+            return self.finish(hello, None);
+        }
+        let version = hello_version(&env)?;
+        if version < HANDSHAKE_VERSION {
+            return self.refuse_version(version);
+        }
+        let client_nonce = match env.extension(EXT_AUTH_NONCE)? {
+            Some(n) if n.len() == TAG_LEN => {
+                let mut a = [0; TAG_LEN];
+                a.copy_from_slice(n);
+                a
+            }
+            Some(_) => return self.refuse("malformed nonce"),
+            None => return self.refuse("this cluster requires a cluster_secret"),
+        };
+        let server_nonce = auth::nonce()?;
+        self.pending = Some(Pending {
+            hello,
+            hello_frame: frame.to_vec(),
+            client_nonce,
+            server_nonce,
+        });
+        Ok(Step::Send(envelope::encode(
+            &AuthChallenge {
+                nonce: server_nonce,
+            },
+            &[],
+        )?))
+    }
+
+    fn on_proof(&mut self, p: Pending, frame: &[u8]) -> Result<Step<Hello>, WireError> {
+        let proof = match Envelope::parse(frame).and_then(|e| e.decode::<AuthProof>()) {
+            Ok(p) => p,
+            Err(_) => return self.refuse("expected an authentication proof"),
+        };
+        if !self.acceptor.auth.verify(
+            Side::Client,
+            &p.client_nonce,
+            &p.server_nonce,
+            &[&p.hello_frame],
+            &proof.proof,
+        ) {
+            return self.refuse("wrong proof (different cluster_secret, or a replay)");
+        }
+        let hello = p.hello.clone();
+        self.finish(hello, Some(&p))
+    }
+}

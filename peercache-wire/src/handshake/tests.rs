@@ -1,0 +1,342 @@
+//! The handshake state machines against each other, in memory and over real sockets.
+
+use super::*;
+use crate::NodeId;
+use crate::auth::{Side, TAG_LEN};
+use crate::envelope::{self, Envelope, Extension};
+use std::net::TcpStream;
+use std::time::Duration;
+use tokio_util::codec::Framed;
+
+fn acceptor(planes: &[Plane], node: Option<&str>, inc: u64, auth: Auth) -> Acceptor {
+    Acceptor {
+        planes: planes.to_vec(),
+        node: node.map(|n| NodeId::new(n).unwrap()),
+        incarnation: Incarnation(inc),
+        auth,
+    }
+}
+
+/// Runs both state machines against each other in memory.
+fn run(client: &Auth, server: &Auth) -> (Result<Accepted, WireError>, Result<Hello, WireError>) {
+    let acc = acceptor(&[Plane::Control], None, 1, server.clone());
+    let mut srv = ServerHandshake::new(&acc);
+    let (mut cli, mut to_server) = ClientHandshake::new(&hello(Plane::Control), client).unwrap();
+    loop {
+        let to_client = match srv.on_frame(&to_server) {
+            Ok(Step::Send(f)) => f,
+            Ok(Step::Finish(f, r)) => {
+                let c = match cli.on_frame(&f) {
+                    Ok(Step::Finish(_, c)) => c,
+                    Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
+                    Err(e) => Err(e),
+                };
+                return (c, r);
+            }
+            Err(e) => return (Err(WireError::Closed), Err(e)),
+        };
+        match cli.on_frame(&to_client) {
+            Ok(Step::Send(f)) => to_server = f,
+            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed)),
+            Err(e) => return (Err(e), Err(WireError::Closed)),
+        }
+    }
+}
+
+#[test]
+fn matrix_of_secrets() {
+    let s1 = Auth::from_secret(b"first-cluster-secret").unwrap();
+    let s2 = Auth::from_secret(b"other-cluster-secret").unwrap();
+    let none = Auth::none();
+    let (c, s) = run(&s1, &s1);
+    assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+    let (c, s) = run(&none, &none);
+    assert!(c.is_ok() && s.is_ok());
+    // Wrong secret: the client proves first and the server refuses it, typed on both sides.
+    let (c, s) = run(&s2, &s1);
+    assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+    assert!(matches!(s, Err(WireError::Unauthenticated(_))), "{s:?}");
+    assert_eq!(s1.rejected(), 1);
+    // No secret against a secured server: refused by the server, typed on both sides.
+    let (c, s) = run(&none, &s1);
+    assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+    assert!(matches!(s, Err(WireError::Unauthenticated(_))), "{s:?}");
+    assert_eq!(s1.rejected(), 2);
+    // A secured client never trusts an open server.
+    let (c, _) = run(&s1, &none);
+    assert!(matches!(c, Err(WireError::Unauthenticated(_))), "{c:?}");
+}
+
+#[test]
+fn a_stranger_receives_nothing_that_depends_on_the_secret() {
+    // The offline-guessing oracle of handshake version 1: the server proved first. Now a
+    // stranger's whole view of the exchange is a nonce and a refusal.
+    let good = Auth::from_secret(b"first-cluster-secret").unwrap();
+    let acc = acceptor(&[Plane::Control], None, 1, good.clone());
+    let mut srv = ServerHandshake::new(&acc);
+    let (cli, hello_frame) = ClientHandshake::new(
+        &hello(Plane::Control),
+        &Auth::from_secret(b"guess-guess-guess").unwrap(),
+    )
+    .unwrap();
+    let Step::Send(ch) = srv.on_frame(&hello_frame).unwrap() else {
+        panic!("expected a challenge")
+    };
+    let env = Envelope::parse(&ch).unwrap();
+    assert_eq!(env.kind, AuthChallenge::KIND);
+    assert!(env.ext.is_empty(), "the challenge carries extensions");
+    let ch: AuthChallenge = env.decode().unwrap();
+    // The challenge is exactly a nonce: its body is the 32 bytes and nothing else.
+    assert_eq!(env.body.len(), TAG_LEN);
+    // The stranger's guess is refused, and the refusal carries no proof either.
+    let guess = Auth::from_secret(b"guess-guess-guess").unwrap();
+    let proof = guess
+        .proof(Side::Client, cli.nonce(), &ch.nonce, &[&hello_frame])
+        .unwrap();
+    let frame = envelope::encode(&AuthProof { proof }, &[]).unwrap();
+    let Step::Finish(reply, r) = srv.on_frame(&frame).unwrap() else {
+        panic!("expected the end")
+    };
+    assert!(matches!(r, Err(WireError::Unauthenticated(_))));
+    let env = Envelope::parse(&reply).unwrap();
+    assert!(env.ext.is_empty(), "the refusal carries extensions");
+    assert!(matches!(
+        env.decode::<HelloReply>().unwrap(),
+        HelloReply::Reject { .. }
+    ));
+    assert_eq!(good.rejected(), 1);
+}
+
+#[test]
+fn a_server_without_the_secret_cannot_pass_for_one_that_has_it() {
+    // A fake server collects the client's proof and accepts — with no proof, or a made-up
+    // one. The client refuses both.
+    let good = Auth::from_secret(b"first-cluster-secret").unwrap();
+    for proof_ext in [None, Some(vec![0x55u8; TAG_LEN]), Some(vec![1, 2, 3])] {
+        let (mut cli, _) = ClientHandshake::new(&hello(Plane::Control), &good).unwrap();
+        let ch = envelope::encode(
+            &AuthChallenge {
+                nonce: [9; TAG_LEN],
+            },
+            &[],
+        )
+        .unwrap();
+        assert!(matches!(cli.on_frame(&ch).unwrap(), Step::Send(_)));
+        let accept = HelloReply::Accept {
+            version: WIRE_VERSION,
+            node: None,
+            incarnation: Incarnation(1),
+            features: 0,
+        };
+        let exts: Vec<Extension> = proof_ext
+            .into_iter()
+            .map(|data| Extension {
+                tag: EXT_SERVER_PROOF,
+                data,
+            })
+            .collect();
+        let frame = envelope::encode(&accept, &exts).unwrap();
+        let err = cli.on_frame(&frame).unwrap_err();
+        assert!(matches!(err, WireError::Unauthenticated(_)), "{err:?}");
+    }
+}
+
+#[test]
+fn a_proof_for_one_acceptance_does_not_cover_another() {
+    // The server's proof covers its acceptance: moving it onto an acceptance that names
+    // another node fails.
+    let good = Auth::from_secret(b"first-cluster-secret").unwrap();
+    let acc = acceptor(&[Plane::Control], Some("real-server"), 1, good.clone());
+    let mut srv = ServerHandshake::new(&acc);
+    let (mut cli, hello_frame) = ClientHandshake::new(&hello(Plane::Control), &good).unwrap();
+    let Step::Send(ch) = srv.on_frame(&hello_frame).unwrap() else {
+        panic!()
+    };
+    let Step::Send(proof) = cli.on_frame(&ch).unwrap() else {
+        panic!()
+    };
+    let Step::Finish(reply, Ok(_)) = srv.on_frame(&proof).unwrap() else {
+        panic!()
+    };
+    let env = Envelope::parse(&reply).unwrap();
+    let server_proof = env.extension(EXT_SERVER_PROOF).unwrap().unwrap().to_vec();
+    let forged = HelloReply::Accept {
+        version: WIRE_VERSION,
+        node: Some(NodeId::new("someone-else").unwrap()),
+        incarnation: Incarnation(1),
+        features: 0,
+    };
+    let forged = envelope::encode(
+        &forged,
+        &[Extension {
+            tag: EXT_SERVER_PROOF,
+            data: server_proof,
+        }],
+    )
+    .unwrap();
+    let err = cli.on_frame(&forged).unwrap_err();
+    assert!(matches!(err, WireError::Unauthenticated(_)), "{err:?}");
+}
+
+fn hello(plane: Plane) -> Hello {
+    Hello::new(plane, Some(NodeId::new("a").unwrap()), Incarnation(1))
+}
+
+#[test]
+fn accept_negotiates_highest_common_version() {
+    let r = accept(
+        &hello(Plane::Control),
+        &[Plane::Control],
+        None,
+        Incarnation(2),
+    );
+    assert!(matches!(
+        r,
+        HelloReply::Accept {
+            version: WIRE_VERSION,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn wrong_plane_and_future_only_clients_are_rejected() {
+    let r = accept(&hello(Plane::Data), &[Plane::Control], None, Incarnation(2));
+    assert!(matches!(r, HelloReply::Reject { .. }));
+    let mut future = hello(Plane::Control);
+    future.min_version = WIRE_VERSION + 1;
+    future.max_version = WIRE_VERSION + 3;
+    assert!(matches!(
+        accept(&future, &[Plane::Control], None, Incarnation(2)),
+        HelloReply::Reject { .. }
+    ));
+}
+
+#[test]
+fn sync_handshake_over_real_socket() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        server_sync(
+            &mut s,
+            &acceptor(&[Plane::Data], Some("srv"), 9, Auth::none()),
+            Duration::from_secs(5),
+        )
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let acc = client_sync(
+        &mut c,
+        &hello(Plane::Data),
+        &Auth::none(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(acc.node.unwrap().as_str(), "srv");
+    assert_eq!(acc.incarnation, Incarnation(9));
+    assert_eq!(srv.join().unwrap().unwrap().plane, Plane::Data);
+}
+
+#[test]
+fn silent_server_times_out_within_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let t0 = std::time::Instant::now();
+    let err = client_sync(
+        &mut c,
+        &hello(Plane::Data),
+        &Auth::none(),
+        Duration::from_millis(200),
+    )
+    .unwrap_err();
+    assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    drop(l);
+}
+
+/// Writes `bytes` one at a time, `gap` apart, until they run out or the peer closes;
+/// returns when it stopped.
+fn trickle(mut s: TcpStream, bytes: &[u8], gap: Duration) -> std::time::Instant {
+    use std::io::Write;
+    for b in bytes {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(gap);
+    }
+    std::time::Instant::now()
+}
+
+#[test]
+fn a_stranger_trickling_a_handshake_is_cut_off_at_the_total_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    // A plausible frame header, then a body, one byte every 100 ms: each read arrives well
+    // inside a per-read timeout, but the exchange must still end at the total deadline.
+    let mut bytes = 200u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[7u8; 200]);
+    let writer = std::thread::spawn(move || trickle(c, &bytes, Duration::from_millis(100)));
+    let t0 = std::time::Instant::now();
+    let acc = acceptor(&[Plane::Data], Some("srv"), 1, Auth::none());
+    let err = server_sync(&mut s, &acc, Duration::from_millis(600)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+    assert!(took < Duration::from_millis(1200), "cut off after {took:?}");
+    drop(s);
+    writer.join().unwrap();
+}
+
+#[test]
+fn a_tarpit_server_cannot_hold_a_client_past_its_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let tarpit = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut bytes = 300u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[1u8; 300]);
+        trickle(s, &bytes, Duration::from_millis(100))
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let t0 = std::time::Instant::now();
+    let err = client_sync(
+        &mut c,
+        &hello(Plane::Data),
+        &Auth::none(),
+        Duration::from_millis(600),
+    )
+    .unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(err, WireError::Timeout(_)), "{err:?}");
+    assert!(took < Duration::from_millis(1200), "held for {took:?}");
+    drop(c);
+    tarpit.join().unwrap();
+}
+
+#[tokio::test]
+async fn async_handshake_round_trip() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut f = Framed::new(s, crate::frame::codec(4096));
+        server_async(
+            &mut f,
+            &acceptor(&[Plane::Discovery], None, 3, Auth::none()),
+            Duration::from_secs(5),
+        )
+        .await
+    });
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut f = Framed::new(s, crate::frame::codec(4096));
+    let acc = client_async(
+        &mut f,
+        &hello(Plane::Discovery),
+        &Auth::none(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(acc.incarnation, Incarnation(3));
+    assert!(srv.await.unwrap().is_ok());
+}
