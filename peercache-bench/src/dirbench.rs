@@ -94,8 +94,8 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     let owner = NodeId::new("bench-server")?;
     let service = Arc::new(DirectoryService::new(ShardConfig::default()));
     let svc = service.clone();
-    let handler: rpc::Handler = Arc::new(move |env| {
-        svc.handle(env).unwrap_or(Reply::Error {
+    let handler: rpc::Handler = Arc::new(move |peer, env| {
+        svc.handle(peer, env).unwrap_or(Reply::Error {
             error: RpcError {
                 code: RpcError::CODE_UNKNOWN_KIND,
                 message: "not a directory request".into(),
@@ -112,6 +112,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             max_frame: 16 << 20,
             handshake_timeout: Duration::from_secs(2),
             max_connections: 64,
+            offload: &[],
             workers: 1,
             name: "bench-dir",
             auth: peercache_wire::Auth::none(),
@@ -119,6 +120,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
         handler,
     )?;
     let me = NodeId::new("bench-client")?;
+    let writer = me.clone();
     let client = DirectoryClient::new(
         me.clone(),
         Arc::new(DirectoryService::new(ShardConfig::default())),
@@ -138,8 +140,10 @@ pub fn run(args: &DirArgs) -> Result<Report> {
         node: owner.clone(),
         control: server.local_addr(),
     }]);
+    // The client publishes its own pages (a node inserts only its own copies); the entries
+    // live on the server's shard.
     let entries: Vec<_> = (0..args.entries)
-        .map(|i| (key(i), location(&owner, i)))
+        .map(|i| (key(i), location(&writer, i)))
         .collect();
     for chunk in entries.chunks(10_000) {
         client.insert(chunk)?;

@@ -116,8 +116,8 @@ pub struct ClientStats {
 ///     let id = NodeId::new(name).unwrap();
 ///     let shard = Arc::new(DirectoryService::new(ShardConfig::default()));
 ///     let served = shard.clone();
-///     let handler: rpc::Handler = Arc::new(move |env| {
-///         served.handle(env).unwrap_or(Reply::Error {
+///     let handler: rpc::Handler = Arc::new(move |peer, env| {
+///         served.handle(peer, env).unwrap_or(Reply::Error {
 ///             error: RpcError { code: RpcError::CODE_UNKNOWN_KIND, message: "not mine".into() },
 ///             close: false,
 ///         })
@@ -131,6 +131,7 @@ pub struct ClientStats {
 ///             max_frame: 16 << 20,
 ///             handshake_timeout: Duration::from_secs(2),
 ///             max_connections: 64,
+///             offload: &[],
 ///             workers: 1,
 ///             name: "doc",
 ///             auth: Auth::none(),
@@ -352,6 +353,7 @@ impl DirectoryClient {
         &self,
         entries: &[(PageKey, Location)],
     ) -> Result<Vec<Option<InsertOutcome>>, DirError> {
+        self.own("insert", entries.iter().map(|(_, l)| &l.node))?;
         let view = self.view();
         if view.ring.is_empty() {
             return Err(DirError::NoMembers);
@@ -396,6 +398,12 @@ impl DirectoryClient {
         entries: &[(PageKey, Location)],
         routes: &[(NodeId, Vec<usize>)],
     ) -> usize {
+        if self
+            .own("insert", entries.iter().map(|(_, l)| &l.node))
+            .is_err()
+        {
+            return 0;
+        }
         let view = self.view();
         let chunks: Vec<Chunk> = routes
             .iter()
@@ -567,13 +575,31 @@ impl DirectoryClient {
             .sum())
     }
 
-    /// Removes owners' copies on every replica (owner-conditional by generation).
+    /// Fails with [`DirError::NotYours`] unless every node named is this one.
+    fn own<'n>(
+        &self,
+        action: &'static str,
+        mut nodes: impl Iterator<Item = &'n NodeId>,
+    ) -> Result<(), DirError> {
+        match nodes.find(|n| **n != self.me) {
+            None => Ok(()),
+            Some(n) => Err(DirError::NotYours {
+                action,
+                target: n.clone(),
+                me: self.me.clone(),
+            }),
+        }
+    }
+
+    /// Removes this node's copies on every replica (owner-conditional by generation).
     pub fn remove(&self, items: &[OwnerRef]) -> Result<u32, DirError> {
+        self.own("remove", items.iter().map(|r| &r.node))?;
         self.to_replicas(items, false)
     }
 
-    /// Marks owners' copies disk-only on every replica.
+    /// Marks this node's copies disk-only on every replica.
     pub fn mark_nonresident(&self, items: &[OwnerRef]) -> Result<u32, DirError> {
+        self.own("mark", items.iter().map(|r| &r.node))?;
         self.to_replicas(items, true)
     }
 
@@ -630,6 +656,22 @@ impl DirectoryClient {
             },
         });
         *self.view.write() = view.clone();
+        if ring_changed {
+            // A node's first ring: the range holders before it joined are the others.
+            let previous = if old.ring.is_empty() {
+                Ring::new(
+                    members
+                        .iter()
+                        .map(|m| m.node.clone())
+                        .filter(|n| *n != self.me),
+                    self.cfg.vnodes,
+                )
+            } else {
+                old.ring.clone()
+            };
+            self.local
+                .set_holders(previous, new_ring.clone(), self.cfg.replicas);
+        }
         let mut report = HandoffReport {
             dropped: self.drop_due(),
             ..HandoffReport::default()

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod client;
 mod error;
 pub mod handoff;

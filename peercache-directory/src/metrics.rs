@@ -17,6 +17,10 @@ pub const FALLBACKS_TOTAL: &str = "peercache_directory_fallbacks_total";
 pub const HANDOFF_SENT_TOTAL: &str = "peercache_directory_handoff_sent_total";
 /// Entries dropped after their ownership moved.
 pub const HANDOFF_DROPPED_TOTAL: &str = "peercache_directory_handoff_dropped_total";
+/// Hand-off entries or owners a shard refused, label `reason` (`not_a_holder`: the sender did
+/// not hold the range; `dead_owner`: an owner that is not a live member; `too_many_owners`; `too_early`: too many arrived before the shard's
+/// first ring).
+pub const HANDOFF_REFUSED_TOTAL: &str = "peercache_directory_handoff_refused_total";
 /// Malformed directory requests.
 pub const MALFORMED_TOTAL: &str = "peercache_directory_malformed_total";
 

@@ -5,12 +5,58 @@
 
 use std::time::Instant;
 
-use parking_lot::Mutex;
-use peercache_wire::envelope::{self, Envelope, Message};
-use peercache_wire::rpc::{Reply, RpcError};
+use std::sync::Arc;
 
+use parking_lot::{Mutex, RwLock};
+use peercache_wire::envelope::{self, Envelope, Message};
+use peercache_wire::metrics::IDENTITY_REFUSED_TOTAL;
+use peercache_wire::rpc::{Peer, Reply, RpcError};
+use peercache_wire::tally::Tally;
+
+use crate::admission::{self, Holders, Refusal};
+use crate::location::Owners;
 use crate::msg::{DirReply, DirRequest};
+use crate::ring::Ring;
 use crate::shard::{Millis, Shard, ShardConfig};
+use peercache_wire::PageKey;
+
+/// One directory entry: a key and its owners.
+type Entry = (PageKey, Owners);
+
+/// What a shard refused, counted once each.
+#[derive(Debug, Clone)]
+pub struct Refusals {
+    /// Inserts, removes and marks of another node's copies, and hand-offs from a non-holder
+    /// ([`IDENTITY_REFUSED_TOTAL`], `service = "directory"`).
+    pub identity: Tally,
+    /// Hand-off entries from a node that did not hold the range
+    /// ([`crate::metrics::HANDOFF_REFUSED_TOTAL`], `reason = "not_a_holder"`).
+    pub not_a_holder: Tally,
+    /// Hand-off owners that are not live members (`reason = "dead_owner"`).
+    pub dead_owners: Tally,
+    /// Hand-off entries naming too many owners (`reason = "too_many_owners"`).
+    pub too_many_owners: Tally,
+    /// Hand-off entries refused because too many were waiting for this shard's first ring
+    /// (`reason = "too_early"`).
+    pub too_early: Tally,
+}
+
+impl Refusals {
+    fn register() -> Self {
+        let h = |r: &'static str| {
+            Tally::new(metrics::counter!(crate::metrics::HANDOFF_REFUSED_TOTAL, "reason" => r))
+        };
+        Refusals {
+            identity: Tally::new(
+                metrics::counter!(IDENTITY_REFUSED_TOTAL, "service" => "directory"),
+            ),
+            not_a_holder: h("not_a_holder"),
+            dead_owners: h("dead_owner"),
+            too_many_owners: h("too_many_owners"),
+            too_early: h("too_early"),
+        }
+    }
+}
 
 /// One node's shard, served.
 #[derive(Debug)]
@@ -19,6 +65,11 @@ pub struct DirectoryService {
     entries: metrics::Gauge,
     malformed: metrics::Counter,
     epoch: Instant,
+    holders: RwLock<Arc<Holders>>,
+    /// Hand-offs that arrived before this shard had a ring to judge them by (a newcomer that
+    /// the old members saw first), judged when the ring arrives.
+    early: Mutex<Vec<(Peer, Vec<Entry>)>>,
+    refusals: Refusals,
     /// Largest number of items accepted in one request.
     pub max_items: usize,
 }
@@ -31,8 +82,57 @@ impl DirectoryService {
             entries: metrics::gauge!(crate::metrics::SHARD_ENTRIES),
             malformed: metrics::counter!(crate::metrics::MALFORMED_TOTAL),
             epoch: Instant::now(),
+            holders: RwLock::new(Arc::new(Holders::default())),
+            early: Mutex::new(Vec::new()),
+            refusals: Refusals::register(),
             max_items: 1 << 20,
         }
+    }
+
+    /// Installs the rings hand-offs are judged by (the directory client calls this on every
+    /// ring change): `previous` before the change, `current` after, `replicas` owners per key.
+    pub fn set_holders(&self, previous: Ring, current: Ring, replicas: usize) {
+        let holders = Arc::new(Holders {
+            previous,
+            current,
+            replicas,
+        });
+        *self.holders.write() = holders.clone();
+        let early = std::mem::take(&mut *self.early.lock());
+        for (peer, entries) in early {
+            let kept = self.judge_handoff(&peer, &holders, entries);
+            self.apply(&DirRequest::Handoff(kept.into()));
+        }
+    }
+
+    /// Keeps the entries of a hand-off from `peer` that `holders` admit; counts the rest.
+    fn judge_handoff(
+        &self,
+        peer: &Peer,
+        holders: &Holders,
+        entries: Vec<(PageKey, Owners)>,
+    ) -> Vec<(PageKey, Owners)> {
+        let (kept, seen) = admission::filter_handoff(peer, holders, entries);
+        self.refusals.not_a_holder.add(seen.not_a_holder as u64);
+        self.refusals.dead_owners.add(seen.dead_owners as u64);
+        self.refusals
+            .too_many_owners
+            .add(seen.too_many_owners as u64);
+        if seen.not_a_holder > 0 || seen.too_many_owners > 0 {
+            tracing::warn!(
+                peer = %peer.label(),
+                not_a_holder = seen.not_a_holder,
+                too_many_owners = seen.too_many_owners,
+                dead_owners = seen.dead_owners,
+                "refused hand-off entries"
+            );
+        }
+        kept
+    }
+
+    /// What this shard refused so far.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 
     /// Milliseconds since start (the shard's clock).
@@ -95,8 +195,48 @@ impl DirectoryService {
         }
     }
 
-    /// Handles a directory envelope; `None` if the kind is not a directory request.
-    pub fn handle(&self, env: Envelope<'_>) -> Option<Reply> {
+    /// Admits `req` from `peer`: inserts, removes and marks only of its own copies; hand-offs
+    /// only of ranges it held, naming live owners (the rest is dropped and counted).
+    fn admit(&self, peer: &Peer, req: DirRequest<'static>) -> Result<DirRequest<'static>, Refusal> {
+        if let Err(r) = admission::check_own(peer, &req) {
+            self.refusals.identity.add(1);
+            return Err(r);
+        }
+        let DirRequest::Handoff(entries) = req else {
+            return Ok(req);
+        };
+        let holders = self.holders.read().clone();
+        let total = entries.len();
+        if holders.current.is_empty() {
+            // No ring yet: keep the entries (bounded) until one arrives.
+            let mut early = self.early.lock();
+            let held: usize = early.iter().map(|(_, e)| e.len()).sum();
+            if held + total > admission::MAX_EARLY_HANDOFF_ENTRIES {
+                self.refusals.too_early.add(total as u64);
+                return Err(Refusal::TooEarly {
+                    entries: total,
+                    max: admission::MAX_EARLY_HANDOFF_ENTRIES,
+                });
+            }
+            early.push((peer.clone(), entries.into_owned()));
+            return Ok(DirRequest::Handoff(Vec::new().into()));
+        }
+        let before = self.refusals.not_a_holder.get();
+        let kept = self.judge_handoff(peer, &holders, entries.into_owned());
+        let not_a_holder = (self.refusals.not_a_holder.get() - before) as usize;
+        if total > 0 && not_a_holder == total {
+            self.refusals.identity.add(1);
+            return Err(Refusal::NotAHolder {
+                entries: total,
+                caller: peer.label(),
+            });
+        }
+        Ok(DirRequest::Handoff(kept.into()))
+    }
+
+    /// Handles a directory envelope from `peer`; `None` if the kind is not a directory
+    /// request.
+    pub fn handle(&self, peer: &Peer, env: Envelope<'_>) -> Option<Reply> {
         if env.kind != DirRequest::KIND {
             return None;
         }
@@ -122,6 +262,18 @@ impl DirectoryService {
                 close: false,
             });
         }
+        let req = match self.admit(peer, req) {
+            Ok(r) => r,
+            Err(r) => {
+                return Some(Reply::Error {
+                    error: RpcError {
+                        code: RpcError::CODE_FORBIDDEN,
+                        message: r.to_string(),
+                    },
+                    close: false,
+                });
+            }
+        };
         let reply = self.apply(&req);
         Some(match envelope::encode(&reply, &[]) {
             Ok(f) => Reply::Frame(f),

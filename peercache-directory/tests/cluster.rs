@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{key, loc, node};
 use peercache_directory::{
-    ClientConfig, DirectoryClient, DirectoryService, Member, OwnerRef, ShardConfig,
+    ClientConfig, DirError, DirectoryClient, DirectoryService, Member, OwnerRef, ShardConfig,
 };
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
@@ -24,8 +24,8 @@ fn start(i: usize, cfg: ClientConfig) -> TestNode {
     let id = node(i);
     let service = Arc::new(DirectoryService::new(ShardConfig::default()));
     let svc = service.clone();
-    let handler: rpc::Handler = Arc::new(move |env| {
-        svc.handle(env).unwrap_or(Reply::Error {
+    let handler: rpc::Handler = Arc::new(move |peer, env| {
+        svc.handle(peer, env).unwrap_or(Reply::Error {
             error: RpcError {
                 code: RpcError::CODE_UNKNOWN_KIND,
                 message: "not a directory request".into(),
@@ -42,6 +42,7 @@ fn start(i: usize, cfg: ClientConfig) -> TestNode {
             max_frame: 16 << 20,
             handshake_timeout: Duration::from_secs(2),
             max_connections: 256,
+            offload: &[],
             workers: 1,
             name: "dir-test",
             auth: peercache_wire::Auth::none(),
@@ -143,19 +144,32 @@ fn owner_conditional_remove_and_non_resident_reach_every_replica() {
         node: nodes[0].id.clone(),
         generation: Some(g),
     };
+    // Another member may neither mark nor remove node 0's copy.
+    assert!(matches!(
+        nodes[1].client.mark_nonresident(&[r(3)]),
+        Err(DirError::NotYours { .. })
+    ));
+    assert!(matches!(
+        nodes[2].client.remove(&[r(3)]),
+        Err(DirError::NotYours { .. })
+    ));
+    assert!(
+        nodes[0].client.lookup(&[k]).unwrap()[0].is_some(),
+        "a foreign remove took the entry"
+    );
     assert_eq!(
-        nodes[1].client.mark_nonresident(&[r(3)]).unwrap(),
+        nodes[0].client.mark_nonresident(&[r(3)]).unwrap(),
         2,
         "both replicas marked"
     );
     let owners = nodes[2].client.lookup(&[k]).unwrap()[0].clone().unwrap();
     assert!(!owners[0].resident);
     assert_eq!(
-        nodes[2].client.remove(&[r(2)]).unwrap(),
+        nodes[0].client.remove(&[r(2)]).unwrap(),
         0,
         "wrong generation: nothing removed"
     );
-    assert_eq!(nodes[2].client.remove(&[r(3)]).unwrap(), 2);
+    assert_eq!(nodes[0].client.remove(&[r(3)]).unwrap(), 2);
     assert_eq!(nodes[0].client.lookup(&[k]).unwrap()[0], None);
 }
 

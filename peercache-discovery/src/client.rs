@@ -129,7 +129,7 @@ impl DiscoveryClient {
         let rpc = RpcClient::new(rpc::ClientConfig {
             hello: Hello::new(Plane::Discovery, Some(me.node.clone()), me.incarnation),
             max_idle_per_peer: 2,
-            max_frame: 8 << 20,
+            max_frame: crate::admission::MAX_FRAME,
             auth: cfg.auth.clone(),
         });
         let shared = Arc::new(Shared {

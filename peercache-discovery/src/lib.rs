@@ -17,14 +17,17 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 mod client;
 pub mod client_core;
 mod error;
 mod info;
+pub mod metrics;
 pub mod msg;
 pub mod server_core;
 mod service;
 
+pub use admission::{Limits, Refusal};
 pub use client::{DiscoveryClient, DiscoveryConfig};
 pub use client_core::{ClientCore, Event, choose_masters};
 pub use error::DiscoveryError;

@@ -1,10 +1,12 @@
 //! The discovery server's state, without I/O: soft-state registrations that expire after a
-//! TTL without a heartbeat.
+//! TTL without a heartbeat, admitted by [`crate::admission`].
 
 use std::collections::HashMap;
 
 use peercache_wire::NodeId;
+use peercache_wire::rpc::Peer;
 
+use crate::admission::{self, Limits, Refusal};
 use crate::info::NodeInfo;
 use crate::msg::{DiscReply, DiscRequest};
 
@@ -14,6 +16,8 @@ pub type Millis = u64;
 struct Entry {
     info: NodeInfo,
     expires: Millis,
+    /// Encoded size of `info`.
+    bytes: usize,
 }
 
 /// One discovery server's membership table.
@@ -21,6 +25,9 @@ pub struct ServerCore {
     ttl: Millis,
     members: HashMap<NodeId, Entry>,
     version: u64,
+    limits: Limits,
+    /// Encoded size of every announcement held.
+    table_bytes: usize,
 }
 
 impl std::fmt::Debug for ServerCore {
@@ -35,11 +42,23 @@ impl std::fmt::Debug for ServerCore {
 impl ServerCore {
     /// A table whose entries live `ttl_ms` past their last heartbeat.
     pub fn new(ttl_ms: Millis) -> Self {
+        Self::with_limits(ttl_ms, Limits::default())
+    }
+
+    /// A table with explicit bounds.
+    pub fn with_limits(ttl_ms: Millis, limits: Limits) -> Self {
         ServerCore {
             ttl: ttl_ms,
             members: HashMap::new(),
             version: 1,
+            limits,
+            table_bytes: 0,
         }
+    }
+
+    /// Encoded bytes of every announcement held (bounded by [`Limits::max_table_bytes`]).
+    pub fn table_bytes(&self) -> usize {
+        self.table_bytes
     }
 
     /// Membership version (changes whenever the member set or an announcement changes).
@@ -56,7 +75,9 @@ impl ServerCore {
             .map(|(k, _)| k.clone())
             .collect();
         for g in &gone {
-            self.members.remove(g);
+            if let Some(e) = self.members.remove(g) {
+                self.table_bytes -= e.bytes;
+            }
         }
         if !gone.is_empty() {
             self.version += 1;
@@ -72,11 +93,36 @@ impl ServerCore {
         v
     }
 
-    /// Answers one request.
-    pub fn handle(&mut self, req: DiscRequest, now: Millis) -> DiscReply {
+    /// Admits `info` into the table: within bounds, and with room for it.
+    fn admit(&self, info: &NodeInfo) -> Result<usize, Refusal> {
+        let bytes = admission::check_info(info, &self.limits)?;
+        let replaced = self.members.get(&info.node).map_or(0, |e| e.bytes);
+        if replaced == 0 && self.members.len() >= self.limits.max_members {
+            return Err(Refusal::TooManyMembers {
+                max: self.limits.max_members,
+            });
+        }
+        if self.table_bytes - replaced + bytes > self.limits.max_table_bytes {
+            return Err(Refusal::TableFull {
+                max: self.limits.max_table_bytes,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Answers one request from `from` (the connection's handshake identity): a member may
+    /// register, heartbeat and deregister only as itself, within the table's bounds.
+    pub fn handle(
+        &mut self,
+        from: &Peer,
+        req: DiscRequest,
+        now: Millis,
+    ) -> Result<DiscReply, Refusal> {
+        admission::check_identity(from, &req)?;
         self.prune(now);
-        match req {
+        Ok(match req {
             DiscRequest::Register(info) => {
+                let bytes = self.admit(&info)?;
                 let expires = now + self.ttl;
                 let changed = self.members.get(&info.node).is_none_or(|e| e.info != info);
                 if changed {
@@ -87,8 +133,17 @@ impl ServerCore {
                     }
                     self.version += 1;
                 }
-                self.members
-                    .insert(info.node.clone(), Entry { info, expires });
+                self.table_bytes += bytes;
+                if let Some(old) = self.members.insert(
+                    info.node.clone(),
+                    Entry {
+                        info,
+                        expires,
+                        bytes,
+                    },
+                ) {
+                    self.table_bytes -= old.bytes;
+                }
                 DiscReply::Members {
                     version: self.version,
                     members: self.members(now),
@@ -118,8 +173,9 @@ impl ServerCore {
                     .members
                     .get(&node)
                     .is_some_and(|e| e.info.incarnation == incarnation)
+                    && let Some(e) = self.members.remove(&node)
                 {
-                    self.members.remove(&node);
+                    self.table_bytes -= e.bytes;
                     self.version += 1;
                 }
                 DiscReply::Ok
@@ -128,6 +184,72 @@ impl ServerCore {
                 version: self.version,
                 members: self.members(now),
             },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peercache_wire::{Incarnation, NodeId};
+
+    fn info(n: usize, attr_bytes: usize) -> NodeInfo {
+        NodeInfo {
+            node: NodeId::new(format!("node-{n}")).unwrap(),
+            incarnation: Incarnation(1),
+            host: "127.0.0.1".parse().unwrap(),
+            meta: None,
+            control: "127.0.0.1:1".parse().unwrap(),
+            data: vec![],
+            role: "inference".into(),
+            attrs: vec![("a".into(), "x".repeat(attr_bytes))],
         }
+    }
+
+    fn peer(i: &NodeInfo) -> Peer {
+        Peer {
+            node: Some(i.node.clone()),
+            incarnation: i.incarnation,
+            addr: "127.0.0.1:9".parse().unwrap(),
+            authenticated: true,
+        }
+    }
+
+    #[test]
+    fn the_table_stops_at_its_member_and_byte_limits_and_frees_room_as_members_leave() {
+        let limits = Limits {
+            max_members: 3,
+            max_table_bytes: 10_000,
+            ..Limits::default()
+        };
+        let mut core = ServerCore::with_limits(1000, limits);
+        for n in 0..3 {
+            let i = info(n, 10);
+            core.handle(&peer(&i), DiscRequest::Register(i.clone()), 0)
+                .unwrap();
+        }
+        let fourth = info(3, 10);
+        assert_eq!(
+            core.handle(&peer(&fourth), DiscRequest::Register(fourth.clone()), 0),
+            Err(Refusal::TooManyMembers { max: 3 })
+        );
+        // Re-registering a member that is already there is not a new member.
+        let again = info(0, 20);
+        core.handle(&peer(&again), DiscRequest::Register(again.clone()), 0)
+            .unwrap();
+        // Growing one announcement past the table's bytes is refused too.
+        let huge = info(1, 9_990);
+        assert_eq!(
+            core.handle(&peer(&huge), DiscRequest::Register(huge.clone()), 0),
+            Err(Refusal::TableFull { max: 10_000 })
+        );
+        let before = core.table_bytes();
+        // Expiry frees the room: the bytes and the member count go back down.
+        let later = core.members(5000);
+        assert!(later.is_empty());
+        assert_eq!(core.table_bytes(), 0);
+        assert!(before > 0);
+        core.handle(&peer(&fourth), DiscRequest::Register(fourth.clone()), 5000)
+            .unwrap();
     }
 }

@@ -8,9 +8,12 @@ use parking_lot::Mutex;
 use peercache_wire::Auth;
 use peercache_wire::envelope::{self, Message};
 use peercache_wire::handshake::Plane;
+use peercache_wire::metrics::IDENTITY_REFUSED_TOTAL;
 use peercache_wire::rpc::{self, Reply, RpcError, RpcServer, ServerConfig};
+use peercache_wire::tally::Tally;
 use peercache_wire::{Incarnation, NodeId, WireError};
 
+use crate::admission::Refusal;
 use crate::msg::{DiscReply, DiscRequest};
 use crate::server_core::{Millis, ServerCore};
 
@@ -19,6 +22,40 @@ pub struct DiscoveryServer {
     server: RpcServer,
     core: Arc<Mutex<ServerCore>>,
     epoch: Instant,
+    refused: Arc<Refused>,
+}
+
+/// Refusal counts of one server.
+struct Refused {
+    /// Requests that acted for another member ([`IDENTITY_REFUSED_TOTAL`], `service =
+    /// "discovery"`).
+    identity: Tally,
+    /// Every refused request, label `reason` ([`crate::metrics::REFUSED_TOTAL`]).
+    by_reason: [Tally; 4],
+}
+
+impl Refused {
+    const REASONS: [&'static str; 4] = ["not_yours", "too_many_members", "oversized", "table_full"];
+
+    fn register() -> Self {
+        Refused {
+            identity: Tally::new(
+                metrics::counter!(IDENTITY_REFUSED_TOTAL, "service" => "discovery"),
+            ),
+            by_reason: Self::REASONS.map(|r| {
+                Tally::new(metrics::counter!(crate::metrics::REFUSED_TOTAL, "reason" => r))
+            }),
+        }
+    }
+
+    fn count(&self, r: &Refusal) {
+        if r.is_identity() {
+            self.identity.add(1);
+        }
+        if let Some(i) = Self::REASONS.iter().position(|x| *x == r.reason()) {
+            self.by_reason[i].add(1);
+        }
+    }
 }
 
 impl std::fmt::Debug for DiscoveryServer {
@@ -48,39 +85,41 @@ impl DiscoveryServer {
     ) -> Result<Self, WireError> {
         let core = Arc::new(Mutex::new(ServerCore::new(ttl.as_millis() as Millis)));
         let epoch = Instant::now();
-        let c = core.clone();
-        let handler: rpc::Handler = Arc::new(move |env| {
+        let refused = Arc::new(Refused::register());
+        let (c, counts) = (core.clone(), refused.clone());
+        let handler: rpc::Handler = Arc::new(move |peer, env| {
+            let fail = |code, message: String, close| Reply::Error {
+                error: RpcError { code, message },
+                close,
+            };
             if env.kind != DiscRequest::KIND {
-                return Reply::Error {
-                    error: RpcError {
-                        code: RpcError::CODE_UNKNOWN_KIND,
-                        message: format!("kind {:#06x} is not served on the meta port", env.kind),
-                    },
-                    close: true,
-                };
+                return fail(
+                    RpcError::CODE_UNKNOWN_KIND,
+                    format!("kind {:#06x} is not served on the meta port", env.kind),
+                    true,
+                );
             }
-            match env.decode::<DiscRequest>() {
-                Ok(req) => {
-                    let now = epoch.elapsed().as_millis() as Millis;
-                    let reply = c.lock().handle(req, now);
-                    match envelope::encode(&reply, &[]) {
-                        Ok(f) => Reply::Frame(f),
-                        Err(e) => Reply::Error {
-                            error: RpcError {
-                                code: RpcError::CODE_REFUSED,
-                                message: e.to_string(),
-                            },
-                            close: false,
-                        },
-                    }
-                }
-                Err(e) => Reply::Error {
-                    error: RpcError {
-                        code: RpcError::CODE_MALFORMED,
-                        message: e.to_string(),
-                    },
-                    close: true,
+            let req = match env.decode::<DiscRequest>() {
+                Ok(req) => req,
+                Err(e) => return fail(RpcError::CODE_MALFORMED, e.to_string(), true),
+            };
+            let now = epoch.elapsed().as_millis() as Millis;
+            let reply = c.lock().handle(peer, req, now);
+            match reply {
+                Ok(reply) => match envelope::encode(&reply, &[]) {
+                    Ok(f) => Reply::Frame(f),
+                    Err(e) => fail(RpcError::CODE_REFUSED, e.to_string(), false),
                 },
+                Err(r) => {
+                    counts.count(&r);
+                    tracing::warn!(peer = %peer.label(), refusal = %r, "discovery request refused");
+                    let code = if r.is_identity() {
+                        RpcError::CODE_FORBIDDEN
+                    } else {
+                        RpcError::CODE_REFUSED
+                    };
+                    fail(code, r.to_string(), false)
+                }
             }
         });
         let server = RpcServer::start(
@@ -89,9 +128,10 @@ impl DiscoveryServer {
                 planes: vec![Plane::Discovery],
                 node,
                 incarnation: Incarnation::fresh(),
-                max_frame: 8 << 20,
+                max_frame: crate::admission::MAX_FRAME,
                 handshake_timeout: Duration::from_secs(2),
                 max_connections: 4096,
+                offload: &[],
                 workers: 1,
                 name: "pc-meta",
                 auth,
@@ -102,6 +142,7 @@ impl DiscoveryServer {
             server,
             core,
             epoch,
+            refused,
         })
     }
 
@@ -132,6 +173,20 @@ impl DiscoveryServer {
         self.core
             .lock()
             .members(self.epoch.elapsed().as_millis() as Millis)
+    }
+
+    /// Requests this server refused because they acted for another member.
+    pub fn identity_refused(&self) -> u64 {
+        self.refused.identity.get()
+    }
+
+    /// Requests this server refused for `reason` (`not_yours`, `too_many_members`,
+    /// `oversized`, `table_full`).
+    pub fn refused(&self, reason: &str) -> u64 {
+        Refused::REASONS
+            .iter()
+            .position(|x| *x == reason)
+            .map_or(0, |i| self.refused.by_reason[i].get())
     }
 
     /// Stops serving.

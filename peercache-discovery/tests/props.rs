@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use peercache_discovery::{DiscReply, DiscRequest, NodeInfo, ServerCore, choose_masters};
+use peercache_wire::rpc::Peer;
 use peercache_wire::{Incarnation, NodeId};
 use proptest::prelude::*;
 
@@ -41,6 +42,16 @@ fn info(n: u8, inc: u8) -> NodeInfo {
     }
 }
 
+/// The connection of `node-n` in incarnation `inc`, as its handshake announced it.
+fn peer(n: u8, inc: u8) -> Peer {
+    Peer {
+        node: Some(info(n, inc).node),
+        incarnation: Incarnation(inc as u64),
+        addr: "127.0.0.1:1".parse().unwrap(),
+        authenticated: true,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -59,20 +70,21 @@ proptest! {
             model.retain(|_, (_, exp)| *exp > now);
             match op {
                 Op::Register(n, i) => {
-                    let reply = core.handle(DiscRequest::Register(info(n, i)), now);
+                    let reply = core.handle(&peer(n, i), DiscRequest::Register(info(n, i)), now).unwrap();
                     model.insert(n, (i, now + TTL));
                     let is_members = matches!(reply, DiscReply::Members { .. });
                     prop_assert!(is_members, "register answers with the members");
                 }
                 Op::Heartbeat(n, i) => {
                     let reply = core.handle(
+                        &peer(n, i),
                         DiscRequest::Heartbeat {
                             node: info(n, i).node,
                             incarnation: Incarnation(i as u64),
                             known_version: 0,
                         },
                         now,
-                    );
+                    ).unwrap();
                     let expect_known = model.get(&n).is_some_and(|(inc, _)| *inc == i);
                     if expect_known {
                         model.insert(n, (i, now + TTL));
@@ -87,12 +99,13 @@ proptest! {
                 }
                 Op::Deregister(n, i) => {
                     core.handle(
+                        &peer(n, i),
                         DiscRequest::Deregister {
                             node: info(n, i).node,
                             incarnation: Incarnation(i as u64),
                         },
                         now,
-                    );
+                    ).unwrap();
                     if model.get(&n).is_some_and(|(inc, _)| *inc == i) {
                         model.remove(&n);
                     }

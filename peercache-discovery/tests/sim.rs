@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use peercache_discovery::{ClientCore, NodeInfo, ServerCore};
+use peercache_wire::rpc::Peer;
 use peercache_wire::{Incarnation, NodeId};
 
 const HEARTBEAT: u64 = 1000;
@@ -92,12 +93,21 @@ impl Sim {
             }
             let host = self.members[i].host;
             let round = self.members[i].core.round();
+            let me = self.members[i].core.me();
+            let from = Peer {
+                node: Some(me.node.clone()),
+                incarnation: me.incarnation,
+                addr: "127.0.0.1:1".parse().unwrap(),
+                authenticated: true,
+            };
             let answers: Vec<_> = round
                 .into_iter()
                 .map(|(t, req)| {
                     let ok = self.reachable(host, t);
                     let reply = if ok {
-                        self.servers.get_mut(&t).map(|s| s.handle(req, self.now))
+                        self.servers
+                            .get_mut(&t)
+                            .and_then(|s| s.handle(&from, req, self.now).ok())
                     } else {
                         None
                     };

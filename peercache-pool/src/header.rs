@@ -55,7 +55,8 @@ pub enum VerifyError {
     Stale,
     /// The slot holds another key.
     WrongKey,
-    /// Length differs from the location's.
+    /// Length differs from the location's (or the header claims more valid bytes than its
+    /// payload holds).
     WrongLength,
     /// The payload does not match its checksum.
     Checksum,
@@ -167,7 +168,10 @@ fn check_header(
     if h.key != expect.key {
         return Err(VerifyError::WrongKey);
     }
-    if h.payload_len != expect.len || payload_len != expect.len as usize {
+    if h.payload_len != expect.len
+        || payload_len != expect.len as usize
+        || h.valid_len > h.payload_len
+    {
         return Err(VerifyError::WrongLength);
     }
     Ok(h)
@@ -287,5 +291,10 @@ mod tests {
         let mut magic = b;
         magic[8] = 0;
         assert_eq!(verify(&magic, &payload, &e), Err(VerifyError::BadHeader));
+        // A header claiming more valid bytes than its payload holds is refused: the valid
+        // length a reader hands back comes from a verified header, so it must be sound.
+        let mut long = b;
+        long[44..48].copy_from_slice(&1001u32.to_le_bytes());
+        assert_eq!(verify(&long, &payload, &e), Err(VerifyError::WrongLength));
     }
 }

@@ -29,7 +29,7 @@ use crate::base::Core;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
 
 use crate::mode_state::StorageMode;
-use crate::storage_view::Held;
+use crate::storage_view::{Held, Taken};
 
 // ----- storage side -----
 
@@ -65,10 +65,11 @@ impl Core {
         n
     }
 
-    /// Serves a prepare: reserves slots for `writer`.
+    /// Serves a prepare: reserves slots for `writer` (the node the connection belongs to),
+    /// each under a random token only that writer can commit or abort.
     pub(crate) fn prepare(
         &self,
-        writer: NodeId,
+        writer: &NodeId,
         pages: &[(PageKey, u32, u32)],
     ) -> Vec<PrepareOutcome> {
         let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
@@ -88,77 +89,98 @@ impl Core {
         }
         let expires = Instant::now() + Duration::from_secs_f64(self.cfg.reservation_timeout);
         let mut t = table.lock();
-        out.into_iter()
+        let mut unheld = Vec::new();
+        let outcomes = out
+            .into_iter()
             .map(|r| match r {
                 Reserved::Slot(res) => {
-                    t.next += 1;
-                    let token = t.next;
-                    t.by_addr.insert(res.payload_addr, token);
-                    t.by_token.insert(
-                        token,
-                        Held {
-                            res,
-                            writer: writer.clone(),
-                            expires,
+                    let held = Held {
+                        res,
+                        writer: writer.clone(),
+                        expires,
+                    };
+                    match t.hold(held) {
+                        Ok(token) => PrepareOutcome::Slot {
+                            token,
+                            addr: res.payload_addr,
+                            region: self.pool_key,
                         },
-                    );
-                    PrepareOutcome::Slot {
-                        token,
-                        addr: res.payload_addr,
-                        region: self.pool_key,
+                        Err(e) => {
+                            unheld.push(res);
+                            PrepareOutcome::Refused(format!("no reservation token: {e}"))
+                        }
                     }
                 }
                 Reserved::Duplicate(loc) => PrepareOutcome::Present(self.resident_location(&loc)),
                 Reserved::Failed(e) => PrepareOutcome::Refused(e.to_string()),
             })
-            .collect()
+            .collect();
+        drop(t);
+        self.pool.abort_reserved(&unheld);
+        outcomes
     }
 
-    /// Serves a commit: makes the written slots live; returns their locations.
-    pub(crate) fn commit(&self, tokens: &[u64]) -> Vec<Option<Location>> {
-        self.commit_checked(tokens, None)
-    }
-
-    /// Makes written reservations live, each only if its payload checksum is the writer's.
-    pub(crate) fn commit_verified(&self, pairs: &[(u64, u64)]) -> Vec<Option<Location>> {
-        let tokens: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-        let sums: Vec<u64> = pairs.iter().map(|p| p.1).collect();
-        self.commit_checked(&tokens, Some(&sums))
-    }
-
-    fn commit_checked(&self, tokens: &[u64], sums: Option<&[u64]>) -> Vec<Option<Location>> {
+    /// Takes `writer`'s reservations among `tokens`; another writer's are left in place and
+    /// counted as identity refusals.
+    fn take_mine(&self, writer: &NodeId, tokens: &[u64]) -> Vec<Option<Reservation>> {
         let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return vec![None; tokens.len()];
         };
-        let held: Vec<Option<Reservation>> = {
+        let mut foreign = 0u64;
+        let held = {
             let mut t = table.lock();
-            tokens.iter().map(|k| t.take(*k).map(|h| h.res)).collect()
+            tokens
+                .iter()
+                .map(|k| match t.take_for(*k, writer) {
+                    Taken::Mine(h) => Some(h.res),
+                    Taken::NotYours => {
+                        foreign += 1;
+                        None
+                    }
+                    Taken::Unknown => None,
+                })
+                .collect()
         };
+        if foreign > 0 {
+            self.metrics.identity_refused.add(foreign);
+            tracing::warn!(
+                writer = %writer,
+                tokens = foreign,
+                "refused committing or aborting another writer's reservations"
+            );
+        }
+        held
+    }
+
+    /// Makes `writer`'s written reservations live, each only if its payload checksum is the
+    /// writer's, and records them in the directory as this node's copies.
+    pub(crate) fn commit_verified(
+        &self,
+        writer: &NodeId,
+        pairs: &[(u64, u64)],
+    ) -> Vec<Option<Location>> {
+        let tokens: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let held = self.take_mine(writer, &tokens);
         let res: Vec<Reservation> = held.iter().flatten().copied().collect();
+        let expected: Vec<u64> = held
+            .iter()
+            .zip(pairs)
+            .filter(|(h, _)| h.is_some())
+            .map(|(_, p)| p.1)
+            .collect();
         let mut locs = Vec::new();
-        match sums {
-            Some(sums) => {
-                let expected: Vec<u64> = held
-                    .iter()
-                    .zip(sums)
-                    .filter(|(h, _)| h.is_some())
-                    .map(|(_, s)| *s)
-                    .collect();
-                self.pool
-                    .commit_reserved_verified(&res, &expected, &mut locs);
-                let refused = locs.iter().filter(|l| l.is_none()).count() as u64;
-                if refused > 0 {
-                    self.metrics.commit_rejects.add(refused);
-                    tracing::warn!(
-                        pages = refused,
-                        "refused committing pages whose bytes differ from the writer's checksum"
-                    );
-                }
-            }
-            None => self.pool.commit_reserved(&res, &mut locs),
+        self.pool
+            .commit_reserved_verified(&res, &expected, &mut locs);
+        let refused = locs.iter().filter(|l| l.is_none()).count() as u64;
+        if refused > 0 {
+            self.metrics.commit_rejects.add(refused);
+            tracing::warn!(
+                pages = refused,
+                "refused committing pages whose bytes differ from the writer's checksum"
+            );
         }
         let mut committed = locs.into_iter();
-        let out: Vec<Option<Location>> = held
+        let mut out: Vec<Option<Location>> = held
             .iter()
             .map(|h| {
                 h.and_then(|_| committed.next().flatten())
@@ -166,7 +188,36 @@ impl Core {
             })
             .collect();
         self.write_through(&res, &out);
+        let keys: Vec<Option<PageKey>> = held.iter().map(|h| h.map(|r| r.key)).collect();
+        self.record_stored(&keys, &mut out);
         out
+    }
+
+    /// Records pages this storage node now holds in the directory (a node publishes only its
+    /// own copies); a page the directory did not take is reported as not stored.
+    fn record_stored(&self, keys: &[Option<PageKey>], locs: &mut [Option<Location>]) {
+        let idx: Vec<usize> = (0..locs.len())
+            .filter(|&i| locs[i].is_some() && keys[i].is_some())
+            .collect();
+        if idx.is_empty() {
+            return;
+        }
+        let entries: Vec<(PageKey, Location)> = idx
+            .iter()
+            .filter_map(|&i| Some((keys[i]?, locs[i].clone()?)))
+            .collect();
+        let taken = match self.dir.insert(&entries) {
+            Ok(v) => v.iter().map(Option::is_some).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, pages = entries.len(), "stored pages could not be recorded in the directory");
+                vec![false; entries.len()]
+            }
+        };
+        for (&i, ok) in idx.iter().zip(taken) {
+            if !ok {
+                locs[i] = None;
+            }
+        }
     }
 
     /// Copies committed pages to the disk tier, under leases.
@@ -197,18 +248,13 @@ impl Core {
         }
     }
 
-    /// Serves an abort: releases reservations the writer gave up on.
-    pub(crate) fn abort(&self, tokens: &[u64]) -> u32 {
-        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
-            return 0;
-        };
-        let res: Vec<Reservation> = {
-            let mut t = table.lock();
-            tokens
-                .iter()
-                .filter_map(|k| t.take(*k).map(|h| h.res))
-                .collect()
-        };
+    /// Serves an abort: releases `writer`'s reservations it gave up on.
+    pub(crate) fn abort(&self, writer: &NodeId, tokens: &[u64]) -> u32 {
+        let res: Vec<Reservation> = self
+            .take_mine(writer, tokens)
+            .into_iter()
+            .flatten()
+            .collect();
         self.pool.abort_reserved(&res) as u32
     }
 
@@ -238,7 +284,8 @@ impl Core {
         if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
-        out.iter()
+        let mut locs: Vec<Option<Location>> = out
+            .iter()
             .zip(&writes)
             .map(|(p, w)| match p {
                 Published::New(loc) => {
@@ -250,7 +297,10 @@ impl Core {
                 Published::Duplicate(loc) => Some(self.resident_location(loc)),
                 Published::Failed(_) => None,
             })
-            .collect()
+            .collect();
+        let keys: Vec<Option<PageKey>> = pages.iter().map(|p| Some(p.0)).collect();
+        self.record_stored(&keys, &mut locs);
+        locs
     }
 }
 
@@ -315,7 +365,6 @@ impl Core {
             }
         }
         let mut done = vec![false; keys.len()];
-        let mut entries: Vec<(PageKey, Location)> = Vec::new();
         // 1. Prepare on every owner at once.
         let reqs: Vec<Vec<u8>> = owners
             .iter()
@@ -350,28 +399,11 @@ impl Core {
                 }
             };
             self.write_owner(
-                w,
-                &outcomes,
-                keys,
-                slices,
-                &starts,
-                counts,
-                &lens,
-                &mut done,
-                &mut entries,
+                w, &outcomes, keys, slices, &starts, counts, &lens, &mut done,
             );
         }
-        // 3. The directory learns every stored page (one batched insert for all owners).
-        if !entries.is_empty() {
-            let ok = inner.dir.insert(&entries).is_ok();
-            if !ok {
-                for (k, _) in &entries {
-                    if let Some(i) = keys.iter().position(|x| x == k) {
-                        done[i] = false;
-                    }
-                }
-            }
-        }
+        // 3. Each storage server recorded its pages in the directory before answering (a node
+        // publishes only its own copies), so a page reported stored is findable.
         let stored = done.iter().filter(|d| **d).count() as u64;
         inner.metrics.storage_writes.add(stored);
         Some(done)
@@ -389,7 +421,6 @@ impl Core {
         counts: &[usize],
         lens: &[usize],
         done: &mut [bool],
-        entries: &mut Vec<(PageKey, Location)>,
     ) {
         let inner = self;
         let timeout = inner.cfg.op_timeout();
@@ -538,17 +569,15 @@ impl Core {
                 Ok(StoreReply::Committed(locs)) => {
                     let committed = slots.iter().zip(&written).filter(|(_, ok)| **ok);
                     for ((s, _), l) in committed.zip(locs) {
-                        if let Some(l) = l {
+                        if l.is_some() {
                             done[s.0] = true;
-                            entries.push((keys[s.0], l));
                         }
                     }
                 }
                 Ok(StoreReply::Ingested(locs)) => {
                     for (&i, l) in fallback.iter().zip(locs) {
-                        if let Some(l) = l {
+                        if l.is_some() {
                             done[i] = true;
-                            entries.push((keys[i], l));
                         }
                     }
                 }

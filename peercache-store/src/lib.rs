@@ -42,7 +42,7 @@ mod promotion;
 mod read;
 mod read_plan;
 mod scratch;
-mod slot_layout;
+pub mod slot_layout;
 mod slotmode;
 mod start;
 pub mod status;

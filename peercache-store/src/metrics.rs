@@ -28,6 +28,9 @@ pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
 /// Storage-server commits refused because the slot's bytes differ from the writer's checksum
 /// (a torn or stray one-sided write).
 pub const COMMIT_REJECTS: &str = "peercache_storage_commit_rejects_total";
+/// Slotmap layouts announced by peers and refused because they fall outside the bounds this
+/// node's own configuration allows (that member's keys are misses).
+pub const LAYOUTS_REFUSED: &str = "peercache_slotmap_layouts_refused_total";
 /// Storage-server reservations released because the writer never committed.
 pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
 /// Page locations announced to directory replicas that a ring change added.
@@ -100,6 +103,11 @@ pub(crate) struct Handles {
     pub(crate) storage_writes: Tally,
     pub(crate) storage_ingests: Tally,
     pub(crate) commit_rejects: Tally,
+    /// Store requests that acted for another writer
+    /// (`peercache_identity_refused_total{service="store"}`).
+    pub(crate) identity_refused: Tally,
+    /// Peers' slotmap layouts refused as out of bounds ([`LAYOUTS_REFUSED`]).
+    pub(crate) layouts_refused: Tally,
     pub(crate) reservations_expired: Tally,
     pub(crate) promotes_asked: Tally,
     pub(crate) republishes: Tally,
@@ -149,7 +157,13 @@ impl Handles {
             storage_writes: c(STORAGE_WRITES),
             storage_ingests: c(STORAGE_INGESTS),
             commit_rejects: c(COMMIT_REJECTS),
+            identity_refused: Tally::new(metrics::counter!(
+                peercache_wire::metrics::IDENTITY_REFUSED_TOTAL,
+                "service" => "store",
+                "node" => n.clone()
+            )),
             reservations_expired: c(RESERVATIONS_EXPIRED),
+            layouts_refused: c(LAYOUTS_REFUSED),
             promotes_owner: Tally::new(
                 metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             ),

@@ -2,6 +2,7 @@
 //! combination (slot layouts in p2p, reservations on a slotmap node) cannot be represented,
 //! and the read, write and exists paths match on it once per call.
 
+use peercache_wire::NodeId;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -77,4 +78,7 @@ pub(crate) struct SlotMode {
     pub(crate) map: Arc<SlotMap>,
     /// The members' regions, refreshed on membership changes.
     pub(crate) layouts: RwLock<Layouts>,
+    /// Members whose announced layout was refused, with the announcement (so each refusal is
+    /// counted and logged once, not on every membership change).
+    pub(crate) refused: Mutex<std::collections::HashMap<NodeId, String>>,
 }

@@ -15,11 +15,46 @@ use crate::StoreError;
 use crate::base::Core;
 
 impl Core {
+    /// Counts and logs each member's refused slotmap layout once per announcement.
+    fn count_refused_layouts(
+        &self,
+        slots: &crate::mode_state::SlotMode,
+        infos: &[NodeInfo],
+        refused: Vec<crate::slot_layout::Refused>,
+    ) {
+        let mut seen = slots.refused.lock();
+        let mut now = std::collections::HashMap::new();
+        for r in refused {
+            let attr = infos
+                .iter()
+                .find(|m| m.node == r.node)
+                .and_then(|m| {
+                    m.attrs
+                        .iter()
+                        .find(|(k, _)| k == crate::slotmode::LAYOUT_ATTR)
+                })
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            if seen.get(&r.node) != Some(&attr) {
+                self.metrics.layouts_refused.add(1);
+                tracing::warn!(
+                    member = %r.node,
+                    error = %r.error,
+                    "refused a member's slotmap layout: its keys are misses"
+                );
+            }
+            now.insert(r.node, attr);
+        }
+        *seen = now;
+    }
+
     /// Installs discovery's current members as the directory ring.
     pub(crate) fn sync_membership(&self) {
         let infos = self.discovery.members();
         if let Some(slots) = self.mode.slots() {
-            *slots.layouts.write() = Arc::new(crate::slotmode::layouts(&infos));
+            let (good, refused) = crate::slotmode::layouts(&infos);
+            *slots.layouts.write() = Arc::new(good);
+            self.count_refused_layouts(slots, &infos, refused);
         } else if let Some(st) = self.mode.storage() {
             *st.view.write() = Arc::new(crate::storage_view::StorageView::of(
                 &infos,

@@ -147,9 +147,9 @@ impl Core {
                 if let Some(c) = inner.reads.inflight.lock().get_mut(&ep) {
                     *c = c.saturating_sub(pages.len());
                 }
-                for (i, ok) in got {
-                    if ok {
-                        plan.served_remote(i);
+                for (i, valid) in got {
+                    if let Some(valid) = valid {
+                        plan.served_remote(i, valid);
                         bytes += lens[i];
                         remote_hits += 1;
                         remote_hit_idx.push(i);
@@ -350,7 +350,7 @@ impl Core {
         segs: &[RawSeg],
         starts: &[usize],
         counts: &[usize],
-    ) -> Vec<(usize, bool)> {
+    ) -> Vec<(usize, Option<u32>)> {
         let inner = self;
         let bufs = inner.reads.host_buffers.read();
         // Which pages land directly, which go through staging.
@@ -379,7 +379,7 @@ impl Core {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "no scratch memory for a read batch");
-                return pages.iter().map(|(i, _)| (*i, false)).collect();
+                return pages.iter().map(|(i, _)| (*i, None)).collect();
             }
         };
         let mut batch = Batch::with_capacity(pages.len(), pages.len() * 3);
@@ -448,7 +448,7 @@ impl Core {
                         scrub(*i);
                     }
                 }
-                out.extend(pages.iter().map(|(i, _)| (*i, false)));
+                out.extend(pages.iter().map(|(i, _)| (*i, None)));
             }
             Ok(results) => {
                 for (j, ((i, loc), r)) in pages.iter().zip(results).enumerate() {
@@ -456,7 +456,7 @@ impl Core {
                         if staging_off[j] == usize::MAX {
                             scrub(*i);
                         }
-                        out.push((*i, false));
+                        out.push((*i, None));
                         continue;
                     }
                     let expect = peercache_pool::Expect {
@@ -491,14 +491,16 @@ impl Core {
                         v
                     };
                     match verdict {
-                        Ok(_) => out.push((*i, true)),
+                        // The valid length handed back is the verified header's, not the
+                        // directory's.
+                        Ok(h) => out.push((*i, Some(h.valid_len))),
                         Err(reason) => {
                             if staging_off[j] == usize::MAX {
                                 scrub(*i);
                             }
                             inner.metrics.verify_rejects.add(1);
                             tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
-                            out.push((*i, false));
+                            out.push((*i, None));
                         }
                     }
                 }

@@ -133,9 +133,11 @@ impl<'a> ReadPlan<'a> {
         groups
     }
 
-    /// Page `i` was served from a remote owner chosen by [`ReadPlan::next_fetches`].
-    pub(crate) fn served_remote(&mut self, i: usize) {
+    /// Page `i` was read from a remote owner chosen by [`ReadPlan::next_fetches`] and verified;
+    /// its header says `valid_len` bytes hold data.
+    pub(crate) fn served_remote(&mut self, i: usize, valid_len: u32) {
         self.served[i] = true;
+        self.valid[i] = valid_len;
     }
 
     /// Page `i` was served by this node, with `valid_len` bytes of data.
@@ -227,7 +229,7 @@ mod tests {
         p.served_local(0, 100);
         let f = p.next_fetches(&HashMap::new());
         assert_eq!(endpoints(&f), [(ep(2), vec![1])]);
-        p.served_remote(1);
+        p.served_remote(1, LEN - 2);
         assert!(
             p.next_fetches(&HashMap::new()).is_empty(),
             "nothing left to try"
@@ -278,7 +280,7 @@ mod tests {
         let f = p.next_fetches(&load);
         assert_eq!(endpoints(&f), [(ep(3), vec![0])]);
         assert_eq!(f[0].1[0].1.valid_len, LEN - 3);
-        p.served_remote(0);
+        p.served_remote(0, LEN - 3);
         assert!(p.next_fetches(&load).is_empty());
         assert_eq!(p.missed_with_owners().collect::<Vec<_>>(), [1]);
         assert_eq!(p.finish(), [Some(LEN - 3), None]);
@@ -314,5 +316,18 @@ mod tests {
             [(node(2), vec![0]), (node(3), vec![1])],
             "page 2 has a live copy on node 3; page 3 is served"
         );
+    }
+
+    #[test]
+    fn the_valid_length_of_a_remote_page_is_its_verified_headers_not_the_directorys() {
+        let me = node(1);
+        let (ks, lens) = (keys(1), vec![u64::from(LEN)]);
+        let mut p = ReadPlan::new(&me, &ks, &lens);
+        // The directory says LEN - 2 bytes hold data; the slot header that verified says 100.
+        p.set_owners(0, Some(smallvec![at(2, true)]));
+        let f = p.next_fetches(&HashMap::new());
+        assert_eq!(f[0].1[0].1.valid_len, LEN - 2);
+        p.served_remote(0, 100);
+        assert_eq!(p.finish(), [Some(100)]);
     }
 }

@@ -353,6 +353,7 @@ impl Core {
                 region: Mutex::new(Some(h)),
                 map,
                 layouts: Default::default(),
+                refused: Default::default(),
             };
             (Some(slots), Some(layout))
         } else {
@@ -363,11 +364,11 @@ impl Core {
         // Directory shard and the control listener that serves it.
         let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
         let (svc, node_cell) = (dir_service.clone(), cell.clone());
-        let handler: rpc::Handler = Arc::new(move |env| {
+        let handler: rpc::Handler = Arc::new(move |peer, env| {
             if env.kind == StoreRequest::KIND {
-                return crate::store_rpc::serve_store(&node_cell, env);
+                return crate::store_rpc::serve_store(&node_cell, peer, env);
             }
-            svc.handle(env).unwrap_or_else(|| Reply::Error {
+            svc.handle(peer, env).unwrap_or_else(|| Reply::Error {
                 error: RpcError {
                     code: RpcError::CODE_UNKNOWN_KIND,
                     message: format!("kind {:#06x} is not served on the control port", env.kind),
@@ -384,6 +385,7 @@ impl Core {
                 max_frame: cfg.max_frame_bytes as usize,
                 handshake_timeout: cfg.op_timeout(),
                 max_connections: conn_cap,
+                offload: &[StoreRequest::KIND],
                 workers: 1,
                 name: "pc-control",
                 auth: auth.clone(),
@@ -395,7 +397,7 @@ impl Core {
         // peers) never queue behind directory requests on the control port.
         let client = if cfg.client_enabled {
             let node_cell = cell.clone();
-            let handler: rpc::Handler = Arc::new(move |env| {
+            let handler: rpc::Handler = Arc::new(move |_peer, env| {
                 crate::client::serve(node_cell.get().and_then(|w| w.upgrade()), env)
             });
             Some(RpcServer::start(
@@ -407,6 +409,7 @@ impl Core {
                     max_frame: crate::client::MAX_CLIENT_BYTES + (1 << 20),
                     handshake_timeout: cfg.op_timeout(),
                     max_connections: conn_cap,
+                    offload: &[],
                     workers: 2,
                     name: "pc-client",
                     auth: auth.clone(),

@@ -20,19 +20,53 @@ pub(crate) struct Held {
     pub(crate) expires: Instant,
 }
 
-/// Reservations of a storage node, by token and by payload address.
+/// Reservations of a storage node, by token and by payload address. Tokens are random (a
+/// peer cannot guess another writer's) and bound to the writer that reserved them.
 #[derive(Debug, Default)]
 pub(crate) struct Reservations {
     pub(crate) by_token: HashMap<u64, Held>,
     pub(crate) by_addr: BTreeMap<u64, u64>,
-    pub(crate) next: u64,
+}
+
+/// What taking a reservation for a writer found.
+#[derive(Debug)]
+pub(crate) enum Taken {
+    /// The writer's own reservation, now removed from the table.
+    Mine(Held),
+    /// Another writer's reservation: left in place.
+    NotYours,
+    /// No such reservation (never made, expired, already committed or aborted).
+    Unknown,
 }
 
 impl Reservations {
+    /// Holds `held` under a fresh random token.
+    pub(crate) fn hold(&mut self, held: Held) -> Result<u64, peercache_wire::WireError> {
+        let token = loop {
+            let t = peercache_wire::auth::random_u64()?;
+            if t != 0 && !self.by_token.contains_key(&t) {
+                break t;
+            }
+        };
+        self.by_addr.insert(held.res.payload_addr, token);
+        self.by_token.insert(token, held);
+        Ok(token)
+    }
+
+    /// Removes a reservation whatever its writer (expiry).
     pub(crate) fn take(&mut self, token: u64) -> Option<Held> {
         let h = self.by_token.remove(&token)?;
         self.by_addr.remove(&h.res.payload_addr);
         Some(h)
+    }
+
+    /// Removes `token` only if `writer` holds it.
+    pub(crate) fn take_for(&mut self, token: u64, writer: &NodeId) -> Taken {
+        match self.by_token.get(&token) {
+            None => Taken::Unknown,
+            Some(h) if h.writer != *writer => Taken::NotYours,
+            Some(_) => self.take(token).map_or(Taken::Unknown, Taken::Mine),
+        }
     }
 }
 
@@ -42,7 +76,7 @@ impl Reservations {
 pub(crate) struct ReservationGuard(pub(crate) Arc<Mutex<Reservations>>);
 
 impl WriteGuard for ReservationGuard {
-    fn allow_write(&self, peer: Option<&NodeId>, addr: u64, len: u64) -> bool {
+    fn allow_write(&self, peer: Option<&NodeId>, addr: u64, len: u64, done_by: Instant) -> bool {
         let Some(peer) = peer else { return false };
         let t = self.0.lock();
         let Some((_, token)) = t.by_addr.range(..=addr).next_back() else {
@@ -54,7 +88,9 @@ impl WriteGuard for ReservationGuard {
         addr.checked_add(len)
             .is_some_and(|end| end <= h.res.payload_addr + h.res.len as u64)
             && h.writer == *peer
-            && Instant::now() < h.expires
+            // The payload may land until `done_by`: the reservation must outlive it, or the
+            // reaper could hand the slot to another writer while these bytes arrive.
+            && done_by < h.expires
     }
 }
 

@@ -52,6 +52,12 @@ pub struct StoreStats {
     pub rdma_read_bytes: u64,
     /// Read batches the RDMA path handed to TCP (peers without RDMA).
     pub rdma_fallbacks: u64,
+    /// Requests refused because they acted for another member: store requests for another
+    /// writer's reservations, and directory requests on this node's shard naming another
+    /// node's copies or a range the sender never held.
+    pub identity_refused: u64,
+    /// Slotmap layouts of peers refused as out of this node's bounds (their keys are misses).
+    pub layouts_refused: u64,
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -479,6 +485,9 @@ impl Store {
             primed: inner.reads.primed.lock().len() as u64,
             verify_rejects: inner.metrics.verify_rejects.get(),
             staged_reads: inner.metrics.staged_reads.get(),
+            identity_refused: inner.metrics.identity_refused.get()
+                + inner.dir_service.refusals().identity.get(),
+            layouts_refused: inner.metrics.layouts_refused.get(),
         }
     }
 

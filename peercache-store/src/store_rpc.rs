@@ -5,13 +5,14 @@
 use std::sync::atomic::Ordering;
 
 use peercache_wire::envelope::{self};
-use peercache_wire::rpc::{Reply, RpcError};
+use peercache_wire::rpc::{self, Peer, Reply, RpcError};
 
 use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
 
 /// Serves a store-level control request (kinds `0x03xx`).
 pub(crate) fn serve_store(
     cell: &crate::base::NodeCell,
+    peer: &Peer,
     env: peercache_wire::Envelope<'_>,
 ) -> Reply {
     let refuse = |code, message: String, close| Reply::Error {
@@ -36,19 +37,49 @@ pub(crate) fn serve_store(
         Ok(f) => Reply::Frame(f),
         Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
     };
+    // The storage write protocol belongs to the writer the connection announced: it reserves,
+    // commits and aborts only for itself.
+    let writer = || match &peer.node {
+        Some(n) => Ok(n),
+        None => {
+            inner.metrics.identity_refused.add(1);
+            Err(rpc::forbidden(peer, "storage writes need a node identity"))
+        }
+    };
     match req {
-        StoreRequest::Prepare { writer, pages } => {
+        StoreRequest::Prepare {
+            writer: claimed,
+            pages,
+        } => {
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
-            frame(StoreReply::Prepared(inner.prepare(writer, &pages)))
+            let me = match writer() {
+                Ok(w) => w,
+                Err(r) => return r,
+            };
+            if claimed != *me {
+                inner.metrics.identity_refused.add(1);
+                tracing::warn!(peer = %peer.label(), claimed = %claimed, "refused a prepare for another writer");
+                return rpc::forbidden(peer, &format!("prepare for writer {claimed}"));
+            }
+            frame(StoreReply::Prepared(inner.prepare(me, &pages)))
         }
-        StoreRequest::Commit(tokens) => frame(StoreReply::Committed(inner.commit(&tokens))),
+        StoreRequest::Commit(_) => refuse(
+            RpcError::CODE_REFUSED,
+            "an unverified commit is not served: send CommitVerified with the writer's checksum \
+             of every page"
+                .into(),
+            false,
+        ),
         StoreRequest::CommitVerified(pairs) => {
             if pairs.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
-            frame(StoreReply::Committed(inner.commit_verified(&pairs)))
+            match writer() {
+                Ok(w) => frame(StoreReply::Committed(inner.commit_verified(w, &pairs))),
+                Err(r) => r,
+            }
         }
         StoreRequest::SlotWrite(pages) => {
             if pages.len() > MAX_WRITE_PAGES {
@@ -59,7 +90,15 @@ pub(crate) fn serve_store(
                 None => vec![false; pages.len()],
             }))
         }
-        StoreRequest::Abort(tokens) => frame(StoreReply::Aborted(inner.abort(&tokens))),
+        StoreRequest::Abort(tokens) => {
+            if tokens.len() > MAX_WRITE_PAGES {
+                return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
+            }
+            match writer() {
+                Ok(w) => frame(StoreReply::Aborted(inner.abort(w, &tokens))),
+                Err(r) => r,
+            }
+        }
         StoreRequest::Ingest(pages) => {
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);

@@ -98,23 +98,35 @@ fn centralized_writes_land_on_storage_servers_and_read_back_byte_exact() {
     }
 }
 
-#[test]
-fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
-    let port = free_port();
-    let storage = json!({"mode": "centralized", "role": "storage", "reservation_timeout": 0.3});
-    let s = node(120, 120, port, storage);
-    let a = node(121, 120, port, json!({"mode": "centralized"}));
-    settle(&[&s, &a]);
-    let rpc = RpcClient::new(rpc::ClientConfig {
-        hello: Hello::new(Plane::Control, None, Incarnation(7)),
+/// A control connection whose handshake says it is node `who`.
+fn as_node(who: &str) -> RpcClient {
+    RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(
+            Plane::Control,
+            Some(NodeId::new(who).unwrap()),
+            Incarnation(7),
+        ),
         max_idle_per_peer: 1,
         max_frame: 1 << 20,
         auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-    });
+    })
+}
+
+#[test]
+fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
+    let port = free_port();
+    // A write admitted into a slot may land until the data server's deadline (`op_timeout`),
+    // so the reservation outlives it: writes are admitted in the first 0.5 s.
+    let storage = json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1.5,
+        "op_timeout": 1.0});
+    let s = node(120, 120, port, storage);
+    let a = node(121, 120, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
     let len = 16 << 10;
     let key = "leaked-0";
     let pk = PageKey::from_key(key);
     let prepare = |writer: &str| {
+        let rpc = as_node(writer);
         let req = StoreRequest::Prepare {
             writer: NodeId::new(writer).unwrap(),
             pages: vec![(pk, len as u32, len as u32)],
@@ -186,7 +198,7 @@ fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
-        t0.elapsed() >= Duration::from_millis(150),
+        t0.elapsed() >= Duration::from_millis(500),
         "released too early"
     );
     let mut out = vec![0u8; len];
@@ -291,7 +303,10 @@ fn a_failed_one_sided_write_falls_back_to_ingest() {
         150,
         150,
         port,
-        json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1e-9}),
+        // A write may land until the data server's deadline (op_timeout), which here ends a
+        // microsecond after the reservation does: the guard refuses every write.
+        json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1.0,
+            "op_timeout": 0.999999}),
     );
     let a = node(151, 150, port, json!({"mode": "centralized"}));
     settle(&[&s, &a]);
@@ -321,12 +336,7 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
     );
     let a = node(125, 124, port, json!({"mode": "centralized"}));
     settle(&[&s, &a]);
-    let rpc = RpcClient::new(rpc::ClientConfig {
-        hello: Hello::new(Plane::Control, None, Incarnation(9)),
-        max_idle_per_peer: 1,
-        max_frame: 1 << 20,
-        auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-    });
+    let rpc = as_node("w");
     let call = |req: &StoreRequest| {
         let f = rpc
             .call(
@@ -385,4 +395,150 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
     assert_eq!(loc.checksum, right);
     drop(h);
     drop(src);
+}
+
+/// The storage write protocol belongs to the writer a connection announced: a prepare for
+/// another writer, and a commit or abort of another writer's reservation, are refused and
+/// counted (the reservation survives them); an unverified commit is not served; tokens are
+/// random.
+#[test]
+fn a_member_cannot_prepare_commit_or_abort_for_another_writer() {
+    let port = free_port();
+    let s = node(
+        126,
+        126,
+        port,
+        json!({"mode": "centralized", "role": "storage"}),
+    );
+    let a = node(127, 126, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
+    let call = |who: &RpcClient, req: &StoreRequest| {
+        let f = who
+            .call(
+                s.control_endpoint(),
+                &envelope::encode(req, &[]).unwrap(),
+                Duration::from_secs(2),
+            )
+            .unwrap();
+        rpc::decode_reply::<StoreReply>(&f)
+    };
+    let (w1, w2) = (as_node("w1"), as_node("w2"));
+    let len = 8 << 10;
+    let pages: Vec<(PageKey, u32, u32)> = (0..8)
+        .map(|i| (PageKey::from_key(&format!("owned-{i}")), len, len))
+        .collect();
+    let prepare = |who: &RpcClient, writer: &str| {
+        call(
+            who,
+            &StoreRequest::Prepare {
+                writer: NodeId::new(writer).unwrap(),
+                pages: pages.clone(),
+            },
+        )
+    };
+    let forbidden = |r: Result<StoreReply, peercache_wire::WireError>| match r {
+        Err(peercache_wire::WireError::Remote { code, message }) => {
+            assert_eq!(code, rpc::RpcError::CODE_FORBIDDEN, "{message}");
+        }
+        other => panic!("expected a forbidden refusal, got {other:?}"),
+    };
+    // w2 reserves in w1's name; a tool connection reserves at all.
+    forbidden(prepare(&w2, "w1"));
+    let tool = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Control, None, Incarnation(3)),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 20,
+        auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+    });
+    forbidden(prepare(&tool, "w1"));
+    assert_eq!(s.stats().identity_refused, 2);
+
+    let Ok(StoreReply::Prepared(slots)) = prepare(&w1, "w1") else {
+        panic!("w1's own prepare failed")
+    };
+    let slots: Vec<(u64, u64, u64)> = slots
+        .into_iter()
+        .map(|o| match o {
+            PrepareOutcome::Slot {
+                token,
+                addr,
+                region,
+            } => (token, addr, region),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // Tokens are random: none is zero, no two are neighbours (a counter's would be).
+    let mut tokens: Vec<u64> = slots.iter().map(|s| s.0).collect();
+    tokens.sort_unstable();
+    assert!(
+        tokens[0] != 0 && tokens.windows(2).all(|w| w[1] - w[0] > 1),
+        "{tokens:?}"
+    );
+
+    // w1 writes its pages into the slots.
+    let writer = Transport::start(authed(), Some(NodeId::new("w1").unwrap())).unwrap();
+    let mut src = page(21, len as usize);
+    // SAFETY: `src` outlives the handle (dropped before it at the end of the test).
+    let h = unsafe { writer.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
+    let mut b = Batch::new();
+    for &(_, addr, region) in &slots {
+        b.push(
+            RemoteRange {
+                region: RegionKey(region),
+                addr,
+                len,
+            },
+            &[Segment {
+                region: h.key(),
+                addr: h.addr(0),
+                len,
+            }],
+        );
+    }
+    assert!(
+        writer
+            .write_batch(s.data_endpoint(), &b)
+            .unwrap()
+            .iter()
+            .all(|r| r.is_ok())
+    );
+    let sum = peercache_pool::header::checksum(&page(21, len as usize));
+    let verified: Vec<(u64, u64)> = slots.iter().map(|s| (s.0, sum)).collect();
+    let all: Vec<u64> = slots.iter().map(|s| s.0).collect();
+
+    // w2 (who could have learned the tokens) commits or aborts them: refused per token.
+    match call(&w2, &StoreRequest::CommitVerified(verified.clone())).unwrap() {
+        StoreReply::Committed(l) => assert!(l.iter().all(Option::is_none)),
+        other => panic!("{other:?}"),
+    }
+    match call(&w2, &StoreRequest::Abort(all.clone())).unwrap() {
+        StoreReply::Aborted(0) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.stats().identity_refused, 2 + 8 + 8);
+    // The legacy unverified commit publishes nothing, whoever sends it.
+    match call(&w1, &StoreRequest::Commit(all)) {
+        Err(peercache_wire::WireError::Remote { code, message }) => {
+            assert_eq!(code, rpc::RpcError::CODE_REFUSED);
+            assert!(message.contains("CommitVerified"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // w1's reservations survived all of it: its verified commit publishes every page, and the
+    // storage server itself recorded them in the directory (a node publishes only its own).
+    match call(&w1, &StoreRequest::CommitVerified(verified)).unwrap() {
+        StoreReply::Committed(l) => assert!(l.iter().all(Option::is_some), "{l:?}"),
+        other => panic!("{other:?}"),
+    }
+    let keys: Vec<String> = (0..8).map(|i| format!("owned-{i}")).collect();
+    for o in a.locate(&keys).unwrap() {
+        assert_eq!(o.expect("recorded")[0].node.as_str(), "n126");
+    }
+    let (got, out) = read_all(&a, &keys, len as usize);
+    assert!(got.iter().all(|&x| x));
+    assert!(out.iter().all(|p| *p == page(21, len as usize)));
+    drop(h);
+    drop(src);
+    a.shutdown();
+    s.shutdown();
 }

@@ -211,3 +211,70 @@ fn keys_whose_owner_left_are_clean_misses() {
         }
     }
 }
+
+/// A member announcing a slot layout outside the bounds this node's own configuration allows
+/// (here 100 000 ways: a reader would size header reads and scratch by it) is refused and
+/// counted once; the keys it would own are misses, and everyone else's keys work.
+#[test]
+fn a_layout_out_of_bounds_is_refused_and_its_keys_are_misses() {
+    use peercache_discovery::{DiscoveryClient, DiscoveryConfig, NodeInfo};
+    let port = common::free_port();
+    let m = json!({
+        "mode": "slotmap", "global_segment_size": "16mb", "slot_max_page_bytes": "64kb",
+        "slot_ways": 4,
+    });
+    let a = common::node(174, 174, port, m.clone());
+    let b = common::node(175, 174, port, m);
+    let evil_id = peercache_wire::NodeId::new("evil").unwrap();
+    let host: std::net::IpAddr = "127.0.0.176".parse().unwrap();
+    let evil = DiscoveryClient::start(
+        NodeInfo {
+            node: evil_id.clone(),
+            incarnation: peercache_wire::Incarnation(1),
+            host,
+            meta: None,
+            control: std::net::SocketAddr::new(host, 9),
+            data: vec![std::net::SocketAddr::new(host, 9)],
+            role: "inference".into(),
+            attrs: vec![("slotmap".into(), "1:0:65536:100000:1".into())],
+        },
+        DiscoveryConfig {
+            seeds: vec![std::net::SocketAddr::new(
+                "127.0.0.174".parse().unwrap(),
+                port,
+            )],
+            auth: peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+            ..DiscoveryConfig::default()
+        },
+    )
+    .unwrap();
+    for s in [&a, &b] {
+        assert!(s.wait_members(3, Duration::from_secs(10)));
+        s.sync_membership();
+        s.sync_membership();
+    }
+    // Counted once per announcement, however often membership is synced.
+    assert_eq!(a.stats().layouts_refused, 1);
+    assert_eq!(b.stats().layouts_refused, 1);
+    let ring = peercache_directory::Ring::new(a.members().into_iter().map(|m| m.node), 160);
+    let len = 8 << 10;
+    let keys: Vec<String> = (0..60).map(|i| format!("bounded-{i}")).collect();
+    let evils: Vec<bool> = keys
+        .iter()
+        .map(|k| ring.primary(peercache_wire::PageKey::from_key(k)) == Some(&evil_id))
+        .collect();
+    assert!(evils.iter().any(|&e| e) && evils.iter().any(|&e| !e));
+    let pages: Vec<Vec<u8>> = (0..60).map(|i| page(900 + i, 1, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    let stored = a.batch_set(&keys, &refs).unwrap();
+    let (got, out) = get(&b, &keys, len);
+    for i in 0..keys.len() {
+        if evils[i] {
+            assert!(!stored[i] && !got[i], "key {i} of the refused member");
+        } else {
+            assert!(stored[i] && got[i], "key {i}");
+            assert_eq!(out[i], pages[i]);
+        }
+    }
+    evil.shutdown();
+}

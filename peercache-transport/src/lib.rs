@@ -87,11 +87,18 @@ pub fn fuzz_request(data: &[u8]) -> usize {
     }
     let ops = &data[proto::HDR_LEN..];
     let n = (h.count as usize).min(ops.len() / proto::OP_LEN);
-    let write = h.code == proto::OP_WRITE;
+    let way = if h.code == proto::OP_WRITE {
+        validate::Way::Write {
+            peer: None,
+            done_by: std::time::Instant::now(),
+        }
+    } else {
+        validate::Way::Read
+    };
     (0..n)
         .filter(|i| {
             let op = proto::WireOp::decode(&ops[i * proto::OP_LEN..(i + 1) * proto::OP_LEN]);
-            validate::remote_op(&regions, op.region, op.addr, op.len, write, 64 << 20, None).is_ok()
+            validate::remote_op(&regions, op.region, op.addr, op.len, way, 64 << 20).is_ok()
         })
         .count()
         + local

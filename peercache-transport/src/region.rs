@@ -45,8 +45,17 @@ impl RegionKey {
 /// Decides, per inbound write, whether a peer may write a range of a [`Access::RemoteReadWrite`]
 /// region registered with it — e.g. only slots the writing node reserved.
 pub trait WriteGuard: Send + Sync + std::fmt::Debug {
-    /// `peer` is the node id the writer proved in the handshake (None: anonymous tool).
-    fn allow_write(&self, peer: Option<&peercache_wire::NodeId>, addr: u64, len: u64) -> bool;
+    /// `peer` is the node id the writer announced in its (authenticated) handshake (None: an
+    /// anonymous tool). `done_by` is the latest the payload can finish landing — the data
+    /// server's deadline for reading it — so a permission that ends before it must be refused:
+    /// the bytes would land after it.
+    fn allow_write(
+        &self,
+        peer: Option<&peercache_wire::NodeId>,
+        addr: u64,
+        len: u64,
+        done_by: std::time::Instant,
+    ) -> bool;
 }
 
 #[derive(Clone, Debug)]

@@ -72,6 +72,20 @@ pub(crate) fn segments_add_up(batch: &Batch, op: &OpDesc) -> Result<(), OpError>
     }
 }
 
+/// Which way a peer's op moves bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Way<'a> {
+    /// The peer reads.
+    Read,
+    /// The peer writes: who it is, and the latest its payload can finish landing.
+    Write {
+        /// The node id of the writer's handshake.
+        peer: Option<&'a NodeId>,
+        /// The data server's deadline for the payload.
+        done_by: std::time::Instant,
+    },
+}
+
 /// A peer's op against this node's region table: length, region known, not device memory
 /// (the TCP planes never touch it), access allowed, range inside, write guard.
 pub(crate) fn remote_op(
@@ -79,10 +93,10 @@ pub(crate) fn remote_op(
     key: RegionKey,
     addr: u64,
     len: u32,
-    write: bool,
+    way: Way<'_>,
     max_op_bytes: u32,
-    peer: Option<&NodeId>,
 ) -> Result<(), OpError> {
+    let write = matches!(way, Way::Write { .. });
     op_len(len, max_op_bytes)?;
     let region = regions.get(&key).ok_or(OpError::UnknownRegion(key))?;
     if region.device {
@@ -97,9 +111,9 @@ pub(crate) fn remote_op(
         return Err(OpError::AccessDenied(key));
     }
     range(key, region.base, region.len, addr, u64::from(len))?;
-    if write
+    if let Way::Write { peer, done_by } = way
         && let Some(g) = &region.guard
-        && !g.allow_write(peer, addr, u64::from(len))
+        && !g.allow_write(peer, addr, u64::from(len), done_by)
     {
         return Err(OpError::AccessDenied(key));
     }
@@ -265,7 +279,12 @@ mod props {
                     )
                 })
                 .collect();
-            let got = remote_op(&table, RegionKey(idx as u64 + 1), addr, len, write, max, None)
+            let way = if write {
+                Way::Write { peer: None, done_by: std::time::Instant::now() }
+            } else {
+                Way::Read
+            };
+            let got = remote_op(&table, RegionKey(idx as u64 + 1), addr, len, way, max)
                 .map_err(|e| e.label());
             prop_assert_eq!(got, model(&regions, idx, addr, len, write, max));
         }

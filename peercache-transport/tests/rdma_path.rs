@@ -155,7 +155,13 @@ fn peers_without_rdma_and_unregistered_destinations_are_read_over_tcp() {
 struct OnlyW;
 
 impl peercache_transport::WriteGuard for OnlyW {
-    fn allow_write(&self, peer: Option<&peercache_wire::NodeId>, _addr: u64, _len: u64) -> bool {
+    fn allow_write(
+        &self,
+        peer: Option<&peercache_wire::NodeId>,
+        _addr: u64,
+        _len: u64,
+        _done_by: std::time::Instant,
+    ) -> bool {
         peer.is_some_and(|p| p.as_str() == "w")
     }
 }

@@ -84,6 +84,16 @@ pub enum WireError {
         /// The version the peer runs (0: not stated).
         theirs: u8,
     },
+    /// The peer answered the request with an error ([`crate::rpc::RpcError`]): `code` is one
+    /// of its `CODE_*` constants (e.g. `CODE_FORBIDDEN` when the request acted for another
+    /// member).
+    #[error("peer refused the request (code {code}): {message}")]
+    Remote {
+        /// Machine-readable code.
+        code: u16,
+        /// The peer's explanation.
+        message: String,
+    },
     /// A network wait passed its deadline.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),

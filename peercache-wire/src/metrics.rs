@@ -9,3 +9,6 @@ pub const MALFORMED_FRAMES_TOTAL: &str = "peercache_rpc_malformed_frames_total";
 /// Connections whose handshake failed (wrong plane or version, not authenticated, silent),
 /// label `server`.
 pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
+/// Requests refused because they act for another member than the connection's own, label
+/// `service` (`discovery`, `directory`, `store`, `data`).
+pub const IDENTITY_REFUSED_TOTAL: &str = "peercache_identity_refused_total";

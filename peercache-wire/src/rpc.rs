@@ -44,6 +44,9 @@ impl RpcError {
     pub const CODE_REFUSED: u16 = 3;
     /// The server is shutting down.
     pub const CODE_SHUTDOWN: u16 = 4;
+    /// The request acts for another member than the one this connection belongs to (see
+    /// [`Peer`]): refused, counted in [`IDENTITY_REFUSED_TOTAL`].
+    pub const CODE_FORBIDDEN: u16 = 5;
 }
 
 impl Message for RpcError {
@@ -64,8 +67,61 @@ pub enum Reply {
     },
 }
 
-/// The request handler of a server.
-pub type Handler = Arc<dyn Fn(Envelope<'_>) -> Reply + Send + Sync>;
+/// Who is on the other end of a connection, as its handshake established it.
+///
+/// With a cluster secret, `authenticated` is true and the peer has proven it is a **member**;
+/// `node` is the id that member claimed in its Hello (covered by its proof, so it cannot be
+/// changed on the way, but every member could claim any id — the secret proves membership,
+/// not identity). Services bind the connection to that claim: a request that acts for
+/// another node is refused with [`RpcError::CODE_FORBIDDEN`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The node id the peer announced (None: a tool such as `status` or the bench driver).
+    pub node: Option<NodeId>,
+    /// The peer's incarnation.
+    pub incarnation: Incarnation,
+    /// Where the connection comes from.
+    pub addr: SocketAddr,
+    /// Whether the peer proved the cluster secret (false in an open cluster).
+    pub authenticated: bool,
+}
+
+impl Peer {
+    /// Whether this connection belongs to `node`.
+    pub fn is(&self, node: &NodeId) -> bool {
+        self.node.as_ref() == Some(node)
+    }
+
+    /// Whether this connection belongs to `node` in its life `incarnation`.
+    pub fn is_life(&self, node: &NodeId, incarnation: Incarnation) -> bool {
+        self.is(node) && self.incarnation == incarnation
+    }
+
+    /// The peer for display: its node id, or `anonymous@addr`.
+    pub fn label(&self) -> String {
+        match &self.node {
+            Some(n) => n.to_string(),
+            None => format!("anonymous@{}", self.addr),
+        }
+    }
+}
+
+/// The reply refusing a request that acts for another node than `peer`.
+pub fn forbidden(peer: &Peer, what: &str) -> Reply {
+    Reply::Error {
+        error: RpcError {
+            code: RpcError::CODE_FORBIDDEN,
+            message: format!(
+                "{what}: this connection belongs to {}, and a member may act only for itself",
+                peer.label()
+            ),
+        },
+        close: false,
+    }
+}
+
+/// The request handler of a server: called with the connection's [`Peer`] and the request.
+pub type Handler = Arc<dyn Fn(&Peer, Envelope<'_>) -> Reply + Send + Sync>;
 
 /// Settings of an [`RpcServer`].
 #[derive(Clone, Debug)]
@@ -84,6 +140,9 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Most concurrent connections.
     pub max_connections: usize,
+    /// Request kinds whose handler may wait on other nodes: they run on a blocking thread,
+    /// so the server's workers keep serving every other request meanwhile.
+    pub offload: &'static [u16],
     /// Runtime worker threads.
     pub workers: usize,
     /// Thread name prefix.
@@ -92,7 +151,9 @@ pub struct ServerConfig {
     pub auth: Auth,
 }
 
-pub use crate::metrics::{HANDSHAKE_FAILURES_TOTAL, MALFORMED_FRAMES_TOTAL};
+pub use crate::metrics::{
+    HANDSHAKE_FAILURES_TOTAL, IDENTITY_REFUSED_TOTAL, MALFORMED_FRAMES_TOTAL,
+};
 use crate::tally::Tally;
 
 /// Counters of a server.
@@ -130,7 +191,7 @@ pub struct ServerCounters {
 /// impl Message for Pong { const KIND: u16 = 0x03f1; const NAME: &'static str = "Pong"; }
 ///
 /// let secret = Auth::from_secret(b"sixteen-byte-secret!")?;
-/// let handler: rpc::Handler = Arc::new(|env| {
+/// let handler: rpc::Handler = Arc::new(|_peer, env| {
 ///     let Ping(n) = env.decode().expect("a Ping");
 ///     Reply::Frame(envelope::encode(&Pong(n + 1), &[]).expect("encodes"))
 /// });
@@ -143,6 +204,7 @@ pub struct ServerCounters {
 ///         max_frame: 1 << 20,
 ///         handshake_timeout: Duration::from_secs(2),
 ///         max_connections: 16,
+///         offload: &[],
 ///         workers: 1,
 ///         name: "doc",
 ///         auth: secret.clone(),
@@ -223,10 +285,10 @@ impl RpcServer {
                     a = listener.accept() => a,
                     _ = stop2.notified() => break,
                 };
-                let sock = match accepted {
-                    Ok((sock, _peer)) => {
+                let (sock, addr) = match accepted {
+                    Ok((sock, addr)) => {
                         backoff.accepted();
-                        sock
+                        (sock, addr)
                     }
                     Err(e) => {
                         let pause = backoff.failed(&e, cfg.name);
@@ -259,7 +321,7 @@ impl RpcServer {
                 );
                 tokio::spawn(async move {
                     let _permit = permit;
-                    serve_conn(sock, &cfg, &handler, &counters, &stopped).await;
+                    serve_conn(sock, addr, &cfg, &handler, &counters, &stopped).await;
                 });
             }
         };
@@ -306,6 +368,7 @@ impl Drop for RpcServer {
 
 async fn serve_conn(
     sock: tokio::net::TcpStream,
+    addr: SocketAddr,
     cfg: &ServerConfig,
     handler: &Handler,
     counters: &ServerCounters,
@@ -320,11 +383,20 @@ async fn serve_conn(
         incarnation: cfg.incarnation,
         auth: cfg.auth.clone(),
     };
-    if let Err(e) = handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
-        counters.handshake_failures.add(1);
-        tracing::debug!(error = %e, "rpc handshake failed");
-        return;
-    }
+    let hello = match handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
+        Ok(h) => h,
+        Err(e) => {
+            counters.handshake_failures.add(1);
+            tracing::debug!(error = %e, "rpc handshake failed");
+            return;
+        }
+    };
+    let peer = Peer {
+        node: hello.node,
+        incarnation: hello.incarnation,
+        addr,
+        authenticated: cfg.auth.is_enabled(),
+    };
     framed.codec_mut().set_max_frame_length(cfg.max_frame);
     while let Some(next) = framed.next().await {
         let Ok(frame) = next else {
@@ -335,14 +407,20 @@ async fn serve_conn(
         if stopped.load(Ordering::Acquire) {
             return;
         }
-        let (reply, close) = match Envelope::parse(&frame) {
-            Err(e) => (error_frame(RpcError::CODE_MALFORMED, e.to_string()), true),
-            Ok(env) => match handler(env) {
-                Reply::Frame(f) => (f, false),
-                Reply::Error { error, close } => {
-                    (envelope::encode(&error, &[]).unwrap_or_default(), close)
-                }
-            },
+        let offload = Envelope::parse(&frame).is_ok_and(|e| cfg.offload.contains(&e.kind));
+        let (reply, close) = if offload {
+            // May wait on other nodes: off the runtime, so this server keeps answering the
+            // requests that never wait (two nodes doing this for each other cannot deadlock).
+            let (handler, peer, frame) = (handler.clone(), peer.clone(), frame.freeze());
+            match tokio::task::spawn_blocking(move || answer(&handler, &peer, &frame)).await {
+                Ok(r) => r,
+                Err(_) => (
+                    error_frame(RpcError::CODE_REFUSED, "request handler failed".into()),
+                    true,
+                ),
+            }
+        } else {
+            answer(handler, &peer, &frame)
         };
         counters.requests.add(1);
         if close {
@@ -354,19 +432,31 @@ async fn serve_conn(
     }
 }
 
+/// One request's reply frame, and whether to close the connection after it.
+fn answer(handler: &Handler, peer: &Peer, frame: &[u8]) -> (Vec<u8>, bool) {
+    match Envelope::parse(frame) {
+        Err(e) => (error_frame(RpcError::CODE_MALFORMED, e.to_string()), true),
+        Ok(env) => match handler(peer, env) {
+            Reply::Frame(f) => (f, false),
+            Reply::Error { error, close } => {
+                (envelope::encode(&error, &[]).unwrap_or_default(), close)
+            }
+        },
+    }
+}
+
 fn error_frame(code: u16, message: String) -> Vec<u8> {
     envelope::encode(&RpcError { code, message }, &[]).unwrap_or_default()
 }
 
-/// Decodes a reply frame as `M`, turning an [`RpcError`] reply into [`WireError::Handshake`]-
-/// free typed errors.
+/// Decodes a reply frame as `M`; an [`RpcError`] reply becomes [`WireError::Remote`].
 pub fn decode_reply<M: Message>(frame: &[u8]) -> Result<M, WireError> {
     let env = Envelope::parse(frame)?;
     if env.kind == RpcError::KIND {
         let e: RpcError = env.decode()?;
-        return Err(WireError::Malformed {
-            what: "remote request",
-            detail: format!("peer answered error {}: {}", e.code, e.message),
+        return Err(WireError::Remote {
+            code: e.code,
+            message: e.message,
         });
     }
     env.decode()

@@ -24,7 +24,7 @@ impl Message for Ping {
 }
 
 fn server(auth: Auth) -> RpcServer {
-    let handler: rpc::Handler = Arc::new(|env| {
+    let handler: rpc::Handler = Arc::new(|_peer, env| {
         let Ping(n) = env.decode().unwrap();
         Reply::Frame(envelope::encode(&Ping(n + 1), &[]).unwrap())
     });
@@ -37,6 +37,7 @@ fn server(auth: Auth) -> RpcServer {
             max_frame: 1 << 16,
             handshake_timeout: Duration::from_secs(2),
             max_connections: 16,
+            offload: &[],
             workers: 1,
             name: "auth-rpc",
             auth,

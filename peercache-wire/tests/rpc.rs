@@ -21,7 +21,7 @@ impl Message for Echo {
 }
 
 fn server(addr: &str) -> RpcServer {
-    let handler: rpc::Handler = Arc::new(|env| match env.decode::<Echo>() {
+    let handler: rpc::Handler = Arc::new(|_peer, env| match env.decode::<Echo>() {
         Ok(Echo(n, s)) => Reply::Frame(envelope::encode(&Echo(n + 1, s), &[]).unwrap()),
         Err(e) => Reply::Error {
             error: RpcError {
@@ -40,6 +40,7 @@ fn server(addr: &str) -> RpcServer {
             max_frame: 1 << 16,
             handshake_timeout: Duration::from_secs(2),
             max_connections: 64,
+            offload: &[],
             workers: 1,
             name: "test-rpc",
             auth: peercache_wire::Auth::none(),
@@ -99,7 +100,16 @@ fn malformed_request_gets_an_error_and_only_that_connection_closes() {
         .call(s.local_addr(), &bad, Duration::from_secs(2))
         .unwrap();
     let err = rpc::decode_reply::<Echo>(&r).unwrap_err();
-    assert!(matches!(err, WireError::Malformed { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            WireError::Remote {
+                code: rpc::RpcError::CODE_MALFORMED,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     // Garbage that is not even an envelope.
     let r = c
         .call(s.local_addr(), b"garbage!", Duration::from_secs(2))
@@ -251,7 +261,7 @@ fn rss() -> u64 {
 #[test]
 fn an_unauthenticated_large_frame_is_refused_and_never_buffered() {
     // A server whose post-authentication frame limit is large (the control port's is 64 MiB).
-    let handler: rpc::Handler = Arc::new(|_| Reply::Frame(Vec::new()));
+    let handler: rpc::Handler = Arc::new(|_, _| Reply::Frame(Vec::new()));
     let srv = RpcServer::start(
         ServerConfig {
             bind: "127.0.0.1:0".parse().unwrap(),
@@ -261,6 +271,7 @@ fn an_unauthenticated_large_frame_is_refused_and_never_buffered() {
             max_frame: 64 << 20,
             handshake_timeout: Duration::from_secs(5),
             max_connections: 64,
+            offload: &[],
             workers: 1,
             name: "test-rpc-big",
             auth: peercache_wire::Auth::from_secret(b"sixteen-byte-secret!").unwrap(),

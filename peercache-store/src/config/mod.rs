@@ -349,7 +349,7 @@ settings! {
         shown "`3`", example "5", parse |k, v| p::ranged(k, v, 1, 16);
     /// Deadline of one network operation (transport batch, directory fan-out), seconds.
     op_timeout: f64 = 2.0;
-        shown "`2.0`", example "5", parse p::positive;
+        shown "`2.0`", example "3", parse p::positive;
     /// Seconds a peer that timed out is failed fast.
     suspect_for: f64 = 2.0;
         shown "`2.0`", example "0", parse p::seconds;
@@ -363,7 +363,8 @@ settings! {
     /// Keep pages fetched from peers as local reclaimable replicas and register them.
     replicate_on_read: bool = false;
         shown "`false`", example "true", parse p::boolean;
-    /// Seconds a storage server keeps a slot reserved for a remote writer before releasing it.
+    /// Seconds a storage server keeps a slot reserved for a remote writer before releasing it
+    /// (longer than `op_timeout`: a write admitted into the slot may take that long to land).
     reservation_timeout: f64 = 5.0;
         shown "`5`", example "9", parse p::positive;
     /// Largest control-plane frame (directory, discovery and store requests and replies).
@@ -523,6 +524,19 @@ impl PeerCacheConfig {
                 format!(
                     "must be at least twice heartbeat_interval ({})",
                     self.heartbeat_interval
+                ),
+            );
+        }
+        if self.reservation_timeout <= self.op_timeout {
+            // A remote write may land until the data server's deadline (`op_timeout`) after it
+            // was admitted: the reservation must outlive that.
+            return invalid(
+                "reservation_timeout",
+                self.reservation_timeout.to_string(),
+                format!(
+                    "must be longer than op_timeout ({}): a write admitted into a reserved slot \
+                     may take that long to land",
+                    self.op_timeout
                 ),
             );
         }

@@ -104,6 +104,15 @@ fn every_bad_value_gets_an_actionable_error() {
             .to_string()
             .contains("heartbeat_interval")
     );
+    // A reservation must outlive the deadline of a write admitted into it.
+    let mut m = map(base.clone());
+    m.insert("reservation_timeout".into(), 2.0.into());
+    m.insert("op_timeout".into(), 2.0.into());
+    let e = PeerCacheConfig::from_map(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("reservation_timeout") && e.contains("op_timeout"),
+        "{e}"
+    );
     let mut m = map(base);
     m.insert("discovery_addr".into(), "10.0.0.1:1,10.0.0.2:2".into());
     assert!(

@@ -31,6 +31,11 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
+    /// When the current operation must be done.
+    pub(crate) fn at(&self) -> Instant {
+        self.at
+    }
+
     pub(crate) fn new(total: Duration) -> Self {
         Deadline {
             at: Instant::now() + total,

@@ -254,9 +254,8 @@ fn serve_read(
             op.region,
             op.addr,
             op.len,
-            false,
+            validate::Way::Read,
             sh.cfg.max_op_bytes,
-            None,
         ) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
@@ -313,9 +312,11 @@ fn serve_write(
             op.region,
             op.addr,
             op.len,
-            true,
+            validate::Way::Write {
+                peer: bufs.peer.as_ref(),
+                done_by: d.at(),
+            },
             sh.cfg.max_op_bytes,
-            bufs.peer.as_ref(),
         ) {
             Ok(()) => {
                 bufs.reply[proto::HDR_LEN + i] = 0;
