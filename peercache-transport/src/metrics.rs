@@ -63,6 +63,9 @@ pub mod rdma {
     pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
     /// Channels that could not be leased (queue-pair connects that failed).
     pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
+    /// Queue pairs whose drain did not finish within the grace after an error or a timeout
+    /// (destroyed instead, which stops their DMA before the batch returns).
+    pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
 }
 
 fn tally(name: &'static str) -> Tally {
@@ -210,6 +213,8 @@ pub struct EngineCounters {
     pub lease_failures: Tally,
     /// Work requests posted.
     pub wrs_posted: Tally,
+    /// Drains that did not finish within the grace (the queue pair was destroyed instead).
+    pub drain_timeouts: Tally,
 }
 
 impl Default for EngineCounters {
@@ -222,6 +227,7 @@ impl Default for EngineCounters {
             post_failures: tally(rdma::POST_FAILURES),
             lease_failures: tally(rdma::LEASE_FAILURES),
             wrs_posted: tally(rdma::WORK_REQUESTS),
+            drain_timeouts: tally(rdma::DRAIN_TIMEOUTS),
         }
     }
 }

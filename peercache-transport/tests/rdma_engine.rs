@@ -273,3 +273,40 @@ fn a_channel_that_cannot_be_leased_fails_its_ops_and_is_counted() {
     assert_eq!(c.post_failures.get(), 0);
     assert!(local.iter().all(|b| *b == 0));
 }
+
+#[test]
+fn a_queue_pair_that_never_flushes_is_destroyed_within_the_drain_grace() {
+    // A device that neither completes nor flushes (seen on soft-RoCE under emulation): the
+    // drain after the timeout is bounded too, and destroying the queue pair discards what it
+    // held, so nothing lands in the caller's memory after the batch returns.
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 5);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 8), 4);
+    let mut local = vec![0u8; 4 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
+        .collect();
+    fabric.stall.store(true, Ordering::Release);
+    fabric.never_flush.store(true, Ordering::Release);
+    let t0 = Instant::now();
+    let r = engine.execute("peer-d", &ops, Duration::from_millis(50));
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(4), "held for {took:?}");
+    assert!(r.iter().all(|x| x.is_err()), "{r:?}");
+    assert_eq!(engine.counters.drain_timeouts.get(), 1);
+    assert_eq!(engine.counters.channel_discards.get(), 1);
+    assert_eq!(
+        fabric.outstanding.load(Ordering::Acquire),
+        0,
+        "the queue pair was destroyed"
+    );
+    fabric.stall.store(false, Ordering::Release);
+    fabric.never_flush.store(false, Ordering::Release);
+    assert_eq!(fabric.bytes.load(Ordering::Relaxed), 0, "no late DMA");
+    assert!(local.iter().all(|&b| b == 0));
+}

@@ -324,6 +324,8 @@ impl<V: Verbs> Engine<V> {
         let depth = qp.sq_depth().max(1);
         let mut healthy = true;
         let mut timed_out = false;
+        // False when a queue pair in error did not flush within the grace.
+        let mut drained = true;
         let mut posted = 0;
         let mut cqes = Vec::with_capacity(depth);
         while posted < wrs.len() && healthy {
@@ -373,12 +375,23 @@ impl<V: Verbs> Engine<V> {
                 signaled: true,
             };
             if qp.post(std::slice::from_ref(&marker)).is_ok() {
+                // Bounded too: a device that never flushes must not hold the caller. Past the
+                // grace the channel is discarded, and destroying its queue pair (before the
+                // batch returns) stops any DMA into the caller's memory.
+                let until = Instant::now().max(deadline) + DRAIN_GRACE;
                 let mut seen = false;
+                drained = false;
                 while !seen {
                     cqes.clear();
                     qp.poll(&mut cqes, depth);
                     seen = cqes.iter().any(|c| c.wr_id == DRAIN_MARKER);
                     self.record(&cqes, &mut done, &mut healthy);
+                    drained = seen;
+                    if !seen && Instant::now() >= until {
+                        self.counters.drain_timeouts.add(1);
+                        tracing::warn!("a queue pair did not drain in time; destroying it");
+                        break;
+                    }
                     if cqes.is_empty() {
                         std::hint::spin_loop();
                     }
@@ -386,9 +399,15 @@ impl<V: Verbs> Engine<V> {
             }
         }
         // Requests without a completion executed successfully (unsignaled ones report only
-        // errors, and completions come in order).
+        // errors, and completions come in order) — unless the queue pair never finished
+        // draining: then nothing is known of them, and they failed.
+        let unknown = if drained {
+            WcStatus::Success
+        } else {
+            WcStatus::Flushed
+        };
         for d in &mut done[..posted] {
-            d.get_or_insert(WcStatus::Success);
+            d.get_or_insert(unknown);
         }
         for (k, &(first, n)) in spans.iter().enumerate() {
             let st = done[first..first + n]
@@ -428,3 +447,6 @@ impl<V: Verbs> Engine<V> {
 
 /// The wr_id of the drain marker (never a request index).
 const DRAIN_MARKER: u64 = u64::MAX;
+
+/// How long past the batch deadline a queue pair in error may take to flush its requests.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);

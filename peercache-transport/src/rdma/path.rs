@@ -136,6 +136,8 @@ pub struct RdmaStats {
     pub post_failures: u64,
     /// Channels that could not be leased (connecting a queue pair failed).
     pub lease_failures: u64,
+    /// Drains that did not finish within the grace after an error or timeout.
+    pub drain_timeouts: u64,
 }
 
 /// Metric names of the RDMA path.
@@ -551,6 +553,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             channel_discards: e.channel_discards.get(),
             post_failures: e.post_failures.get(),
             lease_failures: e.lease_failures.get(),
+            drain_timeouts: e.drain_timeouts.get(),
         }
     }
 }

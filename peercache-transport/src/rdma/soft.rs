@@ -52,6 +52,9 @@ pub struct Fabric {
     /// (`IBV_WC_RETRY_EXC_ERR`).
     pub fail_at: AtomicU64,
     executed: AtomicU64,
+    /// While set, a queue pair in error does not flush its queued requests (a device that never
+    /// completes them); destroying the queue pair discards them unexecuted.
+    pub never_flush: AtomicBool,
     /// Requests still queued on some queue pair (to check drain-before-release).
     pub outstanding: AtomicU64,
     /// Bytes moved.
@@ -228,6 +231,15 @@ pub struct SoftQp {
     error: bool,
 }
 
+impl Drop for SoftQp {
+    /// Destroying a queue pair discards what it still holds: nothing executes afterwards.
+    fn drop(&mut self) {
+        let n = self.sq.len() as u64;
+        self.sq.clear();
+        self.fabric.outstanding.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
 impl SoftQp {
     /// Executes queued requests in order (unless the fabric is stalled).
     fn progress(&mut self) {
@@ -256,6 +268,9 @@ impl SoftQp {
     }
 
     fn flush(&mut self) {
+        if self.fabric.never_flush.load(Ordering::Acquire) {
+            return;
+        }
         while let Some(wr) = self.sq.pop_front() {
             self.fabric.outstanding.fetch_sub(1, Ordering::AcqRel);
             self.cq.push_back(Completion {
