@@ -38,7 +38,7 @@ step "store: three peercache-node processes with protocol=rdma on $DEV"
 META=$A1:31998
 node() {  # $1 = address, $2 = name, then extra --set flags
   local addr=$1 name=$2; shift 2
-  $BIN/peercache-node --discovery-addr "$META" --host "$addr" --set node_id="$name" \
+  $BIN/peercache-node --discovery-addr "${NODE_META:-$META}" --host "$addr" --set node_id="$name" \
     --set protocol=rdma --set rdma_backend=verbs --set device_names="$DEV" --set gid_index="$GID" \
     --set host_local=false --set global_segment_size=128mb --set client_enabled=true \
     --set client_port=32100 --set metrics_port=32200 --set op_timeout=20 \
@@ -67,3 +67,48 @@ for addr in sys.argv[1:]:
     assert ops >= 64, f"{addr} read {ops} pages over RDMA, expected at least 64"
 print("store over kernel verbs: ok")
 PY
+
+step "storage server taking one-sided RDMA WRITEs (rdma_writes=true), committing verified pages"
+A4=10.77.0.4 A5=10.77.0.5 A6=10.77.0.6
+for a in $A4 $A5 $A6; do ip addr add $a/24 dev v1; done
+NODE_META=$A4:31999
+central=(--set mode=centralized --set rdma_writes=true)
+NODE_META=$NODE_META node "$A4" store-1 "${central[@]}" --set role=storage
+deadline=$((SECONDS + 120))
+until $BIN/peercache-node status --discovery-addr "$NODE_META" --timeout 2 >/dev/null 2>&1; do
+  if [ $SECONDS -ge $deadline ]; then echo "store-1 did not start" >&2; cat /tmp/store-1.err >&2; exit 1; fi
+  sleep 0.5
+done
+NODE_META=$NODE_META node "$A5" writer-1 "${central[@]}"
+NODE_META=$NODE_META node "$A6" reader-1 "${central[@]}"
+$BIN/peercache-node drive --discovery-addr "$NODE_META" --members 3 --wait 120 --timeout 60 \
+  --write-on writer-1 --read-on reader-1 --pages 64 --page-size 128kb --json | tee /tmp/drive2.json | tail -n 10
+python3 - "$A4" "$A5" <<'PY'
+import sys, urllib.request
+def metric(addr, name):
+    text = urllib.request.urlopen(f"http://{addr}:32200/metrics", timeout=10).read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name))
+stored = metric(sys.argv[1], "peercache_storage_writes_total") or metric(sys.argv[2], "peercache_storage_writes_total")
+writes = metric(sys.argv[2], "peercache_rdma_write_ops_total")
+rejects = metric(sys.argv[1], "peercache_storage_commit_rejects_total")
+print(f'LAB-RESULT {{"storage_rdma_write_ops":{writes:.0f},"commit_rejects":{rejects:.0f}}}')
+assert writes >= 64, f"the writer wrote {writes} pages one-sided, expected at least 64"
+assert rejects == 0, f"{rejects} commits refused"
+print("storage server over kernel verbs: ok")
+PY
+
+if [ -x "$BIN/peercache-bench" ]; then
+  step "bench smoke: micro store-get with protocol=rdma on $DEV (no ratio asserted)"
+  cleanup  # the guest has 2 GiB: the clusters above go first
+  pids=()
+  # From a writable directory: the bench writes its results folder beside it.
+  (cd /tmp && timeout 240 "$OLDPWD/$BIN/peercache-bench" micro --path store --page-sizes 131072 \
+    --rounds 1 --secs 1 --region-mib 32 \
+    --concurrency 1 --protocol rdma --set rdma_backend=verbs --set device_names="$DEV" \
+    --set gid_index="$GID" --set op_timeout=20 --json /tmp/micro.json | tail -n 8)
+  python3 - <<'PY'
+import json
+for r in json.load(open("/tmp/micro.json"))["results"]:
+    print("LAB-RESULT " + json.dumps({k: r.get(k) for k in ("name", "page_bytes", "concurrency", "pages_per_s", "gbps")}))
+PY
+fi

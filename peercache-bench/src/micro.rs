@@ -35,6 +35,15 @@ pub struct MicroArgs {
     /// `serve` child process), or both.
     #[arg(long, value_enum, default_value_t = MicroPath::Transport)]
     pub path: MicroPath,
+    /// Protocol of the store nodes (`--path store`/`both`): `tcp`, or `rdma` (with the RDMA
+    /// settings in `--set`, e.g. `rdma_backend=verbs device_names=rxe0 gid_index=1`). Unset:
+    /// the node default.
+    #[arg(long, value_parser = ["tcp", "rdma"])]
+    pub protocol: Option<String>,
+    /// Extra node settings for the store nodes, `KEY=VALUE` (repeatable), as `peercache-node
+    /// --set` takes them.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,
@@ -144,7 +153,21 @@ impl Drop for StorePair {
     }
 }
 
-fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
+/// The store nodes' extra settings: `--protocol` and every `--set`, as `--set` arguments and as
+/// a settings map.
+fn node_settings(
+    args: &MicroArgs,
+) -> Result<(Vec<String>, serde_json::Map<String, serde_json::Value>)> {
+    let mut items = args.set.clone();
+    if let Some(p) = &args.protocol {
+        items.push(format!("protocol={p}"));
+    }
+    let map = peercache_store::config::parse_overrides(&items)?;
+    Ok((items, map))
+}
+
+fn spawn_store_pair(page: u64, pages: usize, args: &MicroArgs) -> Result<StorePair> {
+    let (items, settings) = node_settings(args)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -158,6 +181,7 @@ fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
         .args(["--set", &format!("node_id={owner}")])
         .args(["--set", &format!("global_segment_size={pool}")])
         .args(["--set", "metrics_enabled=false"])
+        .args(items.iter().flat_map(|kv| ["--set", kv.as_str()]))
         .env(crate::secret::ENV, crate::secret::generated())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -173,7 +197,7 @@ fn spawn_store_pair(page: u64, pages: usize) -> Result<StorePair> {
         "127.0.0.2",
         &seed,
         (pages as u64 * (page + 4096) * 4).max(256 << 20),
-        &serde_json::Map::new(),
+        &settings,
     )?;
     if !reader.wait_members(2, Duration::from_secs(20)) {
         bail!("the reader did not see the serve child");
@@ -281,7 +305,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     if args.path != MicroPath::Transport {
         for &page in &args.page_sizes {
             let pages = ((args.region_mib << 20) / page).clamp(args.load.batch, 4096) as usize;
-            let pair = spawn_store_pair(page, pages)?;
+            let pair = spawn_store_pair(page, pages, args)?;
             // SAFETY: `store_bufs` outlives every pair (the pairs, which shut their reader
             // down, are dropped first, below).
             unsafe { store_bufs.register(&pair.reader) }?;

@@ -407,20 +407,22 @@ async fn serve_conn(
         if stopped.load(Ordering::Acquire) {
             return;
         }
-        let offload = Envelope::parse(&frame).is_ok_and(|e| cfg.offload.contains(&e.kind));
-        let (reply, close) = if offload {
-            // May wait on other nodes: off the runtime, so this server keeps answering the
-            // requests that never wait (two nodes doing this for each other cannot deadlock).
-            let (handler, peer, frame) = (handler.clone(), peer.clone(), frame.freeze());
-            match tokio::task::spawn_blocking(move || answer(&handler, &peer, &frame)).await {
-                Ok(r) => r,
-                Err(_) => (
-                    error_frame(RpcError::CODE_REFUSED, "request handler failed".into()),
-                    true,
-                ),
+        let (reply, close) = match Envelope::parse(&frame) {
+            Err(e) => (error_frame(RpcError::CODE_MALFORMED, e.to_string()), true),
+            Ok(env) if cfg.offload.contains(&env.kind) => {
+                // May wait on other nodes: off the runtime, so this server keeps answering the
+                // requests that never wait (two nodes doing this for each other cannot
+                // deadlock).
+                let (handler, peer, frame) = (handler.clone(), peer.clone(), frame.freeze());
+                match tokio::task::spawn_blocking(move || answer(&handler, &peer, &frame)).await {
+                    Ok(r) => r,
+                    Err(_) => (
+                        error_frame(RpcError::CODE_REFUSED, "request handler failed".into()),
+                        true,
+                    ),
+                }
             }
-        } else {
-            answer(handler, &peer, &frame)
+            Ok(env) => reply_frame(handler(&peer, env)),
         };
         counters.requests.add(1);
         if close {
@@ -436,12 +438,15 @@ async fn serve_conn(
 fn answer(handler: &Handler, peer: &Peer, frame: &[u8]) -> (Vec<u8>, bool) {
     match Envelope::parse(frame) {
         Err(e) => (error_frame(RpcError::CODE_MALFORMED, e.to_string()), true),
-        Ok(env) => match handler(peer, env) {
-            Reply::Frame(f) => (f, false),
-            Reply::Error { error, close } => {
-                (envelope::encode(&error, &[]).unwrap_or_default(), close)
-            }
-        },
+        Ok(env) => reply_frame(handler(peer, env)),
+    }
+}
+
+/// A handler's reply as a frame, and whether to close the connection after it.
+fn reply_frame(reply: Reply) -> (Vec<u8>, bool) {
+    match reply {
+        Reply::Frame(f) => (f, false),
+        Reply::Error { error, close } => (envelope::encode(&error, &[]).unwrap_or_default(), close),
     }
 }
 

@@ -527,7 +527,7 @@ impl PeerCacheConfig {
                 ),
             );
         }
-        if self.reservation_timeout <= self.op_timeout {
+        if self.role == Role::Storage && self.reservation_timeout <= self.op_timeout {
             // A remote write may land until the data server's deadline (`op_timeout`) after it
             // was admitted: the reservation must outlive that.
             return invalid(

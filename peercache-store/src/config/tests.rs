@@ -104,10 +104,14 @@ fn every_bad_value_gets_an_actionable_error() {
             .to_string()
             .contains("heartbeat_interval")
     );
-    // A reservation must outlive the deadline of a write admitted into it.
+    // On a storage server a reservation must outlive the deadline of a write admitted into
+    // it; elsewhere reservations do not exist and the pair is not checked.
     let mut m = map(base.clone());
     m.insert("reservation_timeout".into(), 2.0.into());
     m.insert("op_timeout".into(), 2.0.into());
+    assert!(PeerCacheConfig::from_map(&m).is_ok());
+    m.insert("mode".into(), "centralized".into());
+    m.insert("role".into(), "storage".into());
     let e = PeerCacheConfig::from_map(&m).unwrap_err().to_string();
     assert!(
         e.contains("reservation_timeout") && e.contains("op_timeout"),
