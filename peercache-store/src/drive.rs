@@ -106,7 +106,12 @@ fn wait_members(
     let deadline = Instant::now() + Duration::from_secs_f64(args.wait);
     let step = Duration::from_secs_f64(args.timeout.min(2.0));
     loop {
-        let members = crate::status::members(seeds, step, auth.clone()).unwrap_or_default();
+        let members = match crate::status::members(seeds, step, auth.clone()) {
+            Ok(m) => m,
+            // A refused handshake will not cure itself: say so now, not after `--wait`.
+            Err(e) if e.is::<crate::status::Refused>() => return Err(e),
+            Err(_) => Vec::new(),
+        };
         let serving = members
             .iter()
             .filter(|m| attr(m, CLIENT_ATTR).is_some())

@@ -37,7 +37,41 @@ pub(crate) fn endpoint_attr(m: &NodeInfo, key: &str) -> Option<SocketAddr> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
-/// Asks the seeds for the members (the union of their answers).
+/// A discovery server refused this tool's handshake: no (or another) cluster secret, or another
+/// release's handshake. Waiting does not help, so callers stop at once and say how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("{seed} refused this tool: {cause}{hint}")]
+pub struct Refused {
+    /// The discovery server.
+    pub seed: SocketAddr,
+    /// The handshake error.
+    pub cause: peercache_wire::WireError,
+    /// What to do about it.
+    hint: &'static str,
+}
+
+impl Refused {
+    /// `Some` when `e` is a refusal that retrying cannot cure.
+    pub fn of(seed: SocketAddr, e: peercache_wire::WireError) -> Option<Refused> {
+        use peercache_wire::WireError as W;
+        let hint = match e {
+            W::Unauthenticated(_) => {
+                " — pass --cluster-secret-file FILE or set PEERCACHE_CLUSTER_SECRET to the \
+                 cluster's secret"
+            }
+            W::HandshakeVersion { .. } => "",
+            _ => return None,
+        };
+        Some(Refused {
+            seed,
+            cause: e,
+            hint,
+        })
+    }
+}
+
+/// Asks the seeds for the members (the union of their answers). Fails with [`Refused`] when
+/// every seed that answered refused the handshake.
 pub fn members(
     seeds: &[SocketAddr],
     timeout: Duration,
@@ -53,17 +87,27 @@ pub fn members(
     let calls: Vec<(SocketAddr, &[u8])> = seeds.iter().map(|s| (*s, req.as_slice())).collect();
     let mut all: std::collections::BTreeMap<String, NodeInfo> = Default::default();
     let mut answered = 0;
-    for r in client.call_many(&calls, timeout) {
-        if let Ok(DiscReply::Members { members, .. }) =
-            r.and_then(|f| rpc::decode_reply::<DiscReply>(&f))
-        {
-            answered += 1;
-            for m in members {
-                all.insert(m.node.to_string(), m);
+    let mut refused = None;
+    for (seed, r) in seeds.iter().zip(client.call_many(&calls, timeout)) {
+        match r.and_then(|f| rpc::decode_reply::<DiscReply>(&f)) {
+            Ok(DiscReply::Members { members, .. }) => {
+                answered += 1;
+                for m in members {
+                    all.insert(m.node.to_string(), m);
+                }
             }
+            Err(e) => {
+                if refused.is_none() {
+                    refused = Refused::of(*seed, e);
+                }
+            }
+            Ok(_) => {}
         }
     }
     if answered == 0 {
+        if let Some(r) = refused {
+            return Err(r.into());
+        }
         bail!("no discovery server answered at {seeds:?}");
     }
     Ok(all.into_values().collect())
@@ -123,7 +167,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
         );
         return Ok(());
     }
-    println!("{} members, masters {:?}", rows.len(), masters);
+    let noun = if rows.len() == 1 { "member" } else { "members" };
+    println!("{} {noun}, masters {:?}", rows.len(), masters);
     println!(
         "{:<36} {:<9} {:<22} {:<22} {:>7} {:>12} {:>10}",
         "node", "role", "control", "data", "master", "pool used", "shard"

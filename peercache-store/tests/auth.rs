@@ -222,3 +222,56 @@ fn secret_from_a_file_and_weak_secrets() {
     .unwrap();
     assert!(!format!("{full:?}").contains("battery"));
 }
+
+/// A tool whose handshake the cluster refuses says so, and how to fix it — at once, not after
+/// its wait: `status` and `drive` without the secret (real `peercache-node` processes of the
+/// tool, against a node that has one).
+#[test]
+fn a_tool_without_the_secret_is_told_it_is_not_authenticated_and_how_to_fix_it() {
+    let port = free_port();
+    let node = Store::start(cfg(20, port, Some(SECRET))).unwrap();
+    node.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let seed = format!("127.0.0.20:{port}");
+    // The library call: a typed refusal.
+    let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
+    let e =
+        peercache_store::status::members(&seeds, Duration::from_secs(2), Auth::none()).unwrap_err();
+    assert!(e.is::<peercache_store::status::Refused>(), "{e:#}");
+    // The binaries: a clear line on stderr, a failing exit code, no long wait.
+    for args in [
+        vec![
+            "status",
+            "--discovery-addr",
+            seed.as_str(),
+            "--timeout",
+            "2",
+        ],
+        vec![
+            "drive",
+            "--discovery-addr",
+            seed.as_str(),
+            "--write-on",
+            "n20",
+            "--wait",
+            "30",
+        ],
+    ] {
+        let t0 = std::time::Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
+            .args(&args)
+            .env_remove("PEERCACHE_CLUSTER_SECRET")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains("not authenticated"), "{args:?}: {err}");
+        assert!(err.contains("PEERCACHE_CLUSTER_SECRET"), "{args:?}: {err}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{args:?} took {:?}",
+            t0.elapsed()
+        );
+    }
+    node.shutdown();
+}

@@ -22,6 +22,7 @@
 mod table;
 mod lower;
 mod security;
+mod suggest;
 mod values;
 
 #[cfg(test)]
@@ -481,8 +482,11 @@ impl PeerCacheConfig {
         let mut warnings = Vec::new();
         for (k, v) in map {
             if !cfg.set(k, v)? && !SGLANG_KEYS.contains(&k.as_str()) {
+                let hint = suggest::nearest(k, KEYS)
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default();
                 warnings.push(format!(
-                    "unknown config key `{k}` ignored (see docs/configuration.md)"
+                    "unknown config key `{k}` ignored{hint} (see docs/configuration.md)"
                 ));
             }
         }

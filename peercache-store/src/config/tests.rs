@@ -373,3 +373,15 @@ fn a_malformed_override_is_a_typed_error() {
     let m = parse_overrides(&["prefix=a=b".to_string()]).unwrap();
     assert_eq!(m["prefix"], "a=b", "only the first = splits");
 }
+
+#[test]
+fn a_mistyped_key_warns_with_the_nearest_known_key() {
+    let mut m = map(serde_json::json!({"discovery_addr": "127.0.0.1:31998"}));
+    m.insert("directory_replica".into(), 3.into());
+    let (_, warnings) = PeerCacheConfig::from_map(&m).unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("did you mean `directory_replicas`?"),
+        "{warnings:?}"
+    );
+}
