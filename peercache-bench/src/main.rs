@@ -61,7 +61,12 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // One line with the cause chain on failure, never a backtrace.
+    peercache_store::cli::report(run())
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

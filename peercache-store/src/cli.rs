@@ -177,3 +177,15 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
     server.shutdown();
     Ok(())
 }
+
+/// Ends a binary: on error, one line with the cause chain (`error: outer: inner: …`) on stderr
+/// and exit status 1 — never a backtrace, whatever `RUST_BACKTRACE` says.
+pub fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

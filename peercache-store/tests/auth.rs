@@ -229,9 +229,16 @@ fn secret_from_a_file_and_weak_secrets() {
 #[test]
 fn a_tool_without_the_secret_is_told_it_is_not_authenticated_and_how_to_fix_it() {
     let port = free_port();
-    let node = Store::start(cfg(20, port, Some(SECRET))).unwrap();
+    // Its own address: the other tests of this file run beside it on 127.0.0.20–22.
+    let node = Store::start(common::config(
+        "127.0.0.23",
+        "127.0.0.23",
+        port,
+        json!({ "cluster_secret": SECRET }),
+    ))
+    .unwrap();
     node.wait_ready(Some(Duration::from_secs(10))).unwrap();
-    let seed = format!("127.0.0.20:{port}");
+    let seed = format!("127.0.0.23:{port}");
     // The library call: a typed refusal.
     let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
     let e =
@@ -251,7 +258,7 @@ fn a_tool_without_the_secret_is_told_it_is_not_authenticated_and_how_to_fix_it()
             "--discovery-addr",
             seed.as_str(),
             "--write-on",
-            "n20",
+            "n23",
             "--wait",
             "30",
         ],

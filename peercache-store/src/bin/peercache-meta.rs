@@ -2,6 +2,8 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    peercache_store::cli::run_meta(peercache_store::cli::MetaArgs::parse())
+fn main() -> std::process::ExitCode {
+    peercache_store::cli::report(peercache_store::cli::run_meta(
+        peercache_store::cli::MetaArgs::parse(),
+    ))
 }

@@ -2,9 +2,9 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    peercache_store::cli::run_node(
+fn main() -> std::process::ExitCode {
+    peercache_store::cli::report(peercache_store::cli::run_node(
         peercache_store::cli::NodeArgs::parse(),
         peercache_store::Role::Storage,
-    )
+    ))
 }
