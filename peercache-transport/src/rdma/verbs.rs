@@ -19,9 +19,7 @@ use std::time::Duration;
 use rdma_mummy_sys::ibv_sge;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{
-    ExtendedCompletionQueue, GenericCompletionQueue, PollCompletionQueueError, WorkCompletionStatus,
-};
+use sideway::ibverbs::completion::{ExtendedCompletionQueue, GenericCompletionQueue};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -326,6 +324,8 @@ pub struct SidewayQp {
     /// Client side: keeps the peer's queue pair alive (dropped after `qp`).
     _keepalive: Option<std::net::TcpStream>,
     sges: Vec<ibv_sge>,
+    /// Completions of one poll (capacity fixed at creation).
+    wcs: Vec<rdma_mummy_sys::ibv_wc>,
 }
 
 impl QueuePair for SidewayQp {
@@ -356,29 +356,38 @@ impl QueuePair for SidewayQp {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _max: usize) -> usize {
-        let before = out.len();
-        match self.cq.start_poll() {
-            Ok(poller) => {
-                // Every completion the poller took off the queue is reported: it cannot be
-                // put back, so a `max` below the poll batch would lose completions.
-                for wc in poller {
-                    let st = wc.status();
-                    let status = if st == WorkCompletionStatus::Success as u32 {
-                        WcStatus::Success
-                    } else if st == WorkCompletionStatus::WorkRequestFlushedError as u32 {
-                        WcStatus::Flushed
-                    } else {
-                        WcStatus::Error(st)
-                    };
-                    out.push(Completion {
-                        wr_id: wc.wr_id(),
-                        status,
-                    });
-                }
-            }
-            Err(PollCompletionQueueError::CompletionQueueEmpty) => {}
-            Err(e) => tracing::warn!(error = %e, "polling a completion queue failed"),
+        // `ibv_poll_cq` into a buffer allocated once per queue pair. (The extended CQ's
+        // start/next/end poll returned one completion over and over on rxe after a poll round
+        // that drained the queue, so a later batch never saw its own completions.)
+        let cap = self.wcs.capacity().max(1);
+        // SAFETY: the completion queue lives as long as `self.cq`; an extended CQ starts with
+        // the fields of `ibv_cq` (rdma-core's `ibv_cq_ex_to_cq` is this cast), and `wcs` has
+        // room for `cap` entries, which is what the call may write.
+        let n = unsafe {
+            let cq = sideway::ibverbs::completion::CompletionQueue::cq(&*self.cq);
+            rdma_mummy_sys::ibv_poll_cq(cq.as_ptr(), cap as i32, self.wcs.as_mut_ptr())
+        };
+        if n < 0 {
+            tracing::warn!(code = n, "polling a completion queue failed");
+            return 0;
         }
+        // SAFETY: the provider wrote the first `n` (≤ cap) entries.
+        unsafe { self.wcs.set_len(n as usize) };
+        let before = out.len();
+        for wc in &self.wcs {
+            let status = if wc.status == rdma_mummy_sys::ibv_wc_status::IBV_WC_SUCCESS {
+                WcStatus::Success
+            } else if wc.status == rdma_mummy_sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                WcStatus::Flushed
+            } else {
+                WcStatus::Error(wc.status)
+            };
+            out.push(Completion {
+                wr_id: wc.wr_id,
+                status,
+            });
+        }
+        self.wcs.clear();
         out.len() - before
     }
 
@@ -414,6 +423,7 @@ impl SidewayVerbs {
             depth: self.cfg.sq_depth.max(1) as usize,
             _keepalive: keepalive,
             sges: Vec::with_capacity(self.rails[rail].max_sge as usize),
+            wcs: Vec::with_capacity(self.cfg.sq_depth.max(1) as usize + 1),
         }
     }
 }
