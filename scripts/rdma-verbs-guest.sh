@@ -27,7 +27,10 @@ done
 
 step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, over kernel verbs"
 # The newest build of the test binary (older ones may linger in a warm target directory).
-t=$(ls -t target/release/deps/verbs_lab-* | while read -r f; do [ -x "$f" ] && echo "$f"; done | head -n 1)
+t=""
+for f in $(ls -t target/release/deps/verbs_lab-*); do
+  if [ -x "$f" ]; then t=$f; break; fi
+done
 [ -n "$t" ] || { echo "no verbs_lab test binary: run scripts/rdma-verbs.sh" >&2; exit 1; }
 timeout 300 "$t" --ignored --test-threads=1
 
