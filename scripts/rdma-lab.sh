@@ -5,7 +5,8 @@
 # Debian's stock kernel with soft-RoCE (`rdma_rxe`), and runs COMMAND in it, in the current
 # directory, exiting with COMMAND's status. Inside the guest:
 #   - the host's root is the guest's root, read-only over 9p (host-built binaries run as they
-#     are; build before booting: the guest sees files as they were at boot);
+#     are; build before booting: the guest sees files as they were at boot), and the current
+#     directory is shared again at its own path (so it is visible even under /tmp);
 #   - /tmp, /run, /dev/shm and HOME=/tmp/home are writable tmpfs; `ulimit -l unlimited`;
 #   - a veth pair v0 = 10.77.0.1/24, v1 = 10.77.0.2/24, and `rxe0` on v0 (RoCE v2, GID index 1:
 #     both addresses reach rxe0 through its loopback; two rxe devices could not reach each other);
@@ -47,7 +48,7 @@ if [ -z "$kpkg" ]; then
   kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 fi
 [ -n "$kpkg" ] || { echo "rdma-lab: cannot resolve linux-image-amd64's kernel" >&2; exit 1; }
-kdir="$CACHE/$kpkg"
+kdir="$CACHE/$kpkg-init2"  # the suffix names the init script's version
 if [ ! -s "$kdir/initrd.gz" ] || [ ! -s "$kdir/vmlinuz" ]; then
   echo "rdma-lab: preparing $kpkg"
   work=$(mktemp -d)
@@ -107,6 +108,10 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm && mount -t devpts devpts /newroot/de
 mount -t tmpfs tmpfs /newroot/dev/shm
 mkdir -p /newroot/tmp/lab-io
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none labio /newroot/tmp/lab-io
+# The caller's directory at its own path, also when it lies under a tmpfs mounted above.
+p=$(cat /newroot/tmp/lab-io/projdir)
+mkdir -p "/newroot$p" 2>/dev/null
+mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=262144,cache=loose proj "/newroot$p"
 chroot /newroot /bin/bash /tmp/lab-io/boot.sh </dev/console >/dev/console 2>&1
 echo "lab: guest done"
 poweroff -f
@@ -146,6 +151,7 @@ secret=${PEERCACHE_CLUSTER_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr 
   echo "echo \$? > /tmp/lab-io/rc"
 } > "$io/boot.sh"
 echo 98 > "$io/rc" # stays if the guest never reaches the command
+printf '%s' "$PWD" > "$io/projdir"
 
 echo "rdma-lab: booting $kpkg (TCG) for: $*"
 set +e
@@ -156,7 +162,9 @@ timeout --kill-after=10 "$LAB_TIMEOUT" qemu-system-x86_64 \
   -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
   -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
   -fsdev local,id=labio,path="$io",security_model=none,multidevs=remap \
-  -device virtio-9p-pci,fsdev=labio,mount_tag=labio
+  -device virtio-9p-pci,fsdev=labio,mount_tag=labio \
+  -fsdev local,id=proj,path="$PWD",security_model=none,readonly=on,multidevs=remap \
+  -device virtio-9p-pci,fsdev=proj,mount_tag=proj
 qrc=$?
 set -e
 rc=$(cat "$io/rc" 2>/dev/null || echo 98)
