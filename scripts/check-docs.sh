@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
-for en in README.md docs/getting-started.md docs/sglang.md docs/positioning.md docs/operations.md docs/security.md docs/slotmap.md docs/pd-handoff.md docs/reliability.md docs/rdma-validation.md docs/multi-node.md docs/performance.md; do
+for en in README.md docs/getting-started.md docs/sglang.md docs/positioning.md docs/operations.md docs/security.md docs/slotmap.md docs/pd-handoff.md docs/reliability.md docs/rdma-validation.md docs/multi-node.md docs/performance.md docs/rdma.md; do
   zh="${en%.md}.zh.md"
   if [ ! -f "$zh" ]; then echo "missing translation: $zh (of $en)"; fail=1; continue; fi
   grep -q "($(basename "$zh"))" "$en" || { echo "$en does not link to $(basename "$zh")"; fail=1; }
