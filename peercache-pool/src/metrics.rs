@@ -43,6 +43,19 @@ pub const PROMOTES_TOTAL: &str = "peercache_promotes_total";
 /// Torn or corrupt disk records found.
 pub const DISK_CORRUPT_TOTAL: &str = "peercache_disk_corrupt_total";
 
+/// The disk tier's counters: a node with the tier off registers them at 0, so a dashboard finds
+/// the same series on every node.
+pub const DISK_COUNTERS: &[&str] = &[
+    DISK_WRITES_TOTAL,
+    DISK_BYTES_WRITTEN_TOTAL,
+    DISK_READS_TOTAL,
+    DISK_EVICTIONS_TOTAL,
+    DISK_RECOVERED_TOTAL,
+    DISK_DROPPED_TOTAL,
+    DISK_CORRUPT_TOTAL,
+    PROMOTES_TOTAL,
+];
+
 #[derive(Clone)]
 pub(crate) struct Handles {
     pub(crate) pages: [Gauge; 2],

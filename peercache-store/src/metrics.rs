@@ -74,6 +74,24 @@ pub const OP_LATENCY: &str = "peercache_op_latency_seconds";
 /// Members seen by discovery.
 pub const MEMBERS: &str = "peercache_members";
 
+/// Registers at 0 the series the lower crates create only when their part runs — the RDMA
+/// path, the disk tier, authentication — so a dashboard, an alert or a newcomer's grep finds
+/// every documented series on every node from its start. (A counter registered twice is one
+/// series: the part that runs later counts into the same one.)
+fn register_idle_series(node: &str) {
+    let zero = |name: &'static str| {
+        metrics::counter!(name, "node" => node.to_string()).increment(0);
+    };
+    peercache_transport::metrics::rdma::ALL
+        .iter()
+        .chain(peercache_pool::metrics::DISK_COUNTERS)
+        .chain(&[peercache_wire::metrics::AUTH_REJECTED_TOTAL])
+        .for_each(|name| zero(name));
+    // Added to, not set: a disk tier that already disabled itself keeps its 1.
+    metrics::gauge!(peercache_pool::metrics::DISK_DISABLED, "node" => node.to_string())
+        .increment(0.0);
+}
+
 /// Handles of one node.
 #[derive(Clone)]
 pub(crate) struct Handles {
@@ -129,6 +147,7 @@ impl Handles {
     }
 
     pub(crate) fn register(node: &str) -> Self {
+        register_idle_series(node);
         let n = node.to_string();
         let c = |name: &'static str| Tally::new(metrics::counter!(name, "node" => n.clone()));
         Handles {

@@ -261,3 +261,115 @@ fn stats_and_the_scrape_read_the_same_counts() {
         );
     }
 }
+
+/// Every series name the docs mention (`peercache_…` in README.md and docs/*.md, English
+/// pages), without module paths (`peercache_store::…`), log filters (`peercache_pool=debug`)
+/// and prefixes (`peercache_disk_*`).
+fn documented_series() -> std::collections::BTreeSet<String> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut pages = vec![std::path::PathBuf::from(format!("{root}/README.md"))];
+    for e in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.ends_with(".md") && !name.ends_with(".zh.md") {
+            pages.push(p);
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("peercache_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            let (name, after) = tail.split_at(end);
+            rest = after;
+            let module_or_filter = after.starts_with(':') || after.starts_with('=');
+            if module_or_filter || name.ends_with('_') || name == "peercache_bench" {
+                continue;
+            }
+            names.insert(name.to_string());
+        }
+    }
+    names
+}
+
+/// The series a scrape shows for `node`.
+fn series_of(scrape: &prometheus_parse::Scrape, node: &str) -> std::collections::BTreeSet<String> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.labels.get("node") == Some(node))
+        .map(|s| s.metric.clone())
+        .collect()
+}
+
+#[test]
+fn every_documented_series_is_there_from_the_start() {
+    let documented = documented_series();
+    assert!(
+        documented.len() > 50,
+        "the docs name {} series",
+        documented.len()
+    );
+    let port = free_port();
+    // A plain TCP node without the disk tier or a secret: the RDMA, disk and authentication
+    // series are registered anyway, at 0.
+    let m = json!({
+        "discovery_addr": format!("127.0.0.43:{port}"), "protocol": "tcp",
+        "local_hostname": "127.0.0.43", "rdma_bind_host": "127.0.0.43",
+        "control_bind_host": "127.0.0.43", "meta_bind_host": "127.0.0.43",
+        "metrics_bind_host": "127.0.0.43", "metrics_port": 0, "global_segment_size": "16mb",
+    });
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let ep = s.metrics_endpoint().expect("metrics enabled");
+    let me = s.node_id().to_string();
+
+    let parse = |body: String| {
+        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+            .expect("valid exposition")
+    };
+    let scrape = parse(get(ep, "/metrics").2);
+    let fresh = series_of(&scrape, &me);
+    // Histograms render once they hold a sample (the docs say so): one call of each kind.
+    let histograms: Vec<&String> = documented
+        .iter()
+        .filter(|n| n.contains("_seconds"))
+        .collect();
+    let missing: Vec<&String> = documented
+        .iter()
+        .filter(|n| !n.contains("_seconds") && !fresh.contains(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented but not exported at start: {missing:?}"
+    );
+    for name in [
+        "peercache_rdma_read_ops_total",
+        "peercache_disk_disabled",
+        "peercache_auth_rejected_total",
+    ] {
+        assert_eq!(sample(&scrape, name, &me, &[]), 0.0, "{name} at 0");
+    }
+
+    let page = vec![3u8; 4096];
+    s.batch_set(&["h"], &[&page]).unwrap();
+    s.batch_exists(&["h"]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    s.batch_get(&["h"], &mut [&mut buf[..]]).unwrap();
+    let after = series_of(&parse(get(ep, "/metrics").2), &me);
+    for h in histograms {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .fold(h.as_str(), |n, suffix| n.trim_end_matches(suffix));
+        assert!(
+            after.contains(family) || after.contains(&format!("{family}_count")),
+            "histogram {h} after one call of each kind"
+        );
+    }
+    s.shutdown();
+}

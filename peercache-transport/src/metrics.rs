@@ -66,6 +66,26 @@ pub mod rdma {
     /// Queue pairs whose drain did not finish within the grace after an error or a timeout
     /// (destroyed instead, which stops their DMA before the batch returns).
     pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
+
+    /// Every counter above: a node without an RDMA path registers them at 0, so a dashboard
+    /// finds the same series on every node.
+    pub const ALL: &[&str] = &[
+        OPS,
+        BYTES,
+        WRITE_OPS,
+        WRITE_BYTES,
+        OP_ERRORS,
+        LAZY,
+        FALLBACKS,
+        TABLE_FETCHES,
+        WORK_REQUESTS,
+        WC_ERRORS,
+        TIMEOUTS,
+        DISCARDS,
+        POST_FAILURES,
+        LEASE_FAILURES,
+        DRAIN_TIMEOUTS,
+    ];
 }
 
 fn tally(name: &'static str) -> Tally {
