@@ -27,6 +27,7 @@ pub mod header;
 pub mod mem;
 pub mod metrics;
 mod pool;
+mod prefault;
 pub mod slotmap;
 mod state;
 

@@ -14,7 +14,8 @@ pub trait RegionAlloc: Send + Sync {
 }
 
 /// An anonymous private mapping; tries explicit huge pages when asked, falls back to normal
-/// pages (with transparent-huge-page advice), and pre-faults with `MAP_POPULATE`.
+/// pages (with transparent-huge-page advice given before the first fault), and pre-faults every
+/// page (with progress in the log for a large pool).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MmapAlloc {
     /// Try `MAP_HUGETLB` first.
@@ -78,7 +79,7 @@ fn mmap(len: usize, extra: libc::c_int) -> Option<*mut u8> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | extra,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
             -1,
             0,
         )
@@ -93,7 +94,8 @@ impl RegionAlloc for MmapAlloc {
         }
         if self.hugepages {
             let huge_len = len.div_ceil(2 << 20) * (2 << 20);
-            if let Some(ptr) = mmap(huge_len, libc::MAP_HUGETLB) {
+            // Huge pages are reserved whole at map time; populate them there too.
+            if let Some(ptr) = mmap(huge_len, libc::MAP_HUGETLB | libc::MAP_POPULATE) {
                 return Ok(Mapping {
                     ptr,
                     len: huge_len,
@@ -107,29 +109,13 @@ impl RegionAlloc for MmapAlloc {
             len,
             detail: std::io::Error::last_os_error().to_string(),
         })?;
-        prefault(ptr, len);
+        crate::prefault::prefault(ptr, len);
         Ok(Mapping {
             ptr,
             len,
             huge: false,
             fd: None,
         })
-    }
-}
-
-/// Asks for transparent huge pages and touches every page, so no fault lands on the hot path
-/// (`MAP_POPULATE` is best effort).
-fn prefault(ptr: *mut u8, len: usize) {
-    // SAFETY: advice on a range the caller just mapped; failure is harmless.
-    unsafe {
-        libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-    }
-    let page = 4096;
-    let mut off = 0;
-    while off < len {
-        // SAFETY: `off < len`, inside the mapping.
-        unsafe { std::ptr::write_volatile(ptr.add(off), 0) };
-        off += page;
     }
 }
 
@@ -204,7 +190,7 @@ fn map_shared(fd: &OwnedFd, len: usize) -> Result<*mut u8, std::io::Error> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
+            libc::MAP_SHARED,
             std::os::fd::AsRawFd::as_raw_fd(fd),
             0,
         )
@@ -233,6 +219,7 @@ impl RegionAlloc for MemfdAlloc {
                     huge: true,
                     fd: None,
                 };
+                crate::prefault::prefault(ptr, huge_len);
                 mapping.fd = Some(seal_read_only(&fd).map_err(|e| PoolError::Map {
                     len,
                     detail: format!("sealing the shared memory file: {e}"),
@@ -256,7 +243,7 @@ impl RegionAlloc for MemfdAlloc {
             huge: false,
             fd: None,
         };
-        prefault(ptr, len);
+        crate::prefault::prefault(ptr, len);
         mapping.fd = Some(seal_read_only(&fd).map_err(err)?);
         Ok(mapping)
     }
