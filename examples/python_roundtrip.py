@@ -1,7 +1,10 @@
 """Two PeerCache nodes in one Python process: store bytes on one, read them on the other.
 
-    bash scripts/pytest.sh   # builds the wheel into a venv once
-    python examples/python_roundtrip.py
+    bash scripts/python.sh examples/python_roundtrip.py
+
+(`scripts/python.sh` builds the wheel from this checkout into a cached virtualenv and runs
+Python there; in a virtualenv of your own, `pip install maturin && maturin develop --release
+-m peercache-py/Cargo.toml` once, then `python examples/python_roundtrip.py`.)
 """
 
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the examples: the Rust one, and the Python one against the wheel built by pytest.sh.
+# Runs the examples: the Rust ones, and the Python one against the wheel built from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every node and tool below proves this run's generated cluster secret (read from the
@@ -8,8 +8,8 @@ PEERCACHE_CLUSTER_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(3
 export PEERCACHE_CLUSTER_SECRET
 cargo run --release --locked -q -p peercache-store --example two_nodes
 cargo run --release --locked -q -p peercache-store --example node_from_config
-source scripts/venv.sh
-python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m peercache-py/Cargo.toml
-python examples/python_roundtrip.py
+cargo run --release --locked -q -p peercache-store --example quickstart
+bash scripts/python.sh examples/python_roundtrip.py
+bash scripts/python.sh examples/pd_handoff.py
 # The four-process walk-through of docs/multi-node.md.
 bash scripts/multi-node.sh

@@ -6,6 +6,8 @@
 # bench. Fails with the guest command's status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/prereqs.sh
+need_rdma_build_tools "with --features rdma"
 cargo build --release --locked -q -p peercache-store -p peercache-bench \
   --features peercache-store/rdma,peercache-bench/rdma --bins
 cargo test --release --locked -q -p peercache-transport --features rdma --test verbs_lab --no-run

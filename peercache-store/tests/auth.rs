@@ -262,6 +262,14 @@ fn a_tool_without_the_secret_is_told_it_is_not_authenticated_and_how_to_fix_it()
             "--wait",
             "30",
         ],
+        vec![
+            "locate",
+            "--discovery-addr",
+            seed.as_str(),
+            "--timeout",
+            "2",
+            "some-key",
+        ],
     ] {
         let t0 = std::time::Instant::now();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
