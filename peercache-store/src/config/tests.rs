@@ -265,9 +265,9 @@ fn every_key_is_documented() {
     }
 }
 
-/// The rows of the key table in `docs/configuration.md`: key → default column.
-fn documented_defaults() -> BTreeMap<String, String> {
-    let doc = include_str!("../../../docs/configuration.md");
+/// The rows of a key table (`docs/configuration.md` or its translation), in order: key →
+/// default column.
+fn table_rows(doc: &str) -> Vec<(String, String)> {
     doc.lines()
         .filter_map(|l| l.strip_prefix("| `"))
         .filter_map(|l| {
@@ -276,6 +276,34 @@ fn documented_defaults() -> BTreeMap<String, String> {
             Some((key.to_string(), default.trim().to_string()))
         })
         .collect()
+}
+
+/// The rows of the key table in `docs/configuration.md`: key → default column.
+fn documented_defaults() -> BTreeMap<String, String> {
+    table_rows(include_str!("../../../docs/configuration.md"))
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn the_translated_table_has_the_same_keys_and_code_defaults() {
+    let en = table_rows(include_str!("../../../docs/configuration.md"));
+    let zh = table_rows(include_str!("../../../docs/configuration.zh.md"));
+    let keys = |rows: &[(String, String)]| rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        keys(&zh),
+        keys(&en),
+        "docs/configuration.zh.md: keys or their order"
+    );
+    for ((key, en_default), (_, zh_default)) in en.iter().zip(&zh) {
+        // Words ("required", "auto") are translated; values in code are not.
+        if en_default.starts_with('`') {
+            assert_eq!(
+                zh_default, en_default,
+                "docs/configuration.zh.md: default of `{key}`"
+            );
+        }
+    }
 }
 
 #[test]
