@@ -129,6 +129,39 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     assert_eq!(*connects.lock(), vec![2]);
 }
 
+/// Found on soft-RoCE with a peer killed mid-batch: a batch longer than the send queue is
+/// posted a window at a time, and when the first window timed out the ops of the windows never
+/// posted were reported as done, their destination untouched.
+#[test]
+fn ops_of_windows_never_posted_fail_when_an_earlier_window_times_out() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(6 * 4096, 13);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    // A send queue of 2: six ops are three windows.
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 2), 4);
+    let mut local = vec![0u8; 6 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
+    let ops: Vec<EngineOp> = local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
+        .collect();
+    fabric.stall.store(true, Ordering::Release);
+    let r = engine.execute("peer-w", &ops, Duration::from_millis(50));
+    fabric.stall.store(false, Ordering::Release);
+    assert!(
+        r.iter().all(|x| *x == Err(RdmaOpError::Timeout)),
+        "every op of the batch timed out, posted or not: {r:?}"
+    );
+    assert!(local.iter().all(|&b| b == 0));
+    assert_eq!(
+        engine.counters.wrs_posted.get(),
+        2,
+        "only the first window was posted"
+    );
+}
+
 #[test]
 fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
     let fabric = Fabric::new();

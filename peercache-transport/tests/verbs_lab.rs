@@ -217,3 +217,173 @@ fn a_batch_of_many_after_a_batch_of_one_completes_on_the_same_queue_pair() {
         assert!(dst.mem[..k] == src.mem[..k]);
     }
 }
+
+/// Set in the child process of the kill test: the file it announces its region in.
+const CHILD_ENV: &str = "PEERCACHE_LAB_KILL_CHILD";
+
+/// The kill test's child: a transport with one 32 MiB remote-readable region, announced in
+/// `file` as "endpoint key base len", served until the parent kills it.
+fn serve_until_killed(file: &str) -> ! {
+    let (_, _, addrs) = lab();
+    let t = verbs_transport(addrs[0], "doomed", false);
+    let r = region(&t, 32 << 20, Access::RemoteRead, 11);
+    let tmp = format!("{file}.tmp");
+    std::fs::write(
+        &tmp,
+        format!(
+            "{} {} {} {}",
+            t.local_endpoint(),
+            r.h.key().0,
+            r.h.addr(0),
+            r.mem.len()
+        ),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// The results of a batch as runs: "0-127 ok, 128 Wc(12), 129-255 flushed".
+fn runs_of(ops: &[Result<(), OpError>]) -> String {
+    let label = |r: &Result<(), OpError>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("{e:?}"),
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut start = 0;
+    for i in 1..=ops.len() {
+        if i == ops.len() || label(&ops[i]) != label(&ops[start]) {
+            let l = label(&ops[start]);
+            out.push(if i - 1 == start {
+                format!("{start} {l}")
+            } else {
+                format!("{start}-{} {l}", i - 1)
+            });
+            start = i;
+        }
+    }
+    out.join(", ")
+}
+
+/// Polls `done` every 20 ms until it holds, for at most `limit`.
+fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)"]
+fn a_peer_killed_mid_batch_fails_the_batch_within_the_deadline_and_the_next_peer_works() {
+    if let Ok(file) = std::env::var(CHILD_ENV) {
+        serve_until_killed(&file);
+    }
+    let (_, _, addrs) = lab();
+    // The owner is another process, so it can be killed with SIGKILL mid-batch.
+    let file = std::env::temp_dir().join(format!("verbs-kill-{}", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "a_peer_killed_mid_batch_fails_the_batch_within_the_deadline_and_the_next_peer_works",
+        ])
+        .env(CHILD_ENV, &file)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(60), "the child's region", || {
+        file.exists()
+    });
+    let text = std::fs::read_to_string(&file).unwrap();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let (endpoint, key, base, len): (SocketAddr, u64, u64, usize) = (
+        f[0].parse().unwrap(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+    );
+    let expected = pattern(11, len);
+
+    let reader = verbs_transport(addrs[1], "reader-4", false);
+    let mut dst = region(&reader, len, Access::LocalOnly, 12);
+    dst.mem.fill(0);
+    const PAGE: u32 = 128 << 10;
+    let pages = len as u64 / u64::from(PAGE);
+    let mut b = Batch::new();
+    for i in 0..pages {
+        let at = i * u64::from(PAGE);
+        b.push(
+            RemoteRange {
+                region: peercache_transport::RegionKey(key),
+                addr: base + at,
+                len: PAGE,
+            },
+            &[seg(&dst.h, at, PAGE)],
+        );
+    }
+    let (result, took) = std::thread::scope(|s| {
+        let batch = s.spawn(|| {
+            let t0 = std::time::Instant::now();
+            let r = reader.read_batch(endpoint, &b);
+            (r, t0.elapsed())
+        });
+        // Kill the owner as soon as the first page has landed: the batch is in flight.
+        let first = dst.mem.as_ptr();
+        wait_for(Duration::from_secs(60), "the first page", || {
+            // SAFETY: a volatile read of memory the NIC is writing; only its value is racy.
+            (0..64).any(|i| unsafe { std::ptr::read_volatile(first.add(i)) } != 0)
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        batch.join().unwrap()
+    });
+    let _ = std::fs::remove_file(&file);
+    // A typed failure, within the deadline plus the bounded drain.
+    assert!(
+        took < DEADLINE + Duration::from_secs(5),
+        "the batch took {took:?}"
+    );
+    // The batch has returned: the destination is the reader's again.
+    let got = &dst.mem;
+    match result {
+        Err(e) => eprintln!("the batch failed as a whole: {e}"),
+        Ok(ops) => {
+            let failed = ops.iter().filter(|r| r.is_err()).count();
+            let runs = runs_of(&ops);
+            assert!(failed > 0, "every op succeeded although the owner died");
+            eprintln!("{failed} of {} ops failed: {runs}", ops.len());
+            // Ops reported done hold the owner's bytes, never anything else.
+            for (i, r) in ops.iter().enumerate() {
+                let at = i * PAGE as usize;
+                let page = &got[at..at + PAGE as usize];
+                let want = &expected[at..at + PAGE as usize];
+                if r.is_ok() && page != want {
+                    let same = page.iter().zip(want).take_while(|(a, b)| a == b).count();
+                    panic!(
+                        "op {i} reported done but holds other bytes (first {same} right); ops: {runs}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        reader.stats().op_errors + reader.stats().batch_errors > 0,
+        "counted"
+    );
+
+    // The next batch, to a live peer on the same device, works.
+    let other = verbs_transport(addrs[0], "other-4", false);
+    let good = region(&other, 1 << 20, Access::RemoteRead, 13);
+    let mut b = Batch::new();
+    b.push(remote(&good.h, 0, 1 << 20), &[seg(&dst.h, 0, 1 << 20)]);
+    assert_eq!(
+        reader.read_batch(other.local_endpoint(), &b).unwrap(),
+        vec![Ok(())]
+    );
+    assert!(dst.mem[..1 << 20] == good.mem[..]);
+}

@@ -409,18 +409,25 @@ impl<V: Verbs> Engine<V> {
         for d in &mut done[..posted] {
             d.get_or_insert(unknown);
         }
+        // Requests of windows never posted (an earlier window failed or timed out) did not
+        // run: their ops failed with the batch, whatever the posted ones did.
+        for d in &mut done[posted..] {
+            d.get_or_insert(WcStatus::Flushed);
+        }
         for (k, &(first, n)) in spans.iter().enumerate() {
+            // The op's first request that did not succeed decides; every request has a
+            // status by now.
             let st = done[first..first + n]
                 .iter()
-                .copied()
-                .find(|d| *d != Some(WcStatus::Success))
-                .flatten();
+                .map(|d| d.unwrap_or(WcStatus::Flushed))
+                .find(|d| *d != WcStatus::Success)
+                .unwrap_or(WcStatus::Success);
             results[share[k]] = match st {
-                None | Some(WcStatus::Success) => Ok(()),
-                Some(WcStatus::Flushed) if timed_out => Err(RdmaOpError::Timeout),
-                Some(WcStatus::Flushed) => Err(RdmaOpError::Flushed),
-                Some(WcStatus::Error(u32::MAX)) => Err(RdmaOpError::Post),
-                Some(WcStatus::Error(c)) => Err(RdmaOpError::Wc(c)),
+                WcStatus::Success => Ok(()),
+                WcStatus::Flushed if timed_out => Err(RdmaOpError::Timeout),
+                WcStatus::Flushed => Err(RdmaOpError::Flushed),
+                WcStatus::Error(u32::MAX) => Err(RdmaOpError::Post),
+                WcStatus::Error(c) => Err(RdmaOpError::Wc(c)),
             };
         }
         healthy
