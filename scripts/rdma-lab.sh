@@ -11,7 +11,8 @@
 #   - a veth pair v0 = 10.77.0.1/24, v1 = 10.77.0.2/24, and `rxe0` on v0 (RoCE v2, GID index 1:
 #     both addresses reach rxe0 through its loopback; two rxe devices could not reach each other);
 #   - PEERCACHE_LAB=1, PEERCACHE_LAB_DEVICE=rxe0, PEERCACHE_LAB_GID=1,
-#     PEERCACHE_LAB_ADDRS="10.77.0.1 10.77.0.2", and PEERCACHE_CLUSTER_SECRET (generated when the
+#     PEERCACHE_LAB_ADDRS="10.77.0.1 10.77.0.2", PEERCACHE_LAB_MTU (rxe0's active MTU in
+#     bytes), and PEERCACHE_CLUSTER_SECRET (generated when the
 #     caller did not set one) in the environment.
 # COMMAND's output is the guest console's. The kernel is the one `linux-image-amd64` depends on
 # today; it and the initramfs are cached under ${PEERCACHE_CI_CACHE:-~/.cache/peercache-ci}.
@@ -145,6 +146,8 @@ secret=${PEERCACHE_CLUSTER_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr 
   # rxe0 turns ACTIVE a few seconds after the link is up.
   echo "for i in \$(seq 1 300); do ibv_devinfo -d rxe0 2>/dev/null | grep -q PORT_ACTIVE && break; sleep 0.1; done"
   echo "ibv_devinfo -d rxe0 | grep -E 'hca_id|state|active_mtu' || { echo 'lab: rxe0 did not come up'; echo 97 > /tmp/lab-io/rc; exit; }"
+  # The port's active MTU in bytes ("active_mtu: 1024 (3)"), for the tests that check it.
+  echo "export PEERCACHE_LAB_MTU=\$(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print \$2; exit }')"
   printf 'cd %q\n' "$PWD"
   printf '%q ' "$@"
   echo

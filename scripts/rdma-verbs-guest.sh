@@ -25,7 +25,7 @@ for t in ib_read_bw ib_write_bw; do
   awk -v t=$t '$1 == 131072 { printf "LAB-RESULT {\"tool\":\"%s\",\"bytes\":131072,\"avg_MBps\":%s}\n", t, $4 }' /tmp/$t.client
 done
 
-step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, over kernel verbs"
+step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, a peer killed mid-batch, the path MTU, over kernel verbs"
 # The newest build of the test binary (older ones may linger in a warm target directory).
 t=""
 for f in $(ls -t target/release/deps/verbs_lab-*); do

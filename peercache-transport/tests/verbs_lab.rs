@@ -387,3 +387,37 @@ fn a_peer_killed_mid_batch_fails_the_batch_within_the_deadline_and_the_next_peer
     );
     assert!(dst.mem[..1 << 20] == good.mem[..]);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)"]
+fn a_queue_pair_runs_with_the_path_mtu_both_ends_negotiated() {
+    use peercache_transport::rdma::engine::Verbs;
+    let (device, gid, addrs) = lab();
+    let owner = verbs_transport(addrs[0], "owner-5", false);
+    let verbs = SidewayVerbs::open(VerbsConfig {
+        devices: vec![device],
+        ib_port: 1,
+        gid_index: gid,
+        sq_depth: 16,
+        max_sge: 4,
+        node: Some(NodeId::new("reader-5").unwrap()),
+        auth: auth(),
+        bootstrap_timeout: DEADLINE,
+    })
+    .unwrap();
+    // What the device reports (`ibv_devinfo`'s active_mtu, in bytes), as a verbs code.
+    let bytes: u32 = std::env::var("PEERCACHE_LAB_MTU")
+        .expect("PEERCACHE_LAB_MTU")
+        .parse()
+        .expect("bytes");
+    let code = (1..=5u8)
+        .find(|c| 128u32 << c == bytes)
+        .expect("a verbs MTU");
+    assert_eq!(verbs.active_mtu(0), code, "the port's active MTU");
+    // Both ends run on the same device here, so the smaller of the two is that MTU — not the
+    // 4096 an unnegotiated queue pair would assume (rxe over a 1500-byte link offers 1024).
+    let qp = verbs
+        .connect(&owner.local_endpoint().to_string(), 0)
+        .unwrap();
+    assert_eq!(qp.path_mtu(), code, "the queue pair's path MTU");
+}

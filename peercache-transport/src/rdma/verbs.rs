@@ -273,14 +273,14 @@ impl SidewayVerbs {
         }
     }
 
-    /// RTR then RTS against `remote`.
+    /// RTR then RTS against `remote`; returns the path MTU both ends now use (verbs code).
     fn connect_to(
         &self,
         rail: usize,
         qp: &mut BasicQueuePair,
         psn: u32,
         remote: &QpInfo,
-    ) -> Result<(), RdmaError> {
+    ) -> Result<u8, RdmaError> {
         let r = &self.rails[rail];
         let mtu = bootstrap::negotiate_mtu(r.mtu, remote.mtu);
         let rd = r.rd_atomic.min(remote.rd_atomic).max(1);
@@ -311,7 +311,14 @@ impl SidewayVerbs {
             .setup_rnr_retry(7)
             .setup_max_read_atomic(rd);
         qp.modify(&attr)
-            .map_err(RdmaError::verbs("ibv_modify_qp(RTS)"))
+            .map_err(RdmaError::verbs("ibv_modify_qp(RTS)"))?;
+        Ok(mtu)
+    }
+
+    /// The active MTU of `rail`'s port (verbs code: 1 = 256 bytes … 5 = 4096), what this end
+    /// offers when a queue pair is connected.
+    pub fn active_mtu(&self, rail: usize) -> u8 {
+        self.rails[rail].mtu
     }
 }
 
@@ -323,9 +330,19 @@ pub struct SidewayQp {
     depth: usize,
     /// Client side: keeps the peer's queue pair alive (dropped after `qp`).
     _keepalive: Option<std::net::TcpStream>,
+    /// The path MTU negotiated with the peer (verbs code).
+    path_mtu: u8,
     sges: Vec<ibv_sge>,
     /// Completions of one poll (capacity fixed at creation).
     wcs: Vec<rdma_mummy_sys::ibv_wc>,
+}
+
+impl SidewayQp {
+    /// The path MTU this queue pair runs with: the smaller of both ends' active MTUs (verbs
+    /// code: 1 = 256 bytes … 5 = 4096; bytes = `128 << code`).
+    pub fn path_mtu(&self) -> u8 {
+        self.path_mtu
+    }
 }
 
 impl QueuePair for SidewayQp {
@@ -415,10 +432,12 @@ impl SidewayVerbs {
         qp: BasicQueuePair,
         cq: Arc<ExtendedCompletionQueue>,
         keepalive: Option<std::net::TcpStream>,
+        path_mtu: u8,
     ) -> SidewayQp {
         SidewayQp {
             qp,
             cq,
+            path_mtu,
             max_sge: self.rails[rail].max_sge as usize,
             depth: self.cfg.sq_depth.max(1) as usize,
             _keepalive: keepalive,
@@ -448,8 +467,8 @@ impl Verbs for SidewayVerbs {
             self.cfg.bootstrap_timeout,
         )
         .map_err(RdmaError::bootstrap(peer))?;
-        self.connect_to(rail, &mut qp, psn, &b.remote)?;
-        Ok(self.wrap(rail, qp, cq, Some(b.keepalive)))
+        let mtu = self.connect_to(rail, &mut qp, psn, &b.remote)?;
+        Ok(self.wrap(rail, qp, cq, Some(b.keepalive), mtu))
     }
 }
 
@@ -567,8 +586,8 @@ impl Responder for SidewayVerbs {
         let rail = usize::from(remote.rail);
         let (mut qp, cq, psn) = self.create(rail)?;
         let mine = self.info(rail, &qp, psn);
-        self.connect_to(rail, &mut qp, psn, remote)?;
-        Ok((mine, self.wrap(rail, qp, cq, None)))
+        let mtu = self.connect_to(rail, &mut qp, psn, remote)?;
+        Ok((mine, self.wrap(rail, qp, cq, None, mtu)))
     }
 }
 
