@@ -26,13 +26,20 @@ for t in ib_read_bw ib_write_bw; do
 done
 
 step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, a peer killed mid-batch, the path MTU, over kernel verbs"
-# The newest build of the test binary (older ones may linger in a warm target directory).
-t=""
-for f in $(ls -t target/release/deps/verbs_lab-*); do
-  if [ -x "$f" ]; then t=$f; break; fi
-done
-[ -n "$t" ] || { echo "no verbs_lab test binary: run scripts/rdma-verbs.sh" >&2; exit 1; }
-timeout 300 "$t" --ignored --test-threads=1
+# The newest build of a crate's verbs_lab test binary (older ones may linger in a warm target
+# directory): the one whose tests name $1.
+lab_tests() {
+  local f
+  for f in $(ls -t target/release/deps/verbs_lab-*); do
+    if [ -x "$f" ] && "$f" --list --ignored 2>/dev/null | grep -q "$1"; then echo "$f"; return; fi
+  done
+  echo "no verbs_lab test binary with $1: run scripts/rdma-verbs.sh" >&2
+  exit 1
+}
+timeout 300 "$(lab_tests one_sided_reads_and_writes)" --ignored --test-threads=1
+
+step "store in one process over kernel verbs: a node joining after publish, a racing reader"
+timeout 300 "$(lab_tests joins_after_publish)" --ignored --test-threads=1 --nocapture
 
 step "store: three peercache-node processes with protocol=rdma on $DEV"
 META=$A1:31998
@@ -67,6 +74,27 @@ for addr in sys.argv[1:]:
     assert ops >= 64, f"{addr} read {ops} pages over RDMA, expected at least 64"
 print("store over kernel verbs: ok")
 PY
+
+step "SGLang-shaped prefetch over kernel verbs: MHA and MLA, page-first and layer-first"
+# An owner process and a reader process (bench drive: every page's stamp checked, wrong
+# pages fail the run), one short step per shape.
+for shape in "mha page-first" "mla page-first" "mha layer-first"; do
+  read -r layout hl <<<"$shape"
+  (cd /tmp && timeout 240 "$OLDPWD/$BIN/peercache-bench" drive --processes 1 --host "$A1" \
+    --layout "$layout" --host-layout "$hl" --layers 8 --working-set 64 --concurrencies 1 \
+    --rounds 1 --duration 1 --warmup 0.2 --protocol rdma --devices "$DEV" \
+    --set rdma_backend=verbs --set gid_index="$GID" --set op_timeout=20 \
+    --json "/tmp/drive-$layout-$hl.json" >/tmp/drive-$layout-$hl.out 2>&1) \
+    || { tail -n 20 "/tmp/drive-$layout-$hl.out"; exit 1; }
+  python3 - "/tmp/drive-$layout-$hl.json" "$layout" "$hl" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); s = d["summary"]; row = d["results"][0]
+print("LAB-RESULT " + json.dumps({"drive": f"{sys.argv[2]}/{sys.argv[3]}", "hit_pct": row["hit_pct"],
+      "wrong_pages": s["wrong_pages"], "rdma_read_bytes": s["rdma_read_bytes"], "pages_per_s": row["pages_per_s"]}))
+assert s["wrong_pages"] == 0 and row["hit_pct"] == 100.0, s
+assert s["rdma_read_bytes"] > 0, "the reader read nothing over RDMA"
+PY
+done
 
 step "storage server taking one-sided RDMA WRITEs (rdma_writes=true), committing verified pages"
 A4=10.77.0.4 A5=10.77.0.5 A6=10.77.0.6

@@ -11,4 +11,5 @@ need_rdma_build_tools "with --features rdma"
 cargo build --release --locked -q -p peercache-store -p peercache-bench \
   --features peercache-store/rdma,peercache-bench/rdma --bins
 cargo test --release --locked -q -p peercache-transport --features rdma --test verbs_lab --no-run
+cargo test --release --locked -q -p peercache-store --features rdma --test verbs_lab --no-run
 LAB_TIMEOUT=${LAB_TIMEOUT:-420} bash scripts/rdma-lab.sh bash scripts/rdma-verbs-guest.sh

@@ -112,6 +112,9 @@ struct StepResult {
     secs: f64,
     wrong: u64,
     staged: u64,
+    /// Payload bytes this reader's node read over RDMA during the step.
+    #[serde(default)]
+    rdma_bytes: u64,
     /// (µs, count) of every recorded latency bucket.
     hist: Vec<(u64, u64)>,
 }
@@ -201,7 +204,10 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             pools.push(p);
         }
         let wrong0 = checks.wrong.load(Ordering::Relaxed);
-        let staged0 = store.stats().staged_reads;
+        let (staged0, rdma0) = {
+            let s = store.stats();
+            (s.staged_reads, s.rdma_read_bytes)
+        };
         let (_, counts) = run_row_counts(
             "prefetch",
             page,
@@ -231,6 +237,7 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             secs: counts.elapsed.as_secs_f64(),
             wrong: checks.wrong.load(Ordering::Relaxed) - wrong0,
             staged: store.stats().staged_reads - staged0,
+            rdma_bytes: store.stats().rdma_read_bytes - rdma0,
             hist: counts
                 .hist
                 .iter_recorded()
@@ -446,7 +453,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     let tokens = c.shape.tokens_per_page as f64;
     let step_wait = Duration::from_secs_f64(args.warmup + args.duration + 60.0);
     let mut rows = Vec::new();
-    let (mut wrong, mut staged) = (0u64, 0u64);
+    let (mut wrong, mut staged, mut rdma_bytes) = (0u64, 0u64, 0u64);
     let mut progress =
         crate::progress::Progress::new("drive", (args.rounds as usize) * args.concurrencies.len());
     for round in 0..args.rounds {
@@ -474,6 +481,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 merged.elapsed = merged.elapsed.max(Duration::from_secs_f64(s.secs));
                 wrong += s.wrong;
                 staged += s.staged;
+                rdma_bytes += s.rdma_bytes;
             }
             let mut row = fold_row(
                 &format!("drive-{}", c.op.name()),
@@ -513,6 +521,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     summary.insert("wrong_pages".into(), json!(wrong));
     summary.insert("staged_reads".into(), json!(staged));
+    summary.insert("rdma_read_bytes".into(), json!(rdma_bytes));
     Ok(Some(Report {
         bench: "drive".into(),
         host: Host::detect(),
