@@ -125,6 +125,36 @@ assert rejects == 0, f"{rejects} commits refused"
 print("storage server over kernel verbs: ok")
 PY
 
+step "Python: the wheel's nodes over kernel verbs (store on one, read on the other)"
+PYTHONDONTWRITEBYTECODE=1 timeout 180 "$(cat target/rdma-lab-python)" - "$A1" "$A2" "$DEV" "$GID" <<'PY'
+import json, socket, sys
+import peercache
+
+a1, a2, dev, gid = sys.argv[1:]
+s = socket.socket(); s.bind((a1, 0)); port = s.getsockname()[1]; s.close()
+def node(ip):
+    return peercache.Node(json.dumps({
+        "discovery_addr": f"{a1}:{port}", "protocol": "rdma", "rdma_backend": "verbs",
+        "device_names": dev, "gid_index": int(gid), "host_local": False, "op_timeout": 20,
+        "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
+        "global_segment_size": "64mb", "metrics_enabled": False,
+    }))
+a = node(a1); a.wait_ready(60)
+b = node(a2); b.wait_ready(60)
+assert a.wait_members(2, 60) and b.wait_members(2, 60)
+pages = [bytes([i]) * 131072 for i in range(16)]
+keys = [f"py-verbs-{i}" for i in range(16)]
+assert all(a.batch_set_buffers(keys, pages))
+out = [bytearray(131072) for _ in keys]
+assert all(b.batch_get_buffers(keys, out)), "misses"
+assert [bytes(o) for o in out] == pages, "pages differ"
+stats = json.loads(b.stats_json())
+print("LAB-RESULT " + json.dumps({"python_rdma_read_bytes": stats["rdma_read_bytes"]}))
+assert stats["rdma_read_bytes"] >= 16 * 131072, stats
+a.close(); b.close()
+print("python over kernel verbs: ok")
+PY
+
 if [ -x "$BIN/peercache-bench" ]; then
   step "bench smoke: micro store-get with protocol=rdma on $DEV (no ratio asserted)"
   cleanup  # the guest has 2 GiB: the clusters above go first
