@@ -156,17 +156,32 @@ print("python over kernel verbs: ok")
 PY
 
 if [ -x "$BIN/peercache-bench" ]; then
-  step "bench smoke: micro store-get with protocol=rdma on $DEV (no ratio asserted)"
+  step "bench smoke: micro — the transport and the store with protocol=rdma on $DEV (no ratio asserted)"
   cleanup  # the guest has 2 GiB: the clusters above go first
   pids=()
-  # From a writable directory: the bench writes its results folder beside it.
-  (cd /tmp && timeout 240 "$OLDPWD/$BIN/peercache-bench" micro --path store --page-sizes 131072 \
+  # From a writable directory: the bench writes its results folder beside it. Transport rows
+  # rdma-read / rdma-write (the bare transport over the device, beside raw-tcp), store rows
+  # store-get / store-set against a serve child.
+  (cd /tmp && timeout 300 "$OLDPWD/$BIN/peercache-bench" micro --path both --page-sizes 131072 \
     --rounds 1 --secs 1 --region-mib 32 \
     --concurrency 1 --protocol rdma --set rdma_backend=verbs --set device_names="$DEV" \
     --set gid_index="$GID" --set op_timeout=20 --json /tmp/micro.json | tail -n 8)
   python3 - <<'PY'
-import json
-for r in json.load(open("/tmp/micro.json"))["results"]:
-    print("LAB-RESULT " + json.dumps({k: r.get(k) for k in ("name", "page_bytes", "concurrency", "pages_per_s", "gbps")}))
+import json, re
+rows = json.load(open("/tmp/micro.json"))["results"]
+for r in rows:
+    print("LAB-RESULT " + json.dumps({k: r.get(k) for k in ("name", "page_bytes", "concurrency", "pages_per_s", "gb_per_s")}))
+# Same boot, same size: each row's MB/s over perftest's (10^6 bytes, as perftest reports).
+bw = {}
+for t in ("ib_read_bw", "ib_write_bw"):
+    for line in open(f"/tmp/{t}.client"):
+        f = line.split()
+        if f and f[0] == "131072":
+            bw[t] = float(f[3])
+for name, tool in (("rdma-read", "ib_read_bw"), ("store-get", "ib_read_bw"), ("rdma-write", "ib_write_bw")):
+    r = next((r for r in rows if r["name"] == name), None)
+    if r and tool in bw:
+        mbps = r["pages_per_s"] * r["page_bytes"] / 1e6
+        print("LAB-RESULT " + json.dumps({"ratio": f"{name}/{tool}", "MBps": round(mbps, 2), tool: bw[tool], "value": round(mbps / bw[tool], 3)}))
 PY
 fi

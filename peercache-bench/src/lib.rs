@@ -28,4 +28,5 @@ pub mod serve;
 pub mod sglwork;
 pub mod suite;
 pub mod throughput;
+pub mod verbs_transport;
 pub mod workload;

@@ -58,6 +58,13 @@ enum Cmd {
     MicroServer {
         #[arg(long, default_value_t = 256)]
         region_mib: u64,
+        /// Serve over RDMA on this verbs device too (`micro --protocol rdma`).
+        #[arg(long)]
+        rdma_device: Option<String>,
+        #[arg(long, default_value_t = 3)]
+        gid_index: i32,
+        #[arg(long, default_value_t = 1)]
+        ib_port: u8,
     },
 }
 
@@ -76,7 +83,19 @@ fn run() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::MicroServer { region_mib }) => micro::serve(region_mib),
+        Some(Cmd::MicroServer {
+            region_mib,
+            rdma_device,
+            gid_index,
+            ib_port,
+        }) => {
+            let device = rdma_device.map(|device| peercache_bench::verbs_transport::VerbsDevice {
+                device,
+                gid_index,
+                ib_port,
+            });
+            micro::serve(region_mib, device.as_ref())
+        }
         Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.run.json.as_deref()),

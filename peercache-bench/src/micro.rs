@@ -2,7 +2,9 @@
 //!
 //! Rows `raw-tcp`, `tcp-read`, `tcp-write` at each page size and concurrency, in interleaved
 //! rounds. The serving side is a child process (`micro-server`) so the numbers include a real
-//! process boundary.
+//! process boundary. With `--protocol rdma` and a verbs device in `--set device_names=…`, the
+//! transport rows are `rdma-read` and `rdma-write`: the same batches one-sided over that
+//! device (what `ib_read_bw` / `ib_write_bw` measure on it).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -11,14 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use peercache_transport::{
-    Access, Batch, RegionHandle, RegionKey, RemoteRange, Segment, Transport, TransportConfig,
-};
+use peercache_transport::{Access, Batch, RegionHandle, RegionKey, RemoteRange, Segment};
 use serde::{Deserialize, Serialize};
 
 use crate::rawtcp::{self, RawClient};
 use crate::report::{self, Host, Report};
 use crate::runner::{CallOutcome, Timing, run_row};
+use crate::verbs_transport::{self, VerbsDevice};
 use crate::workload::CallerBuffers;
 
 /// Options of the `micro` subcommand.
@@ -37,7 +38,8 @@ pub struct MicroArgs {
     pub path: MicroPath,
     /// Protocol of the store nodes (`--path store`/`both`): `tcp`, or `rdma` (with the RDMA
     /// settings in `--set`, e.g. `rdma_backend=verbs device_names=rxe0 gid_index=1`). Unset:
-    /// the node default.
+    /// the node default. With `rdma` and a `device_names` device, the transport rows run
+    /// over that device too (`rdma-read`, `rdma-write`).
     #[arg(long, value_parser = ["tcp", "rdma"])]
     pub protocol: Option<String>,
     /// Extra node settings for the store nodes, `KEY=VALUE` (repeatable), as `peercache-node
@@ -74,9 +76,9 @@ pub struct ServerInfo {
 }
 
 /// The child: serves a region over the transport and the baseline until stdin closes.
-pub fn serve(region_mib: u64) -> Result<()> {
+pub fn serve(region_mib: u64, device: Option<&VerbsDevice>) -> Result<()> {
     let len = (region_mib as usize) << 20;
-    let t = Transport::start(TransportConfig::default(), None)?;
+    let t = verbs_transport::start(device, "micro-server")?;
     let mut region = rawtcp::prefaulted(len, 3);
     // SAFETY: `region` outlives the handle (both live until this function returns, and the
     // handle is dropped first).
@@ -116,10 +118,11 @@ impl Drop for ServerChild {
     }
 }
 
-fn spawn_server(region_mib: u64) -> Result<ServerChild> {
+fn spawn_server(region_mib: u64, device: Option<&VerbsDevice>) -> Result<ServerChild> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .args(["micro-server", "--region-mib", &region_mib.to_string()])
+        .args(device.map(VerbsDevice::args).unwrap_or_default())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -275,7 +278,17 @@ fn store_rows(
 
 /// Runs the `micro` subcommand.
 pub fn run(args: &MicroArgs) -> Result<Report> {
-    let server = spawn_server(args.region_mib)?;
+    // The transport rows go over RDMA when asked for with a verbs device.
+    let device = match args.protocol.as_deref() {
+        Some("rdma") => VerbsDevice::from_settings(&args.set)?,
+        _ => None,
+    };
+    let (read_row, write_row) = if device.is_some() {
+        ("rdma-read", "rdma-write")
+    } else {
+        ("tcp-read", "tcp-write")
+    };
+    let server = spawn_server(args.region_mib, device.as_ref())?;
     let info = &server.info;
     let max_page = *args.page_sizes.iter().max().context("no page sizes")? as usize;
     let max_conc = *args
@@ -286,7 +299,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
         .context("no concurrency")? as usize;
     let batch = args.load.batch as usize;
     let slot = batch * max_page;
-    let client = Arc::new(Transport::start(TransportConfig::default(), None)?);
+    let client = Arc::new(verbs_transport::start(device.as_ref(), "micro-client")?);
     let mut local = rawtcp::prefaulted(slot * max_conc, 9);
     let local_ptr = local.as_mut_ptr() as u64;
     // SAFETY: `local` is dropped after `handle` at the end of this function.
@@ -347,7 +360,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
                     },
                 );
                 rows.push(row);
-                for (name, write) in [("tcp-read", false), ("tcp-write", true)] {
+                for (name, write) in [(read_row, false), (write_row, true)] {
                     let a0 = crate::alloc::count();
                     let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
                     let row = run_row(name, page, args.load.batch, conc, round, &timing, |t| {
@@ -413,7 +426,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let mut summary = serde_json::Map::new();
     let mut names = Vec::new();
     if transport {
-        names.extend(["tcp-read", "tcp-write"]);
+        names.extend([read_row, write_row]);
     }
     if args.path != MicroPath::Transport {
         names.extend(["store-get", "store-set"]);
