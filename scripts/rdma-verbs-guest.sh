@@ -185,3 +185,21 @@ for name, tool in (("rdma-read", "ib_read_bw"), ("store-get", "ib_read_bw"), ("r
         print("LAB-RESULT " + json.dumps({"ratio": f"{name}/{tool}", "MBps": round(mbps, 2), tool: bw[tool], "value": round(mbps / bw[tool], 3)}))
 PY
 fi
+
+if [ -x "$BIN/peercache-bench" ]; then
+  step "bench smoke: the main job with protocol=rdma on $DEV (small: one round, one caller)"
+  # Its two nodes on loopback; their queue pairs still run through rxe0.
+  (cd /tmp && timeout 300 "$OLDPWD/$BIN/peercache-bench" --read-pages 256 --writer-pool-mib 64 \
+    --rounds 1 --secs 1 --concurrency 1 --set protocol=rdma --set rdma_backend=verbs \
+    --set device_names="$DEV" --set gid_index="$GID" --set op_timeout=20 \
+    --json /tmp/main.json >/tmp/main.out 2>&1) || { tail -n 20 /tmp/main.out; exit 1; }
+  python3 - <<'PY'
+import json
+d = json.load(open("/tmp/main.json"))
+for r in d["results"]:
+    print("LAB-RESULT " + json.dumps({"main": r["name"], "pages_per_s": round(r["pages_per_s"], 1), "errors": r["errors"]}))
+s = d["summary"]
+print("LAB-RESULT " + json.dumps({"main_summary": {k: s.get(k) for k in ("get/raw-tcp", "stale_directory_entries")}}))
+assert s.get("stale_directory_entries", 0) == 0, s
+PY
+fi

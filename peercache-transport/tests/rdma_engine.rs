@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use peercache_transport::rdma::engine::{Engine, EngineOp, LocalSge, RdmaOp, RdmaOpError};
-use peercache_transport::rdma::soft::{Fabric, SoftVerbs};
+use peercache_transport::rdma::soft::{Fabric, RailEvent, SoftVerbs};
 use smallvec::smallvec;
 
 mod common;
@@ -61,6 +61,59 @@ fn ops_stripe_over_rails_and_land_byte_exact() {
     let r = engine.execute("peer-a", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()));
     assert_eq!(*connects.lock(), vec![1, 1]);
+}
+
+#[test]
+fn rails_run_at_once_every_window_posted_before_any_rail_is_polled() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 21);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 2, 4, 16), 4);
+    let mut local = vec![0u8; 4 * 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
+    let mut ops = || -> Vec<EngineOp> {
+        local
+            .chunks_mut(4096)
+            .enumerate()
+            .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
+            .collect()
+    };
+    // Connect both rails' channels first, so only the batch below is timed and recorded.
+    let warm = ops();
+    assert!(
+        engine
+            .execute("peer-r", &warm, Duration::from_secs(1))
+            .iter()
+            .all(|x| x.is_ok())
+    );
+    // Each rail is a slow link: a request executes 300 ms after it was posted.
+    let delay = Duration::from_millis(300);
+    for rail in 0..2 {
+        fabric.rail_delay_us[rail].store(delay.as_micros() as u64, Ordering::Release);
+    }
+    fabric.record_events.store(true, Ordering::Release);
+    let batch = ops();
+    let t0 = Instant::now();
+    let r = engine.execute("peer-r", &batch, Duration::from_secs(5));
+    let took = t0.elapsed();
+    fabric.record_events.store(false, Ordering::Release);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let events = fabric.events.lock().clone();
+    assert_eq!(
+        events[..2],
+        [RailEvent::Post(0), RailEvent::Post(1)],
+        "both rails' windows are posted before either is polled: {:?}",
+        &events[..events.len().min(6)]
+    );
+    // One delay, not one per rail: the rails' waits overlap.
+    assert!(took >= delay, "{took:?}");
+    assert!(
+        took < 2 * delay,
+        "two rails took {took:?}: one after another"
+    );
+    drop(batch);
+    assert_eq!(local, remote);
 }
 
 #[test]

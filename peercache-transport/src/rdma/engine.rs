@@ -192,6 +192,94 @@ impl<V: Verbs> std::fmt::Debug for Engine<V> {
 /// The requests of one op: (first wr index, count).
 type Span = (usize, usize);
 
+/// Builds the requests of one rail's ops, SGE lists chunked to `max_sge`.
+fn build_requests(
+    ops: &[EngineOp],
+    share: &[usize],
+    rail: usize,
+    max_sge: usize,
+) -> (Vec<WorkRequest>, Vec<Span>) {
+    let mut wrs = Vec::new();
+    let mut spans = Vec::with_capacity(share.len());
+    for &i in share {
+        let op = &ops[i];
+        let first = wrs.len();
+        let mut remote = op.remote_addr;
+        let rkey = op
+            .rkeys
+            .get(rail)
+            .or(op.rkeys.first())
+            .copied()
+            .unwrap_or(0);
+        for chunk in op.local.chunks(max_sge.max(1)) {
+            wrs.push(WorkRequest {
+                wr_id: wrs.len() as u64,
+                op: op.op,
+                sges: chunk
+                    .iter()
+                    .map(|l| Sge {
+                        addr: l.addr,
+                        len: l.len,
+                        lkey: l.lkeys[rail],
+                    })
+                    .collect(),
+                remote_addr: remote,
+                rkey,
+                signaled: false,
+            });
+            remote += chunk.iter().map(|s| s.len as u64).sum::<u64>();
+        }
+        spans.push((first, wrs.len() - first));
+    }
+    (wrs, spans)
+}
+
+/// One rail's share of a batch in flight: its channel, its requests and what became of them.
+struct RailRun<Q> {
+    rail: usize,
+    qp: Q,
+    /// The batch's op indices this rail carries.
+    share: Vec<usize>,
+    wrs: Vec<WorkRequest>,
+    /// Per op of `share`, its requests in `wrs`.
+    spans: Vec<Span>,
+    /// Per request, its outcome; `None` = no completion seen (yet).
+    done: Vec<Option<WcStatus>>,
+    /// Requests posted so far (windows are posted in order).
+    posted: usize,
+    /// The send-queue depth: the most requests of one window.
+    depth: usize,
+    healthy: bool,
+    timed_out: bool,
+    /// Completions of one poll (allocated once per rail and batch).
+    cqes: Vec<Completion>,
+}
+
+impl<Q: QueuePair> RailRun<Q> {
+    fn new(qp: Q, rail: usize, ops: &[EngineOp], share: Vec<usize>) -> Self {
+        let (wrs, spans) = build_requests(ops, &share, rail, qp.max_sge());
+        let depth = qp.sq_depth().max(1);
+        RailRun {
+            rail,
+            done: vec![None; wrs.len()],
+            qp,
+            share,
+            wrs,
+            spans,
+            posted: 0,
+            depth,
+            healthy: true,
+            timed_out: false,
+            cqes: Vec::with_capacity(depth),
+        }
+    }
+
+    /// Still waiting for the completion of its last posted window.
+    fn in_flight(&self) -> bool {
+        self.healthy && self.posted > 0 && self.done[self.posted - 1].is_none()
+    }
+}
+
 impl<V: Verbs> Engine<V> {
     /// An engine keeping at most `max_idle` idle channels per (peer, rail).
     pub fn new(verbs: V, max_idle: usize) -> Self {
@@ -213,27 +301,53 @@ impl<V: Verbs> Engine<V> {
         let deadline = Instant::now() + timeout;
         let rails = self.verbs.rails().clamp(1, MAX_RAILS);
         let mut results: Vec<Result<(), RdmaOpError>> = vec![Ok(()); ops.len()];
-        // Stripe by op index; each rail's share runs on its own channel. (Rails run one after
-        // another here; their work overlaps on the wire because each window is posted before
-        // it is polled.)
+        // Stripe by op index; each rail's share runs on its own channel, all rails at once.
+        let mut runs = Vec::with_capacity(rails);
         for rail in 0..rails {
             let share: Vec<usize> = (rail..ops.len()).step_by(rails).collect();
             if share.is_empty() {
                 continue;
             }
-            let mut qp = match self.lease(peer, rail) {
-                Ok(q) => q,
+            match self.lease(peer, rail) {
+                Ok(qp) => runs.push(RailRun::new(qp, rail, ops, share)),
                 Err(_) => {
                     self.counters.lease_failures.add(1);
-                    for &i in &share {
+                    for i in share {
                         results[i] = Err(RdmaOpError::Post);
                     }
-                    continue;
                 }
-            };
-            let ok = self.run_rail(&mut qp, rail, ops, &share, deadline, &mut results);
-            if ok {
-                self.give_back(peer, rail, qp);
+            }
+        }
+        // Every rail's first window is posted before any rail is polled, so a batch striped
+        // over N NICs moves on all of them at once; then each rail posts its next window as
+        // soon as its current one completed.
+        for r in &mut runs {
+            self.post_window(r);
+        }
+        loop {
+            let (mut busy, mut progressed) = (false, false);
+            for r in runs.iter_mut().filter(|r| r.in_flight()) {
+                busy = true;
+                progressed |= self.poll_rail(r);
+            }
+            if !busy {
+                break;
+            }
+            if Instant::now() >= deadline {
+                for r in runs.iter_mut().filter(|r| r.in_flight()) {
+                    self.counters.timeouts.add(1);
+                    r.healthy = false;
+                    r.timed_out = true;
+                }
+                break;
+            }
+            if !progressed {
+                std::hint::spin_loop();
+            }
+        }
+        for mut r in runs {
+            if self.finish(&mut r, deadline, ops, &mut results) {
+                self.give_back(peer, r.rail, r.qp);
             } else {
                 self.counters.channel_discards.add(1);
             }
@@ -266,106 +380,55 @@ impl<V: Verbs> Engine<V> {
         }
     }
 
-    /// Builds the requests of one rail's ops, SGE lists chunked to `max_sge`.
-    fn build(
-        ops: &[EngineOp],
-        share: &[usize],
-        rail: usize,
-        max_sge: usize,
-    ) -> (Vec<WorkRequest>, Vec<Span>) {
-        let mut wrs = Vec::new();
-        let mut spans = Vec::with_capacity(share.len());
-        for &i in share {
-            let op = &ops[i];
-            let first = wrs.len();
-            let mut remote = op.remote_addr;
-            let rkey = op
-                .rkeys
-                .get(rail)
-                .or(op.rkeys.first())
-                .copied()
-                .unwrap_or(0);
-            for chunk in op.local.chunks(max_sge.max(1)) {
-                wrs.push(WorkRequest {
-                    wr_id: wrs.len() as u64,
-                    op: op.op,
-                    sges: chunk
-                        .iter()
-                        .map(|l| Sge {
-                            addr: l.addr,
-                            len: l.len,
-                            lkey: l.lkeys[rail],
-                        })
-                        .collect(),
-                    remote_addr: remote,
-                    rkey,
-                    signaled: false,
-                });
-                remote += chunk.iter().map(|s| s.len as u64).sum::<u64>();
-            }
-            spans.push((first, wrs.len() - first));
+    /// Posts `r`'s next window (at most the send-queue depth, its last request signaled).
+    fn post_window(&self, r: &mut RailRun<V::Qp>) {
+        if !r.healthy || r.posted >= r.wrs.len() {
+            return;
         }
-        (wrs, spans)
+        let end = (r.posted + r.depth).min(r.wrs.len());
+        r.wrs[end - 1].signaled = true;
+        if r.qp.post(&r.wrs[r.posted..end]).is_err() {
+            self.counters.post_failures.add(1);
+            for d in &mut r.done[r.posted..] {
+                *d = Some(WcStatus::Error(u32::MAX));
+            }
+            r.healthy = false;
+            return;
+        }
+        self.counters.wrs_posted.add((end - r.posted) as u64);
+        r.posted = end;
     }
 
-    /// Posts and completes one rail's share; false when the channel must be discarded.
-    fn run_rail(
+    /// Polls `r` once; posts its next window when the current one completed. True when a
+    /// completion arrived.
+    fn poll_rail(&self, r: &mut RailRun<V::Qp>) -> bool {
+        r.cqes.clear();
+        r.qp.poll(&mut r.cqes, r.depth);
+        self.record(&r.cqes, &mut r.done, &mut r.healthy);
+        if r.healthy && r.done[r.posted - 1].is_some() {
+            self.post_window(r);
+        }
+        !r.cqes.is_empty()
+    }
+
+    /// Drains `r` if it failed, then writes its ops' results; false when the channel must be
+    /// discarded.
+    fn finish(
         &self,
-        qp: &mut V::Qp,
-        rail: usize,
-        ops: &[EngineOp],
-        share: &[usize],
+        r: &mut RailRun<V::Qp>,
         deadline: Instant,
+        ops: &[EngineOp],
         results: &mut [Result<(), RdmaOpError>],
     ) -> bool {
-        let (mut wrs, spans) = Self::build(ops, share, rail, qp.max_sge());
-        // Per-request outcome; None = no completion seen (yet).
-        let mut done: Vec<Option<WcStatus>> = vec![None; wrs.len()];
-        let depth = qp.sq_depth().max(1);
-        let mut healthy = true;
-        let mut timed_out = false;
+        debug_assert_eq!(r.spans.len(), r.share.len().min(ops.len()));
         // False when a queue pair in error did not flush within the grace.
         let mut drained = true;
-        let mut posted = 0;
-        let mut cqes = Vec::with_capacity(depth);
-        while posted < wrs.len() && healthy {
-            let end = (posted + depth).min(wrs.len());
-            wrs[end - 1].signaled = true;
-            if qp.post(&wrs[posted..end]).is_err() {
-                self.counters.post_failures.add(1);
-                for d in &mut done[posted..] {
-                    *d = Some(WcStatus::Error(u32::MAX));
-                }
-                healthy = false;
-                break;
-            }
-            self.counters.wrs_posted.add((end - posted) as u64);
-            posted = end;
-            // Wait for the window's signaled request, an error, or the deadline.
-            loop {
-                cqes.clear();
-                qp.poll(&mut cqes, depth);
-                self.record(&cqes, &mut done, &mut healthy);
-                if done[end - 1].is_some() || !healthy {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    self.counters.timeouts.add(1);
-                    healthy = false;
-                    timed_out = true;
-                    break;
-                }
-                if cqes.is_empty() {
-                    std::hint::spin_loop();
-                }
-            }
-        }
-        if !healthy && posted > 0 {
+        if !r.healthy && r.posted > 0 {
             // Drain before release: the error state flushes whatever has not executed; a
             // signaled marker posted behind everything completes (flushed) only after every
             // earlier request did, so when it shows up no late DMA can touch the caller's
             // memory any more.
-            qp.to_error();
+            r.qp.to_error();
             let marker = WorkRequest {
                 wr_id: DRAIN_MARKER,
                 op: RdmaOp::Read,
@@ -374,7 +437,7 @@ impl<V: Verbs> Engine<V> {
                 rkey: 0,
                 signaled: true,
             };
-            if qp.post(std::slice::from_ref(&marker)).is_ok() {
+            if r.qp.post(std::slice::from_ref(&marker)).is_ok() {
                 // Bounded too: a device that never flushes must not hold the caller. Past the
                 // grace the channel is discarded, and destroying its queue pair (before the
                 // batch returns) stops any DMA into the caller's memory.
@@ -382,17 +445,17 @@ impl<V: Verbs> Engine<V> {
                 let mut seen = false;
                 drained = false;
                 while !seen {
-                    cqes.clear();
-                    qp.poll(&mut cqes, depth);
-                    seen = cqes.iter().any(|c| c.wr_id == DRAIN_MARKER);
-                    self.record(&cqes, &mut done, &mut healthy);
+                    r.cqes.clear();
+                    r.qp.poll(&mut r.cqes, r.depth);
+                    seen = r.cqes.iter().any(|c| c.wr_id == DRAIN_MARKER);
+                    self.record(&r.cqes, &mut r.done, &mut r.healthy);
                     drained = seen;
                     if !seen && Instant::now() >= until {
                         self.counters.drain_timeouts.add(1);
                         tracing::warn!("a queue pair did not drain in time; destroying it");
                         break;
                     }
-                    if cqes.is_empty() {
+                    if r.cqes.is_empty() {
                         std::hint::spin_loop();
                     }
                 }
@@ -406,31 +469,31 @@ impl<V: Verbs> Engine<V> {
         } else {
             WcStatus::Flushed
         };
-        for d in &mut done[..posted] {
+        for d in &mut r.done[..r.posted] {
             d.get_or_insert(unknown);
         }
         // Requests of windows never posted (an earlier window failed or timed out) did not
         // run: their ops failed with the batch, whatever the posted ones did.
-        for d in &mut done[posted..] {
+        for d in &mut r.done[r.posted..] {
             d.get_or_insert(WcStatus::Flushed);
         }
-        for (k, &(first, n)) in spans.iter().enumerate() {
+        for (k, &(first, n)) in r.spans.iter().enumerate() {
             // The op's first request that did not succeed decides; every request has a
             // status by now.
-            let st = done[first..first + n]
+            let st = r.done[first..first + n]
                 .iter()
                 .map(|d| d.unwrap_or(WcStatus::Flushed))
                 .find(|d| *d != WcStatus::Success)
                 .unwrap_or(WcStatus::Success);
-            results[share[k]] = match st {
+            results[r.share[k]] = match st {
                 WcStatus::Success => Ok(()),
-                WcStatus::Flushed if timed_out => Err(RdmaOpError::Timeout),
+                WcStatus::Flushed if r.timed_out => Err(RdmaOpError::Timeout),
                 WcStatus::Flushed => Err(RdmaOpError::Flushed),
                 WcStatus::Error(u32::MAX) => Err(RdmaOpError::Post),
                 WcStatus::Error(c) => Err(RdmaOpError::Wc(c)),
             };
         }
-        healthy
+        r.healthy
     }
 
     fn record(&self, cqes: &[Completion], done: &mut [Option<WcStatus>], healthy: &mut bool) {

@@ -9,6 +9,7 @@ use super::RdmaError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -57,6 +58,12 @@ pub struct Fabric {
     pub never_flush: AtomicBool,
     /// Requests still queued on some queue pair (to check drain-before-release).
     pub outstanding: AtomicU64,
+    /// Per rail, microseconds a posted request waits before it executes (a slow link).
+    pub rail_delay_us: [AtomicU64; MAX_RAILS],
+    /// While set, every post and poll is appended to `events` (which rail, in what order).
+    pub record_events: AtomicBool,
+    /// Posts and polls in order, while `record_events` is set.
+    pub events: Mutex<Vec<RailEvent>>,
     /// Bytes moved.
     pub bytes: AtomicU64,
 }
@@ -65,6 +72,12 @@ impl Fabric {
     /// A fabric with no regions.
     pub fn new() -> Arc<Fabric> {
         Arc::new(Fabric::default())
+    }
+
+    fn note(&self, e: RailEvent) {
+        if self.record_events.load(Ordering::Acquire) {
+            self.events.lock().push(e);
+        }
     }
 
     /// Registers `len` bytes at `base` as a remote region; returns its rkey.
@@ -114,6 +127,15 @@ impl Fabric {
             })
             .collect()
     }
+}
+
+/// A post or a poll on a rail, as the fabric saw it (`Fabric::events`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RailEvent {
+    /// Requests posted on this rail.
+    Post(usize),
+    /// Its completion queue polled.
+    Poll(usize),
 }
 
 /// How a software queue pair is connected: directly, or through a real bootstrap exchange with
@@ -211,6 +233,7 @@ impl Verbs for SoftVerbs {
             max_sge: self.max_sge,
             sq_depth: self.sq_depth,
             sq: VecDeque::new(),
+            posted_at: VecDeque::new(),
             cq: VecDeque::new(),
             error: false,
         })
@@ -227,6 +250,8 @@ pub struct SoftQp {
     max_sge: usize,
     sq_depth: usize,
     sq: VecDeque<WorkRequest>,
+    /// When each request of `sq` was posted (same order).
+    posted_at: VecDeque<Instant>,
     cq: VecDeque<Completion>,
     error: bool,
 }
@@ -236,6 +261,7 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         let n = self.sq.len() as u64;
         self.sq.clear();
+        self.posted_at.clear();
         self.fabric.outstanding.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -243,8 +269,14 @@ impl Drop for SoftQp {
 impl SoftQp {
     /// Executes queued requests in order (unless the fabric is stalled).
     fn progress(&mut self) {
+        let delay =
+            Duration::from_micros(self.fabric.rail_delay_us[self.rail].load(Ordering::Acquire));
         while !self.error && !self.fabric.stall.load(Ordering::Acquire) {
+            if self.posted_at.front().is_some_and(|t| t.elapsed() < delay) {
+                break; // the slow link has not delivered it yet
+            }
             let Some(wr) = self.sq.pop_front() else { break };
+            self.posted_at.pop_front();
             self.fabric.outstanding.fetch_sub(1, Ordering::AcqRel);
             let seq = self.fabric.executed.fetch_add(1, Ordering::AcqRel) + 1;
             let status = if self.fabric.fail_at.load(Ordering::Acquire) == seq {
@@ -271,6 +303,7 @@ impl SoftQp {
         if self.fabric.never_flush.load(Ordering::Acquire) {
             return;
         }
+        self.posted_at.clear();
         while let Some(wr) = self.sq.pop_front() {
             self.fabric.outstanding.fetch_sub(1, Ordering::AcqRel);
             self.cq.push_back(Completion {
@@ -357,6 +390,9 @@ impl QueuePair for SoftQp {
             .outstanding
             .fetch_add(wrs.len() as u64, Ordering::AcqRel);
         self.sq.extend(wrs.iter().cloned());
+        let now = Instant::now();
+        self.posted_at.extend(wrs.iter().map(|_| now));
+        self.fabric.note(RailEvent::Post(self.rail));
         if self.error {
             self.flush();
         }
@@ -364,6 +400,7 @@ impl QueuePair for SoftQp {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        self.fabric.note(RailEvent::Poll(self.rail));
         self.progress();
         let n = max.min(self.cq.len());
         out.extend(self.cq.drain(..n));
