@@ -241,6 +241,11 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
             "op_errors": r.op_errors, "wc_errors": r.wc_errors, "last_wc_status": r.last_wc_status,
             "timeouts": r.timeouts, "channel_discards": r.channel_discards,
             "post_failures": r.post_failures, "lease_failures": r.lease_failures, "table_fetches": r.table_fetches,
+            "peers_unavailable": r.peers_unavailable,
+            // Peers read over TCP for now, and why (a failed region-table fetch or QP connect).
+            "peers_on_tcp": inner.transport.rdma_peers_on_tcp().iter().map(|p| serde_json::json!({
+                "peer": p.peer.to_string(), "why": p.why, "retry_in_s": p.retry_in.as_secs_f64(),
+            })).collect::<Vec<_>>(),
         })),
         "directory": {"rpcs": d.rpcs, "local_calls": d.local_calls, "errors": d.rpc_errors, "fallbacks": d.fallbacks},
         "peers": peers,

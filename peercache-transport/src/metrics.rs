@@ -66,6 +66,9 @@ pub mod rdma {
     /// Queue pairs whose drain did not finish within the grace after an error or a timeout
     /// (destroyed instead, which stops their DMA before the batch returns).
     pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
+    /// Times a peer was left on TCP for a while because its RDMA setup (region table or every
+    /// queue-pair connect) failed.
+    pub const PEERS_UNAVAILABLE: &str = "peercache_rdma_peers_unavailable_total";
 
     /// Every counter above: a node without an RDMA path registers them at 0, so a dashboard
     /// finds the same series on every node.
@@ -85,6 +88,7 @@ pub mod rdma {
         POST_FAILURES,
         LEASE_FAILURES,
         DRAIN_TIMEOUTS,
+        PEERS_UNAVAILABLE,
     ];
 }
 
@@ -199,6 +203,7 @@ pub(crate) struct RdmaCounters {
     pub(crate) write_ops: Tally,
     pub(crate) write_bytes: Tally,
     pub(crate) lazy_registrations: Tally,
+    pub(crate) unavailable: Tally,
 }
 
 impl RdmaCounters {
@@ -212,6 +217,7 @@ impl RdmaCounters {
             write_ops: tally(rdma::WRITE_OPS),
             write_bytes: tally(rdma::WRITE_BYTES),
             lazy_registrations: tally(rdma::LAZY),
+            unavailable: tally(rdma::PEERS_UNAVAILABLE),
         }
     }
 }

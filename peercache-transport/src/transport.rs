@@ -375,6 +375,15 @@ impl Transport {
         self.rdma.as_ref().map(|r| r.plane.stats())
     }
 
+    /// Peers read over TCP for now because their RDMA setup failed (empty without an RDMA
+    /// path), each with the reason and when RDMA is tried again.
+    pub fn rdma_peers_on_tcp(&self) -> Vec<crate::rdma::path::PeerOnTcp> {
+        self.rdma
+            .as_ref()
+            .map(|r| r.plane.peers_on_tcp())
+            .unwrap_or_default()
+    }
+
     /// Cumulative counters.
     pub fn stats(&self) -> TransportStats {
         let mut s = self.server.counters.snapshot();

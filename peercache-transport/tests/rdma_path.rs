@@ -144,10 +144,24 @@ fn peers_without_rdma_and_unregistered_destinations_are_read_over_tcp() {
         1,
         "served by the peer's TCP server"
     );
+    // The peer is left on TCP for a while, counted once, and listed with the reason.
+    let on_tcp = reader.rdma_peers_on_tcp();
+    assert_eq!(on_tcp.len(), 1, "{on_tcp:?}");
+    assert_eq!(on_tcp[0].peer, plain.local_endpoint());
+    assert!(
+        on_tcp[0].why.starts_with("region table:"),
+        "{}",
+        on_tcp[0].why
+    );
+    assert!(on_tcp[0].retry_in > std::time::Duration::from_secs(20));
+    let rdma = reader.rdma_stats().unwrap();
+    assert_eq!((rdma.peers_unavailable, rdma.table_fetches), (1, 1));
     // A second batch does not ask the plain peer again (it is remembered for a while).
     let r = reader.read_batch(plain.local_endpoint(), &b).unwrap();
     assert_eq!(r, vec![Ok(())]);
     assert_eq!(reader.stats().rdma_fallbacks, 2);
+    let rdma = reader.rdma_stats().unwrap();
+    assert_eq!((rdma.peers_unavailable, rdma.table_fetches), (1, 1));
 }
 
 /// A guard that admits only writes from node "w" (the TCP server runs it; a NIC cannot).

@@ -103,6 +103,10 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
     fn serve(&self, stream: TcpStream);
     /// Counters.
     fn stats(&self) -> RdmaStats;
+    /// Peers read over TCP for now because their RDMA setup failed, with the reason.
+    fn peers_on_tcp(&self) -> Vec<PeerOnTcp> {
+        Vec::new()
+    }
 }
 
 /// Counters of the RDMA path.
@@ -138,6 +142,8 @@ pub struct RdmaStats {
     pub lease_failures: u64,
     /// Drains that did not finish within the grace after an error or timeout.
     pub drain_timeouts: u64,
+    /// Times a peer was left on TCP because its RDMA setup failed.
+    pub peers_unavailable: u64,
 }
 
 /// Metric names of the RDMA path.
@@ -156,8 +162,20 @@ struct LocalRegion {
 enum Peer {
     /// Its region table, by region key.
     Ready(HashMap<u64, RegionRkeys>),
-    /// No RDMA there (or the fetch failed); retry after this instant.
-    Unavailable(Instant),
+    /// No RDMA there (or the fetch failed); retry after `until`. `why` says what failed.
+    Unavailable { until: Instant, why: String },
+}
+
+/// A peer this node reads over TCP for now because its RDMA setup failed
+/// ([`RdmaPlane::peers_on_tcp`]; `/cluster` shows them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerOnTcp {
+    /// The peer's data endpoint.
+    pub peer: SocketAddr,
+    /// What failed: the region-table fetch or every queue-pair connect, with the cause.
+    pub why: String,
+    /// When RDMA to it is tried again.
+    pub retry_in: Duration,
 }
 
 /// How long a peer without RDMA is left on TCP before asking again.
@@ -225,7 +243,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             let peers = self.peers.lock();
             match peers.get(&peer) {
                 Some(Peer::Ready(t)) if !refresh => return Some(t.clone()),
-                Some(Peer::Unavailable(until)) if Instant::now() < *until => return None,
+                Some(Peer::Unavailable { until, .. }) if Instant::now() < *until => return None,
                 _ => {}
             }
         }
@@ -238,13 +256,27 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 Some(t)
             }
             Err(e) => {
-                tracing::info!(%peer, error = %e, "no RDMA to this peer; reading over TCP");
-                self.peers
-                    .lock()
-                    .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
+                self.mark_unavailable(peer, format!("region table: {e}"));
                 None
             }
         }
+    }
+
+    /// Leaves `peer` on TCP for [`RETRY_AFTER`]: one WARN line with the reason, counted in
+    /// `peercache_rdma_peers_unavailable_total`, listed by [`RdmaPlane::peers_on_tcp`].
+    fn mark_unavailable(&self, peer: SocketAddr, why: String) {
+        tracing::warn!(
+            %peer, reason = %why,
+            "no RDMA to this peer: reading and writing over TCP for {} s", RETRY_AFTER.as_secs()
+        );
+        self.counters.unavailable.add(1);
+        self.peers.lock().insert(
+            peer,
+            Peer::Unavailable {
+                until: Instant::now() + RETRY_AFTER,
+                why,
+            },
+        );
     }
 
     /// Engine ops for `batch`, or None when some op cannot go over RDMA.
@@ -396,10 +428,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
         if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
             // No queue pair could be connected: leave this peer on TCP for a while.
-            tracing::info!(%peer, "rdma queue pairs to this peer failed; reading over TCP");
-            self.peers
-                .lock()
-                .insert(peer, Peer::Unavailable(Instant::now() + RETRY_AFTER));
+            self.mark_unavailable(peer, "no queue pair could be connected".into());
             return fallback();
         }
         let (mut ok_ops, mut ok_bytes) = (0u64, 0u64);
@@ -554,6 +583,23 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             post_failures: e.post_failures.get(),
             lease_failures: e.lease_failures.get(),
             drain_timeouts: e.drain_timeouts.get(),
+            peers_unavailable: c.unavailable.get(),
         }
+    }
+
+    fn peers_on_tcp(&self) -> Vec<PeerOnTcp> {
+        let now = Instant::now();
+        self.peers
+            .lock()
+            .iter()
+            .filter_map(|(peer, p)| match p {
+                Peer::Unavailable { until, why } if *until > now => Some(PeerOnTcp {
+                    peer: *peer,
+                    why: why.clone(),
+                    retry_in: *until - now,
+                }),
+                _ => None,
+            })
+            .collect()
     }
 }
