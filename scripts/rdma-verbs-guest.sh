@@ -126,7 +126,8 @@ print("storage server over kernel verbs: ok")
 PY
 
 step "Python: the wheel's nodes over kernel verbs (store on one, read on the other)"
-PYTHONDONTWRITEBYTECODE=1 timeout 180 "$(cat target/rdma-lab-python)" - "$A1" "$A2" "$DEV" "$GID" <<'PY'
+PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$PWD/peercache-py/python" \
+  timeout 180 python3 - "$A1" "$A2" "$DEV" "$GID" <<'PY'
 import json, socket, sys
 import peercache
 

@@ -12,7 +12,8 @@ cargo build --release --locked -q -p peercache-store -p peercache-bench \
   --features peercache-store/rdma,peercache-bench/rdma --bins
 cargo test --release --locked -q -p peercache-transport --features rdma --test verbs_lab --no-run
 cargo test --release --locked -q -p peercache-store --features rdma --test verbs_lab --no-run
-# The Python wheel (built with `rdma`, as shipped) into the cached venv; the guest runs that
-# interpreter (the host's root is visible there read-only).
-bash scripts/python.sh -c 'import sys; open("target/rdma-lab-python", "w").write(sys.executable)' >/dev/null
+# The Python package, its extension built with `rdma` as shipped (maturin develop leaves it in
+# peercache-py/python/peercache/). The guest imports it from there with the host's python3: the
+# venv may live under a /tmp the guest cannot see.
+bash scripts/python.sh -c 'import peercache' >/dev/null
 LAB_TIMEOUT=${LAB_TIMEOUT:-420} bash scripts/rdma-lab.sh bash scripts/rdma-verbs-guest.sh
