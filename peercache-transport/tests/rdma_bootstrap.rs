@@ -14,6 +14,9 @@ use peercache_wire::auth::Auth;
 use peercache_wire::handshake::{Acceptor, Plane};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
+mod common;
+use common::wait_for;
+
 const SECRET: &[u8] = b"a-cluster-secret-of-enough-bytes";
 
 /// A responder whose "queue pairs" are counted tokens.
@@ -104,14 +107,6 @@ fn client_info(rail: u8) -> QpInfo {
     }
 }
 
-fn wait_for(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 #[test]
 fn a_member_gets_a_queue_pair_with_the_smaller_mtu_held_while_its_socket_lives() {
     let (addr, r) = server(Some(SECRET));
@@ -136,13 +131,17 @@ fn a_member_gets_a_queue_pair_with_the_smaller_mtu_held_while_its_socket_lives()
     assert_eq!(r.live.load(Ordering::SeqCst), 2);
     // Closing the socket releases exactly that queue pair on the server.
     drop(b);
-    wait_for("the first queue pair's release", || {
-        r.live.load(Ordering::SeqCst) == 1
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "the first queue pair's release",
+        || r.live.load(Ordering::SeqCst) == 1,
+    );
     drop(b2);
-    wait_for("the second queue pair's release", || {
-        r.live.load(Ordering::SeqCst) == 0
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "the second queue pair's release",
+        || r.live.load(Ordering::SeqCst) == 0,
+    );
 }
 
 #[test]

@@ -9,37 +9,10 @@
 use std::sync::Arc;
 
 use peercache_transport::rdma::soft::Fabric;
-use peercache_transport::{Access, Batch, OpError, RegionHandle, RemoteRange, Segment, Transport};
+use peercache_transport::{Access, Batch, OpError, RemoteRange, Transport};
 
 mod common;
-use common::{Soft, cfg, pattern, rdma_transport, soft_transport};
-
-struct Region {
-    h: RegionHandle,
-    mem: Vec<u8>,
-}
-
-fn region(t: &Transport, len: usize, access: Access, seed: u64) -> Region {
-    let mut mem = pattern(seed, len);
-    let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
-    Region { h, mem }
-}
-
-fn remote(h: &RegionHandle, off: u64, len: u32) -> RemoteRange {
-    RemoteRange {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
-}
-
-fn seg(h: &RegionHandle, off: u64, len: u32) -> Segment {
-    Segment {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
-}
+use common::{Region, Soft, cfg, rdma_transport, region, remote, seg, soft_transport};
 
 #[test]
 fn reads_go_one_sided_byte_exact_with_tcp_typed_errors() {

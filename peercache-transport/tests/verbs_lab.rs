@@ -18,13 +18,11 @@ use std::time::Duration;
 
 use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
 use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
-use peercache_transport::{
-    Access, Batch, OpError, RegionHandle, RemoteRange, Segment, Transport, TransportConfig,
-};
+use peercache_transport::{Access, Batch, OpError, RemoteRange, Transport, TransportConfig};
 use peercache_wire::NodeId;
 
 mod common;
-use common::{auth, pattern};
+use common::{auth, pattern, region, remote, seg, wait_for};
 
 const LAB: &str = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)";
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -43,21 +41,26 @@ fn lab() -> (String, i32, Vec<IpAddr>) {
     )
 }
 
-/// A transport on `addr` whose RDMA path runs on the lab's device.
-fn verbs_transport(addr: IpAddr, name: &str, rdma_writes: bool) -> Transport {
+/// The lab's device opened for node `name`, with a send queue of `sq_depth`.
+fn open_verbs(name: &str, sq_depth: u32, max_sge: u32) -> SidewayVerbs {
     let (device, gid, _) = lab();
-    let node = NodeId::new(name).unwrap();
-    let verbs = SidewayVerbs::open(VerbsConfig {
+    SidewayVerbs::open(VerbsConfig {
         devices: vec![device],
         ib_port: 1,
         gid_index: gid,
-        sq_depth: 128,
-        max_sge: 16,
-        node: Some(node.clone()),
+        sq_depth,
+        max_sge,
+        node: Some(NodeId::new(name).unwrap()),
         auth: auth(),
         bootstrap_timeout: DEADLINE,
     })
-    .expect("the lab's device opens");
+    .expect("the lab's device opens")
+}
+
+/// A transport on `addr` whose RDMA path runs on the lab's device.
+fn verbs_transport(addr: IpAddr, name: &str, rdma_writes: bool) -> Transport {
+    let node = NodeId::new(name).unwrap();
+    let verbs = open_verbs(name, 128, 16);
     let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, Some(node.clone()), auth(), DEADLINE);
     let cfg = TransportConfig {
         bind: SocketAddr::new(addr, 0),
@@ -68,33 +71,6 @@ fn verbs_transport(addr: IpAddr, name: &str, rdma_writes: bool) -> Transport {
         ..TransportConfig::default()
     };
     Transport::start_with_rdma(cfg, Some(node), Some(path)).unwrap()
-}
-
-struct Region {
-    h: RegionHandle,
-    mem: Vec<u8>,
-}
-
-fn region(t: &Transport, len: usize, access: Access, seed: u64) -> Region {
-    let mut mem = pattern(seed, len);
-    let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
-    Region { h, mem }
-}
-
-fn remote(h: &RegionHandle, off: u64, len: u32) -> RemoteRange {
-    RemoteRange {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
-}
-
-fn seg(h: &RegionHandle, off: u64, len: u32) -> Segment {
-    Segment {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
 }
 
 #[test]
@@ -267,15 +243,6 @@ fn runs_of(ops: &[Result<(), OpError>]) -> String {
     out.join(", ")
 }
 
-/// Polls `done` every 20 ms until it holds, for at most `limit`.
-fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let t0 = std::time::Instant::now();
-    while !done() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 #[ignore = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)"]
 fn a_peer_killed_mid_batch_fails_the_batch_within_the_deadline_and_the_next_peer_works() {
@@ -392,19 +359,9 @@ fn a_peer_killed_mid_batch_fails_the_batch_within_the_deadline_and_the_next_peer
 #[ignore = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)"]
 fn a_queue_pair_runs_with_the_path_mtu_both_ends_negotiated() {
     use peercache_transport::rdma::engine::Verbs;
-    let (device, gid, addrs) = lab();
+    let (_, _, addrs) = lab();
     let owner = verbs_transport(addrs[0], "owner-5", false);
-    let verbs = SidewayVerbs::open(VerbsConfig {
-        devices: vec![device],
-        ib_port: 1,
-        gid_index: gid,
-        sq_depth: 16,
-        max_sge: 4,
-        node: Some(NodeId::new("reader-5").unwrap()),
-        auth: auth(),
-        bootstrap_timeout: DEADLINE,
-    })
-    .unwrap();
+    let verbs = open_verbs("reader-5", 16, 4);
     // What the device reports (`ibv_devinfo`'s active_mtu, in bytes), as a verbs code.
     let bytes: u32 = std::env::var("PEERCACHE_LAB_MTU")
         .expect("PEERCACHE_LAB_MTU")

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
 use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
-use peercache_transport::{Transport, TransportConfig};
+use peercache_transport::{Access, RegionHandle, RemoteRange, Segment, Transport, TransportConfig};
 use peercache_wire::auth::Auth;
 
 /// The cluster secret of the RDMA tests.
@@ -62,4 +62,46 @@ pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> Transport {
         ..cfg()
     };
     Transport::start_with_rdma(cfg, None, Some(path)).unwrap()
+}
+
+/// A registered test buffer: its handle and the bytes behind it (filled with [`pattern`]).
+pub(crate) struct Region {
+    pub(crate) h: RegionHandle,
+    pub(crate) mem: Vec<u8>,
+}
+
+/// Registers `len` pattern bytes for `seed` on `t` with `access`.
+pub(crate) fn region(t: &Transport, len: usize, access: Access, seed: u64) -> Region {
+    let mut mem = pattern(seed, len);
+    // SAFETY: `mem` moves into the returned `Region` with the handle, and the heap buffer it
+    // owns does not move; callers drop the handle no later than the buffer.
+    let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
+    Region { h, mem }
+}
+
+/// `len` bytes at `off` of the peer's region `h`, as a batch's remote range.
+pub(crate) fn remote(h: &RegionHandle, off: u64, len: u32) -> RemoteRange {
+    RemoteRange {
+        region: h.key(),
+        addr: h.addr(off),
+        len,
+    }
+}
+
+/// `len` bytes at `off` of the local region `h`, as a batch's local segment.
+pub(crate) fn seg(h: &RegionHandle, off: u64, len: u32) -> Segment {
+    Segment {
+        region: h.key(),
+        addr: h.addr(off),
+        len,
+    }
+}
+
+/// Polls `done` every few milliseconds until it holds; fails the test after `limit`.
+pub(crate) fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
