@@ -1,9 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Python wheel into the cached venv and runs the fast Python tests.
+# Builds the Python wheel into the cached venv and runs the fast Python tests
+# (scripts/python.sh does the build; pytest runs in that venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/prereqs.sh
-need_rdma_build_tools "the Python wheel"
-source scripts/venv.sh
-maturin develop --release -q -m peercache-py/Cargo.toml
-pytest -q peercache-py/tests "$@"
+exec bash scripts/python.sh -m pytest -q peercache-py/tests "$@"

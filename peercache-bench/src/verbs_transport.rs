@@ -1,8 +1,6 @@
 //! A bare transport whose RDMA path runs on a verbs device — what `micro --protocol rdma`
 //! measures against `ib_read_bw` (the transport alone, no store). Needs the `rdma` feature.
 
-use std::time::Duration;
-
 use anyhow::{Result, bail};
 use peercache_transport::{Transport, TransportConfig};
 
@@ -25,7 +23,7 @@ impl VerbsDevice {
         let m = peercache_store::config::parse_overrides(items)?;
         let text = |k: &str| {
             m.get(k)
-                .map(|v| v.as_str().map(str::to_string).unwrap_or(v.to_string()))
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
         };
         let Some(device) = text("device_names").filter(|d| !d.is_empty()) else {
             return Ok(None);
@@ -69,7 +67,7 @@ fn start_verbs(device: &VerbsDevice, name: &str) -> Result<Transport> {
     use peercache_transport::rdma::path::RdmaPath;
     use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
     use peercache_wire::{NodeId, auth::Auth};
-    let timeout = Duration::from_secs(20);
+    let timeout = std::time::Duration::from_secs(20);
     let node = NodeId::new(name)?;
     let verbs = SidewayVerbs::open(VerbsConfig {
         devices: vec![device.device.clone()],
@@ -94,7 +92,6 @@ fn start_verbs(device: &VerbsDevice, name: &str) -> Result<Transport> {
 
 #[cfg(not(feature = "rdma"))]
 fn start_verbs(device: &VerbsDevice, _name: &str) -> Result<Transport> {
-    let _ = Duration::ZERO;
     bail!(
         "micro --protocol rdma on {}: this build has no RDMA support (build with --features rdma)",
         device.device

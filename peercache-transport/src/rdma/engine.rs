@@ -346,7 +346,7 @@ impl<V: Verbs> Engine<V> {
             }
         }
         for mut r in runs {
-            if self.finish(&mut r, deadline, ops, &mut results) {
+            if self.finish(&mut r, deadline, &mut results) {
                 self.give_back(peer, r.rail, r.qp);
             } else {
                 self.counters.channel_discards.add(1);
@@ -417,10 +417,8 @@ impl<V: Verbs> Engine<V> {
         &self,
         r: &mut RailRun<V::Qp>,
         deadline: Instant,
-        ops: &[EngineOp],
         results: &mut [Result<(), RdmaOpError>],
     ) -> bool {
-        debug_assert_eq!(r.spans.len(), r.share.len().min(ops.len()));
         // False when a queue pair in error did not flush within the grace.
         let mut drained = true;
         if !r.healthy && r.posted > 0 {
