@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 mod common;
-use common::{free_port, get as read_all, node, page};
+use common::{Race, free_port, get as read_all, node, page, race};
 
 /// A cluster of 64 MiB nodes (`extra` overrides).
 fn cluster(hosts: &[u8], extra: serde_json::Value) -> Vec<peercache_store::Store> {
@@ -212,44 +212,15 @@ fn a_reader_racing_an_evicting_writer_never_accepts_wrong_bytes() {
         json!({"global_segment_size": "4mb", "exists_prime_ttl": 5.0}),
     );
     let (w, r) = (&nodes[0], &nodes[1]);
-    let len = 16 << 10;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let w = w.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 6000 {
-                let keys: Vec<String> = (i..i + 16).map(|k| format!("race-{}", k % 2000)).collect();
-                let pages: Vec<Vec<u8>> = (i..i + 16).map(|k| page(k % 2000, len)).collect();
-                let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-                w.batch_set(&keys, &refs).unwrap();
-                i += 16;
-            }
-        })
-    };
-    let (mut accepted, mut missed) = (0u64, 0u64);
-    for round in 0..300u64 {
-        let keys: Vec<String> = (0..16)
-            .map(|k| format!("race-{}", (round * 37 + k * 101) % 2000))
-            .collect();
-        // Prime with exists, then read later: the primed locations go stale as slots are reused.
-        r.batch_exists(&keys).unwrap();
-        let mut bufs = vec![vec![0u8; len]; 16];
-        let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let got = r.batch_get(&keys, &mut d).unwrap();
-        for (k, (ok, b)) in keys.iter().zip(got.iter().zip(&bufs)) {
-            if *ok {
-                let id: u64 = k.trim_start_matches("race-").parse().unwrap();
-                assert_eq!(b, &page(id, len), "accepted wrong bytes for {k}");
-                accepted += 1;
-            } else {
-                missed += 1;
-            }
-        }
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    let (accepted, missed) = race(
+        w,
+        r,
+        Race {
+            keys: 2000,
+            writes: 6000,
+            rounds: 300,
+        },
+    );
     eprintln!("racing reader: {accepted} pages accepted byte-exact, {missed} misses");
     assert!(accepted > 0);
     for n in &nodes {

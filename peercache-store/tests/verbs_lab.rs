@@ -91,42 +91,15 @@ fn a_reader_racing_an_evicting_writer_never_accepts_wrong_bytes_over_verbs() {
         assert!(n.wait_members(2, Duration::from_secs(30)));
         n.sync_membership();
     }
-    let len = 16 << 10;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let w = w.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 4000 {
-                let keys: Vec<String> = (i..i + 16).map(|k| format!("race-{}", k % 1000)).collect();
-                let pages: Vec<Vec<u8>> = (i..i + 16).map(|k| page(k % 1000, len)).collect();
-                let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-                w.batch_set(&keys, &refs).unwrap();
-                i += 16;
-            }
-        })
-    };
-    let (mut accepted, mut missed) = (0u64, 0u64);
-    for round in 0..120u64 {
-        let keys: Vec<String> = (0..16)
-            .map(|k| format!("race-{}", (round * 37 + k * 101) % 1000))
-            .collect();
-        // Prime with exists, read after: the primed locations go stale as slots are reused.
-        r.batch_exists(&keys).unwrap();
-        let (got, bufs) = get(&r, &keys, len);
-        for (k, (ok, b)) in keys.iter().zip(got.iter().zip(&bufs)) {
-            if *ok {
-                let id: u64 = k.trim_start_matches("race-").parse().unwrap();
-                assert_eq!(b, &page(id, len), "accepted wrong bytes for {k}");
-                accepted += 1;
-            } else {
-                missed += 1;
-            }
-        }
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    let (accepted, missed) = common::race(
+        &w,
+        &r,
+        common::Race {
+            keys: 1000,
+            writes: 4000,
+            rounds: 120,
+        },
+    );
     let s = r.stats();
     eprintln!(
         "racing reader over verbs: {accepted} pages accepted byte-exact, {missed} misses, \

@@ -94,3 +94,54 @@ pub(crate) fn get(s: &Store, keys: &[String], len: usize) -> (Vec<bool>, Vec<Vec
     let got = s.batch_get(keys, &mut d).unwrap();
     (got, out)
 }
+
+/// [`race`]'s shape: distinct keys, pages the writer publishes, 16-key reads of the reader.
+pub(crate) struct Race {
+    pub(crate) keys: u64,
+    pub(crate) writes: u64,
+    pub(crate) rounds: u64,
+}
+
+/// `w` publishes 16 KiB pages over `shape.keys` keys in batches of 16 (its small pool evicting
+/// constantly) while `r` primes 16 keys with `batch_exists` and reads them after, so primed
+/// locations go stale as slots are reused. Every page `r` accepts must be byte-exact (asserted
+/// here); returns (accepted, missed).
+pub(crate) fn race(w: &Store, r: &Store, shape: Race) -> (u64, u64) {
+    let len = 16 << 10;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (w, stop) = (w.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < shape.writes {
+                let keys: Vec<String> = (i..i + 16)
+                    .map(|k| format!("race-{}", k % shape.keys))
+                    .collect();
+                let pages: Vec<Vec<u8>> = (i..i + 16).map(|k| page(k % shape.keys, len)).collect();
+                let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+                w.batch_set(&keys, &refs).unwrap();
+                i += 16;
+            }
+        })
+    };
+    let (mut accepted, mut missed) = (0u64, 0u64);
+    for round in 0..shape.rounds {
+        let keys: Vec<String> = (0..16)
+            .map(|k| format!("race-{}", (round * 37 + k * 101) % shape.keys))
+            .collect();
+        r.batch_exists(&keys).unwrap();
+        let (got, bufs) = get(r, &keys, len);
+        for (k, (ok, b)) in keys.iter().zip(got.iter().zip(&bufs)) {
+            if *ok {
+                let id: u64 = k.trim_start_matches("race-").parse().unwrap();
+                assert_eq!(b, &page(id, len), "accepted wrong bytes for {k}");
+                accepted += 1;
+            } else {
+                missed += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    (accepted, missed)
+}
