@@ -37,6 +37,16 @@ fn read_op(remote: u64, rkey: u32, dst: &mut [u8], pieces: usize, lkeys: &[u32])
     }
 }
 
+/// One 4 KiB read per page of `local`, from the same offset of `remote` (key `rkey`), whole
+/// (one local segment each).
+fn page_reads(remote: &[u8], rkey: u32, local: &mut [u8], lk: &[u32]) -> Vec<EngineOp> {
+    local
+        .chunks_mut(4096)
+        .enumerate()
+        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, lk))
+        .collect()
+}
+
 #[test]
 fn ops_stripe_over_rails_and_land_byte_exact() {
     let fabric = Fabric::new();
@@ -48,11 +58,7 @@ fn ops_stripe_over_rails_and_land_byte_exact() {
     let engine = Engine::new(verbs, 4);
     let mut local = vec![0u8; 8 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     let r = engine.execute("peer-a", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     assert_eq!(local, remote);
@@ -72,13 +78,7 @@ fn rails_run_at_once_every_window_posted_before_any_rail_is_polled() {
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 2, 4, 16), 4);
     let mut local = vec![0u8; 4 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
-    let mut ops = || -> Vec<EngineOp> {
-        local
-            .chunks_mut(4096)
-            .enumerate()
-            .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-            .collect()
-    };
+    let mut ops = || -> Vec<EngineOp> { page_reads(&remote, rkey, &mut local, &lk) };
     // Connect both rails' channels first, so only the batch below is timed and recorded.
     let warm = ops();
     assert!(
@@ -149,11 +149,7 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     let engine = Engine::new(verbs, 4);
     let mut local = vec![0u8; 4 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     fabric.stall.store(true, Ordering::Release);
     let t0 = Instant::now();
     let r = engine.execute("peer-c", &ops, Duration::from_millis(50));
@@ -171,11 +167,7 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     assert_eq!(engine.counters.timeouts.get(), 1);
     assert_eq!(engine.counters.channel_discards.get(), 1);
     // The failed channel was discarded: the next batch connects a fresh one and succeeds.
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     let r = engine.execute("peer-c", &ops, Duration::from_secs(1));
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     assert_eq!(local, remote);
@@ -195,11 +187,7 @@ fn ops_of_windows_never_posted_fail_when_an_earlier_window_times_out() {
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 2), 4);
     let mut local = vec![0u8; 6 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     fabric.stall.store(true, Ordering::Release);
     let r = engine.execute("peer-w", &ops, Duration::from_millis(50));
     fabric.stall.store(false, Ordering::Release);
@@ -342,11 +330,7 @@ fn a_channel_that_cannot_be_leased_fails_its_ops_and_is_counted() {
     let engine = Engine::new(verbs, 4);
     let mut local = vec![0u8; 4 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 2);
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     let t0 = Instant::now();
     let r = engine.execute("127.0.0.1:1", &ops, Duration::from_secs(1));
     assert!(
@@ -372,11 +356,7 @@ fn a_queue_pair_that_never_flushes_is_destroyed_within_the_drain_grace() {
     let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 8), 4);
     let mut local = vec![0u8; 4 * 4096];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
-    let ops: Vec<EngineOp> = local
-        .chunks_mut(4096)
-        .enumerate()
-        .map(|(i, d)| read_op(remote.as_ptr() as u64 + (i * 4096) as u64, rkey, d, 1, &lk))
-        .collect();
+    let ops = page_reads(&remote, rkey, &mut local, &lk);
     fabric.stall.store(true, Ordering::Release);
     fabric.never_flush.store(true, Ordering::Release);
     let t0 = Instant::now();
