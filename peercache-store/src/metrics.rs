@@ -73,6 +73,14 @@ pub const EXISTS_PAGES_FOUND: &str = "peercache_exists_pages_found_total";
 pub const OP_LATENCY: &str = "peercache_op_latency_seconds";
 /// Members seen by discovery.
 pub const MEMBERS: &str = "peercache_members";
+/// Members with `role = "storage"` (storage servers of the centralized and hybrid modes).
+pub const STORAGE_NODES: &str = "peercache_storage_nodes";
+/// Pages indexed by this node's disk tier (0 with the tier off).
+pub const DISK_KEYS: &str = "peercache_disk_keys";
+/// Bytes of the disk tier's segments on disk.
+pub const DISK_BYTES_USED: &str = "peercache_disk_bytes_used";
+/// The disk tier's capacity in bytes (`disk_capacity`; 0 with the tier off).
+pub const DISK_CAPACITY: &str = "peercache_disk_capacity_bytes";
 
 /// Registers at 0 the series the lower crates create only when their part runs — the RDMA
 /// path, the disk tier, authentication — so a dashboard, an alert or a newcomer's grep finds
@@ -82,9 +90,10 @@ fn register_idle_series(node: &str) {
     let zero = |name: &'static str| {
         metrics::counter!(name, "node" => node.to_string()).increment(0);
     };
-    peercache_transport::metrics::rdma::ALL
+    // Runs under the node's recorder, which adds `node`.
+    peercache_transport::metrics::register_rdma_series();
+    peercache_pool::metrics::DISK_COUNTERS
         .iter()
-        .chain(peercache_pool::metrics::DISK_COUNTERS)
         .chain(&[peercache_wire::metrics::AUTH_REJECTED_TOTAL])
         .for_each(|name| zero(name));
     // Added to, not set: a disk tier that already disabled itself keeps its 1.
@@ -114,6 +123,11 @@ pub(crate) struct Handles {
     pub(crate) write_latency: metrics::Histogram,
     pub(crate) exists_latency: metrics::Histogram,
     pub(crate) members: metrics::Gauge,
+    pub(crate) storage_nodes: metrics::Gauge,
+    pub(crate) disk_keys: metrics::Gauge,
+    pub(crate) disk_bytes_used: metrics::Gauge,
+    /// Set once the disk tier opened (0 without one).
+    pub(crate) disk_capacity: metrics::Gauge,
     pub(crate) read_disk_hits: Tally,
     pub(crate) promotes_owner: Tally,
     pub(crate) replicas: Tally,
@@ -137,9 +151,13 @@ pub(crate) struct Handles {
 
 impl Handles {
     /// Refreshes the derived gauges (called about once per heartbeat).
-    pub(crate) fn refresh(&self, pool_keys: u64) {
+    pub(crate) fn refresh(&self, pool_keys: u64, disk: Option<&peercache_pool::disk::DiskStats>) {
         self.uptime.set(self.started.elapsed().as_secs_f64());
         self.pool_keys.set(pool_keys as f64);
+        if let Some(d) = disk {
+            self.disk_keys.set(d.keys as f64);
+            self.disk_bytes_used.set(d.bytes as f64);
+        }
         let req = self.read_requests.get();
         if req > 0 {
             self.hit_rate.set(self.read_hits.get() as f64 / req as f64);
@@ -170,6 +188,10 @@ impl Handles {
             write_latency: metrics::histogram!(OP_LATENCY, "op" => "write", "node" => n.clone()),
             exists_latency: metrics::histogram!(OP_LATENCY, "op" => "exists", "node" => n.clone()),
             members: metrics::gauge!(MEMBERS, "node" => n.clone()),
+            storage_nodes: metrics::gauge!(STORAGE_NODES, "node" => n.clone()),
+            disk_keys: metrics::gauge!(DISK_KEYS, "node" => n.clone()),
+            disk_bytes_used: metrics::gauge!(DISK_BYTES_USED, "node" => n.clone()),
+            disk_capacity: metrics::gauge!(DISK_CAPACITY, "node" => n.clone()),
             read_disk_hits: c(READ_DISK_HITS),
             replicas: c(READ_REPLICAS),
             reannounced: c(DIRECTORY_REANNOUNCES),

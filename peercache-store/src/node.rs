@@ -63,6 +63,10 @@ impl Core {
         }
         self.reap_reservations();
         self.forget_departed(&infos);
+        if !infos.is_empty() {
+            let storage = infos.iter().filter(|m| m.role == "storage").count();
+            self.metrics.storage_nodes.set(storage as f64);
+        }
         let members: Vec<Member> = infos
             .into_iter()
             .map(|m| Member {

@@ -488,6 +488,9 @@ impl Core {
         } else {
             None
         };
+        if disk.is_some() {
+            metrics.disk_capacity.set(cfg.disk_size as f64);
+        }
         let evictions = EvictionBatcher::start(
             me.clone(),
             dir.clone(),
@@ -574,7 +577,10 @@ impl Core {
                         return;
                     }
                     let ps = inner.pool.stats();
-                    inner.metrics.refresh(ps.retained + ps.reclaimable);
+                    let ds = inner.disk.as_ref().map(|d| d.stats());
+                    inner
+                        .metrics
+                        .refresh(ps.retained + ps.reclaimable, ds.as_ref());
                     inner.reap_reservations();
                     inner.dir.drop_due();
                     inner.forget_strangers();

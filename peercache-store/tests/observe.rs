@@ -373,3 +373,90 @@ fn every_documented_series_is_there_from_the_start() {
     }
     s.shutdown();
 }
+
+/// The rows of docs/operations.md's "Series of PeerCache 0.8.4" table (or its translation's):
+/// (0.8.4 name, series here, type).
+fn compat_table(page: &str) -> Vec<(String, String, String)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(page);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("0.8.4").expect("the 0.8.4 section");
+    let section = &text[start..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<String> = l
+                .split('|')
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect();
+            (cells[1].clone(), cells[2].clone(), cells[3].clone())
+        })
+        .collect()
+}
+
+#[test]
+fn every_series_of_0_8_4_is_exported_under_its_name_with_its_type() {
+    let rows = compat_table("operations.md");
+    assert!(rows.len() >= 40, "the table has {} rows", rows.len());
+    assert_eq!(
+        compat_table("operations.zh.md"),
+        rows,
+        "the translation's table lists the same names and types"
+    );
+    let port = free_port();
+    // A plain TCP node without the disk tier: the RDMA and disk series are there anyway.
+    let m = json!({
+        "discovery_addr": format!("127.0.0.44:{port}"), "protocol": "tcp",
+        "local_hostname": "127.0.0.44", "rdma_bind_host": "127.0.0.44",
+        "control_bind_host": "127.0.0.44", "meta_bind_host": "127.0.0.44",
+        "metrics_bind_host": "127.0.0.44", "metrics_port": 0, "global_segment_size": "16mb",
+    });
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    // One call of each kind, so the latency histogram has samples.
+    let page = vec![5u8; 4096];
+    s.batch_set(&["c"], &[&page]).unwrap();
+    s.batch_exists(&["c"]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    s.batch_get(&["c"], &mut [&mut buf[..]]).unwrap();
+    assert_eq!(buf, page);
+
+    let ep = s.metrics_endpoint().expect("metrics enabled");
+    let me = s.node_id().to_string();
+    let body = get(ep, "/metrics").2;
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("valid exposition");
+    for (old, series, kind) in &rows {
+        let typed: Vec<&str> = scrape
+            .samples
+            .iter()
+            .filter(|x| x.labels.get("node") == Some(me.as_str()))
+            .filter(|x| x.metric == *series || x.metric == format!("{series}_count"))
+            .map(|x| match x.value {
+                prometheus_parse::Value::Counter(_) => "counter",
+                prometheus_parse::Value::Gauge(_) => "gauge",
+                prometheus_parse::Value::Histogram(_) => "histogram",
+                prometheus_parse::Value::Summary(_) => "summary",
+                prometheus_parse::Value::Untyped(_) => "untyped",
+            })
+            .collect();
+        assert!(
+            !typed.is_empty(),
+            "0.8.4's `{old}`: no `{series}` on this node"
+        );
+        // A histogram's `_count` line parses as untyped on its own; its family is typed.
+        let declared = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# TYPE {series} ")))
+            .unwrap_or("");
+        assert!(
+            typed.iter().all(|t| t == kind) || declared == kind,
+            "0.8.4's `{old}`: `{series}` is {typed:?} (# TYPE {declared}), the table says {kind}"
+        );
+    }
+    s.shutdown();
+}

@@ -53,9 +53,9 @@ pub mod rdma {
     pub const TABLE_FETCHES: &str = "peercache_rdma_table_fetches_total";
     /// Work requests posted.
     pub const WORK_REQUESTS: &str = "peercache_rdma_work_requests_total";
-    /// Work completions with an error status.
+    /// Work completions with an error status, label `op` = `read` | `write`.
     pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
-    /// Windows that missed their deadline.
+    /// Windows that missed their deadline, label `op` = `read` | `write`.
     pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
     /// Queue pairs discarded.
     pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
@@ -90,6 +90,44 @@ pub mod rdma {
         DRAIN_TIMEOUTS,
         PEERS_UNAVAILABLE,
     ];
+
+    /// The RDMA series of PeerCache 0.8.4, kept under their old names and types (gauges) so
+    /// existing dashboards and alerts keep working. Each count is moved by the same call as
+    /// its new counter ([`peercache_wire::tally::Tally::mirrored`]); docs/operations.md maps
+    /// every old name to its new series.
+    pub mod compat {
+        /// Rails (NICs) the RDMA path drives; 0 without one.
+        pub const RAILS: &str = "peercache_rdma_rails";
+        /// Read windows that missed their deadline (`peercache_rdma_timeouts_total{op="read"}`).
+        pub const READ_TIMEOUTS: &str = "peercache_rdma_read_timeouts";
+        /// Write windows that missed their deadline (`…timeouts_total{op="write"}`).
+        pub const WRITE_TIMEOUTS: &str = "peercache_rdma_write_timeouts";
+        /// Read completions with an error status (`peercache_rdma_wc_errors_total{op="read"}`).
+        pub const READ_WC_ERRORS: &str = "peercache_rdma_read_wc_errors";
+        /// Write completions with an error status (`…wc_errors_total{op="write"}`).
+        pub const WRITE_WC_ERRORS: &str = "peercache_rdma_write_wc_errors";
+        /// The last error status of a work completion (`ibv_wc_status`; 0 = none yet).
+        pub const LAST_WC_STATUS: &str = "peercache_rdma_last_wc_status";
+        /// Queue pairs discarded (`peercache_rdma_channel_discards_total`).
+        pub const CHANNEL_DISCARDS: &str = "peercache_rdma_channel_discards";
+        /// Failed posts (`peercache_rdma_post_failures_total`).
+        pub const POST_FAILURES: &str = "peercache_rdma_post_failures";
+        /// Channels that could not be leased (`peercache_rdma_lease_failures_total`).
+        pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures";
+        /// Caller ranges outside every registered region, registered for a batch
+        /// (`peercache_rdma_lazy_registrations_total`).
+        pub const LOCAL_REG_MISSES: &str = "peercache_rdma_local_reg_misses";
+        /// Lazily registered memory regions held right now.
+        pub const LAZY_LOCAL_MRS: &str = "peercache_rdma_lazy_local_mrs";
+    }
+}
+
+/// Registers every RDMA series, new and kept from 0.8.4, at 0 (nothing else happens): a node
+/// without an RDMA path calls it so a dashboard finds the same series on every node.
+pub fn register_rdma_series() {
+    drop(RdmaCounters::register());
+    drop(EngineCounters::default());
+    metrics::gauge!(rdma::compat::RAILS).set(0.0);
 }
 
 fn tally(name: &'static str) -> Tally {
@@ -203,6 +241,8 @@ pub(crate) struct RdmaCounters {
     pub(crate) write_ops: Tally,
     pub(crate) write_bytes: Tally,
     pub(crate) lazy_registrations: Tally,
+    /// Lazily registered regions held right now.
+    pub(crate) lazy_mrs: metrics::Gauge,
     pub(crate) unavailable: Tally,
 }
 
@@ -216,7 +256,9 @@ impl RdmaCounters {
             table_fetches: tally(rdma::TABLE_FETCHES),
             write_ops: tally(rdma::WRITE_OPS),
             write_bytes: tally(rdma::WRITE_BYTES),
-            lazy_registrations: tally(rdma::LAZY),
+            lazy_registrations: tally(rdma::LAZY)
+                .mirrored(metrics::gauge!(rdma::compat::LOCAL_REG_MISSES)),
+            lazy_mrs: metrics::gauge!(rdma::compat::LAZY_LOCAL_MRS),
             unavailable: tally(rdma::PEERS_UNAVAILABLE),
         }
     }
@@ -225,12 +267,14 @@ impl RdmaCounters {
 /// The counters of one RDMA engine (public: the engine is usable on its own).
 #[derive(Debug)]
 pub struct EngineCounters {
-    /// Work completions with an error status.
-    pub wc_errors: Tally,
+    /// Work completions with an error status, by op (index [`op_index`]).
+    pub wc_errors: [Tally; 2],
     /// The last error status seen (a value, not a count).
     pub last_wc_status: std::sync::atomic::AtomicU64,
-    /// Windows that missed the deadline.
-    pub timeouts: Tally,
+    /// [`EngineCounters::last_wc_status`] as a gauge.
+    last_wc_status_gauge: metrics::Gauge,
+    /// Windows that missed the deadline, by op (index [`op_index`]).
+    pub timeouts: [Tally; 2],
     /// Channels discarded after a failure.
     pub channel_discards: Tally,
     /// Failed posts.
@@ -243,15 +287,62 @@ pub struct EngineCounters {
     pub drain_timeouts: Tally,
 }
 
+/// The index of `op` in the engine's per-op counters: read 0, write 1.
+pub fn op_index(op: crate::rdma::engine::RdmaOp) -> usize {
+    match op {
+        crate::rdma::engine::RdmaOp::Read => 0,
+        crate::rdma::engine::RdmaOp::Write => 1,
+    }
+}
+
+fn by_op(name: &'static str, read_alias: &'static str, write_alias: &'static str) -> [Tally; 2] {
+    [("read", read_alias), ("write", write_alias)].map(|(op, alias)| {
+        Tally::new(metrics::counter!(name, "op" => op)).mirrored(metrics::gauge!(alias))
+    })
+}
+
+impl EngineCounters {
+    /// Work completions with an error status, reads and writes.
+    pub fn wc_errors_total(&self) -> u64 {
+        self.wc_errors.iter().map(Tally::get).sum()
+    }
+
+    /// Windows that missed the deadline, reads and writes.
+    pub fn timeouts_total(&self) -> u64 {
+        self.timeouts.iter().map(Tally::get).sum()
+    }
+
+    /// Counts a completion error of `op` with its `ibv_wc_status`.
+    pub(crate) fn wc_error(&self, op: crate::rdma::engine::RdmaOp, status: u32) {
+        self.wc_errors[op_index(op)].add(1);
+        self.last_wc_status
+            .store(u64::from(status), std::sync::atomic::Ordering::Relaxed);
+        self.last_wc_status_gauge.set(f64::from(status));
+    }
+}
+
 impl Default for EngineCounters {
     fn default() -> Self {
+        use rdma::compat;
         EngineCounters {
-            wc_errors: tally(rdma::WC_ERRORS),
+            wc_errors: by_op(
+                rdma::WC_ERRORS,
+                compat::READ_WC_ERRORS,
+                compat::WRITE_WC_ERRORS,
+            ),
             last_wc_status: Default::default(),
-            timeouts: tally(rdma::TIMEOUTS),
-            channel_discards: tally(rdma::DISCARDS),
-            post_failures: tally(rdma::POST_FAILURES),
-            lease_failures: tally(rdma::LEASE_FAILURES),
+            last_wc_status_gauge: metrics::gauge!(compat::LAST_WC_STATUS),
+            timeouts: by_op(
+                rdma::TIMEOUTS,
+                compat::READ_TIMEOUTS,
+                compat::WRITE_TIMEOUTS,
+            ),
+            channel_discards: tally(rdma::DISCARDS)
+                .mirrored(metrics::gauge!(compat::CHANNEL_DISCARDS)),
+            post_failures: tally(rdma::POST_FAILURES)
+                .mirrored(metrics::gauge!(compat::POST_FAILURES)),
+            lease_failures: tally(rdma::LEASE_FAILURES)
+                .mirrored(metrics::gauge!(compat::LEASE_FAILURES)),
             wrs_posted: tally(rdma::WORK_REQUESTS),
             drain_timeouts: tally(rdma::DRAIN_TIMEOUTS),
         }

@@ -164,7 +164,7 @@ fn a_completion_timeout_drains_the_queue_before_returning() {
     fabric.stall.store(false, Ordering::Release);
     assert_eq!(fabric.bytes.load(Ordering::Relaxed), 0, "no late DMA");
     assert!(local.iter().all(|&b| b == 0));
-    assert_eq!(engine.counters.timeouts.get(), 1);
+    assert_eq!(engine.counters.timeouts_total(), 1);
     assert_eq!(engine.counters.channel_discards.get(), 1);
     // The failed channel was discarded: the next batch connects a fresh one and succeeds.
     let ops = page_reads(&remote, rkey, &mut local, &lk);
@@ -209,7 +209,12 @@ fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
     let mut remote = pattern(6 * 1024, 4);
     // SAFETY: as above.
     let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
-    let engine = Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4);
+    // The engine's series go to a recorder of this test's own, to read them back.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let engine = metrics::with_local_recorder(&recorder, || {
+        Engine::new(SoftVerbs::new(fabric.clone(), 1, 4, 16), 4)
+    });
     let mut local = vec![0u8; 6 * 1024];
     let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
     let ops: Vec<EngineOp> = local
@@ -227,9 +232,31 @@ fn a_work_completion_error_fails_its_op_and_flushes_the_rest() {
         "{r:?}"
     );
     assert_eq!(&local[..2048], &remote[..2048]);
-    assert_eq!(engine.counters.wc_errors.get(), 1);
+    assert_eq!(engine.counters.wc_errors_total(), 1);
     assert_eq!(engine.counters.last_wc_status.load(Ordering::Relaxed), 12);
     assert_eq!(fabric.outstanding.load(Ordering::Acquire), 0);
+    // One event, counted once, seen under the new counter and under 0.8.4's gauges.
+    use metrics_util::debugging::DebugValue;
+    let mut seen = std::collections::BTreeMap::new();
+    for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+        let op = k
+            .key()
+            .labels()
+            .find(|l| l.key() == "op")
+            .map(|l| l.value().to_string());
+        let value = match v {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(_) => continue,
+        };
+        seen.insert((k.key().name().to_string(), op), value);
+    }
+    let at = |name: &str, op: Option<&str>| seen[&(name.to_string(), op.map(str::to_string))];
+    assert_eq!(at("peercache_rdma_wc_errors_total", Some("read")), 1.0);
+    assert_eq!(at("peercache_rdma_wc_errors_total", Some("write")), 0.0);
+    assert_eq!(at("peercache_rdma_read_wc_errors", None), 1.0);
+    assert_eq!(at("peercache_rdma_write_wc_errors", None), 0.0);
+    assert_eq!(at("peercache_rdma_last_wc_status", None), 12.0);
 }
 
 #[test]

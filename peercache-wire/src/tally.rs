@@ -15,12 +15,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A cumulative counter readable by its owner and exported as one metrics series. Clones
-/// share the count.
+/// A cumulative counter readable by its owner and exported as one metrics series (and, for a
+/// name kept from an earlier release, as a gauge of the same value: see [`Tally::mirrored`]).
+/// Clones share the count.
 #[derive(Clone)]
 pub struct Tally {
     value: Arc<AtomicU64>,
     series: metrics::Counter,
+    mirror: Option<metrics::Gauge>,
 }
 
 impl Tally {
@@ -29,7 +31,25 @@ impl Tally {
         Tally {
             value: Arc::new(AtomicU64::new(0)),
             series,
+            mirror: None,
         }
+    }
+
+    /// The same count also exported as `gauge`, moved by the same call: a dashboard written
+    /// for a release that exported this count as a gauge under another name keeps working,
+    /// and the two series never disagree.
+    ///
+    /// ```
+    /// use peercache_wire::tally::Tally;
+    /// let t = Tally::new(metrics::counter!("example_timeouts_total"))
+    ///     .mirrored(metrics::gauge!("example_read_timeouts"));
+    /// t.add(2);
+    /// assert_eq!(t.get(), 2);
+    /// ```
+    pub fn mirrored(mut self, gauge: metrics::Gauge) -> Self {
+        gauge.set(self.get() as f64);
+        self.mirror = Some(gauge);
+        self
     }
 
     /// Adds `n` events (no work at all for `n == 0`).
@@ -38,6 +58,9 @@ impl Tally {
         if n != 0 {
             self.value.fetch_add(n, Ordering::Relaxed);
             self.series.increment(n);
+            if let Some(g) = &self.mirror {
+                g.increment(n as f64);
+            }
         }
     }
 
@@ -45,6 +68,9 @@ impl Tally {
     #[inline]
     pub fn bump(&self) -> u64 {
         self.series.increment(1);
+        if let Some(g) = &self.mirror {
+            g.increment(1.0);
+        }
         self.value.fetch_add(1, Ordering::Relaxed) + 1
     }
 
@@ -90,5 +116,34 @@ mod tests {
             .collect();
         assert_eq!(exported, [6]);
         assert_eq!(t.get(), 6);
+    }
+
+    #[test]
+    fn a_mirrored_count_moves_its_gauge_with_the_same_call() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let t = metrics::with_local_recorder(&recorder, || {
+            Tally::new(metrics::counter!("mirror_test_total"))
+                .mirrored(metrics::gauge!("mirror_test"))
+        });
+        t.add(4);
+        t.bump();
+        t.add(0);
+        let mut counter = None;
+        let mut gauge = None;
+        for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+            match (k.key().name(), v) {
+                ("mirror_test_total", metrics_util::debugging::DebugValue::Counter(n)) => {
+                    counter = Some(n)
+                }
+                ("mirror_test", metrics_util::debugging::DebugValue::Gauge(g)) => {
+                    gauge = Some(g.into_inner())
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(counter, Some(5));
+        assert_eq!(gauge, Some(5.0));
+        assert_eq!(t.get(), 5);
     }
 }

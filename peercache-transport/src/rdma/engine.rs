@@ -20,7 +20,6 @@
 use super::RdmaError;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -335,7 +334,7 @@ impl<V: Verbs> Engine<V> {
             }
             if Instant::now() >= deadline {
                 for r in runs.iter_mut().filter(|r| r.in_flight()) {
-                    self.counters.timeouts.add(1);
+                    self.counters.timeouts[crate::metrics::op_index(r.wrs[0].op)].add(1);
                     r.healthy = false;
                     r.timed_out = true;
                 }
@@ -404,7 +403,7 @@ impl<V: Verbs> Engine<V> {
     fn poll_rail(&self, r: &mut RailRun<V::Qp>) -> bool {
         r.cqes.clear();
         r.qp.poll(&mut r.cqes, r.depth);
-        self.record(&r.cqes, &mut r.done, &mut r.healthy);
+        self.record(&r.cqes, &r.wrs, &mut r.done, &mut r.healthy);
         if r.healthy && r.done[r.posted - 1].is_some() {
             self.post_window(r);
         }
@@ -446,7 +445,7 @@ impl<V: Verbs> Engine<V> {
                     r.cqes.clear();
                     r.qp.poll(&mut r.cqes, r.depth);
                     seen = r.cqes.iter().any(|c| c.wr_id == DRAIN_MARKER);
-                    self.record(&r.cqes, &mut r.done, &mut r.healthy);
+                    self.record(&r.cqes, &r.wrs, &mut r.done, &mut r.healthy);
                     drained = seen;
                     if !seen && Instant::now() >= until {
                         self.counters.drain_timeouts.add(1);
@@ -494,7 +493,13 @@ impl<V: Verbs> Engine<V> {
         r.healthy
     }
 
-    fn record(&self, cqes: &[Completion], done: &mut [Option<WcStatus>], healthy: &mut bool) {
+    fn record(
+        &self,
+        cqes: &[Completion],
+        wrs: &[WorkRequest],
+        done: &mut [Option<WcStatus>],
+        healthy: &mut bool,
+    ) {
         for c in cqes {
             let Some(d) = done.get_mut(c.wr_id as usize) else {
                 continue;
@@ -503,10 +508,8 @@ impl<V: Verbs> Engine<V> {
             if c.status != WcStatus::Success {
                 *healthy = false;
                 if let WcStatus::Error(code) = c.status {
-                    self.counters.wc_errors.add(1);
-                    self.counters
-                        .last_wc_status
-                        .store(code as u64, Ordering::Relaxed);
+                    let op = wrs.get(c.wr_id as usize).map_or(RdmaOp::Read, |w| w.op);
+                    self.counters.wc_error(op, code);
                 }
             }
         }

@@ -204,6 +204,8 @@ impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
 impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`.
     pub fn new(verbs: V, node: Option<NodeId>, auth: Auth, timeout: Duration) -> Arc<Self> {
+        metrics::gauge!(crate::metrics::rdma::compat::RAILS)
+            .set(Verbs::rails(&verbs).min(MAX_RAILS) as f64);
         Arc::new(RdmaPath {
             // Idle queue pairs kept per (peer, rail); each holds a thread on the peer's side.
             engine: Engine::new(verbs, 4),
@@ -328,6 +330,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             verbs: self.engine.verbs(),
             regs: Vec::new(),
             any: Registrar::local_any(self.engine.verbs()),
+            held: &self.counters.lazy_mrs,
         };
         if !batch.allows_unregistered() || regs.any.is_some() {
             return Some(regs);
@@ -369,7 +372,10 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 )
             };
             match keys {
-                Ok(keys) => regs.regs.push((a, b, keys)),
+                Ok(keys) => {
+                    regs.regs.push((a, b, keys));
+                    regs.held.increment(1.0);
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "lazy registration failed; this batch goes over TCP");
                     return None;
@@ -467,6 +473,8 @@ struct LazyRegs<'a, V: Registrar> {
     regs: Vec<(u64, u64, RailKeys)>,
     /// Keys of an implicit on-demand-paging registration (covers every address).
     any: Option<[u32; MAX_RAILS]>,
+    /// The gauge of lazily registered regions held (`peercache_rdma_lazy_local_mrs`).
+    held: &'a metrics::Gauge,
 }
 
 impl<V: Registrar> LazyRegs<'_, V> {
@@ -487,6 +495,9 @@ impl<V: Registrar> Drop for LazyRegs<'_, V> {
     fn drop(&mut self) {
         for (_, _, k) in &self.regs {
             self.verbs.deregister(k);
+        }
+        if !self.regs.is_empty() {
+            self.held.decrement(self.regs.len() as f64);
         }
     }
 }
@@ -576,9 +587,9 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             write_ops: c.write_ops.get(),
             write_bytes: c.write_bytes.get(),
             lazy_registrations: c.lazy_registrations.get(),
-            wc_errors: e.wc_errors.get(),
+            wc_errors: e.wc_errors_total(),
             last_wc_status: e.last_wc_status.load(Ordering::Relaxed),
-            timeouts: e.timeouts.get(),
+            timeouts: e.timeouts_total(),
             channel_discards: e.channel_discards.get(),
             post_failures: e.post_failures.get(),
             lease_failures: e.lease_failures.get(),
