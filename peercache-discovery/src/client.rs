@@ -255,6 +255,9 @@ impl Drop for DiscoveryClient {
     }
 }
 
+/// How often a member logs its heartbeat summary at INFO when nothing changed.
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+
 fn run(sh: Arc<Shared>) {
     let mut attempt = 0u32;
     let mut last_wait_log: Option<Instant> = None;
@@ -274,15 +277,23 @@ fn run(sh: Arc<Shared>) {
             .map(|((t, _), r)| (*t, r.ok().and_then(|f| crate::service::decode(&f).ok())))
             .collect();
         let any = answers.iter().any(|(_, a)| a.is_some());
+        let answers_ok = answers.iter().filter(|(_, a)| a.is_some()).count();
+        let calls_n = calls.len();
         for (t, a) in &answers {
             if a.is_none() {
                 sh.rpc.forget(*t);
             }
         }
-        let (events, ready, n) = {
+        let (events, ready, n, lost, masters) = {
             let mut core = sh.core.lock();
             let ev = core.merge(answers);
-            (ev, core.is_ready(), core.members().len())
+            (
+                ev,
+                core.is_ready(),
+                core.members().len(),
+                core.lost_registrations().to_vec(),
+                core.masters().to_vec(),
+            )
         };
         for e in &events {
             match e {
@@ -295,6 +306,9 @@ fn run(sh: Arc<Shared>) {
                 }
             }
         }
+        for t in &lost {
+            tracing::info!(server = %t, "registration lost at a discovery server; registering again");
+        }
         if !events.is_empty() {
             sh.subscribers
                 .lock()
@@ -302,8 +316,17 @@ fn run(sh: Arc<Shared>) {
         }
         if any {
             attempt = 0;
-            if last_steady_log.elapsed() >= Duration::from_secs(10) {
-                tracing::debug!(members = n, "discovery heartbeat ok");
+            // The summary operators grep for: every 10 s, and at once when something changed.
+            let answered = answers_ok;
+            if !events.is_empty() || !lost.is_empty() || last_steady_log.elapsed() >= SUMMARY_EVERY
+            {
+                tracing::info!(
+                    members = n,
+                    masters = ?masters,
+                    answered,
+                    asked = calls_n,
+                    "discovery heartbeat"
+                );
                 last_steady_log = Instant::now();
             }
         } else {

@@ -63,6 +63,8 @@ pub struct ClientCore {
     view: BTreeMap<NodeId, NodeInfo>,
     masters: Vec<SocketAddr>,
     silent_rounds: u32,
+    /// Servers that said this round that they no longer hold this member's registration.
+    lost: Vec<SocketAddr>,
 }
 
 impl ClientCore {
@@ -77,7 +79,14 @@ impl ClientCore {
             view: BTreeMap::new(),
             masters: Vec::new(),
             silent_rounds: 0,
+            lost: Vec::new(),
         }
+    }
+
+    /// The servers that, in the last merged round, answered a heartbeat without holding this
+    /// member's registration (they pruned or never had it; the next round registers again).
+    pub fn lost_registrations(&self) -> &[SocketAddr] {
+        &self.lost
     }
 
     /// This member.
@@ -178,6 +187,7 @@ impl ClientCore {
     /// everyone else dead.
     pub fn merge(&mut self, answers: Vec<(SocketAddr, Option<DiscReply>)>) -> Vec<Event> {
         let mut answered = HashSet::new();
+        self.lost.clear();
         for (t, a) in answers {
             match a {
                 None => {
@@ -196,8 +206,8 @@ impl ClientCore {
                 }) => {
                     if known {
                         self.registered.insert(t);
-                    } else {
-                        self.registered.remove(&t);
+                    } else if self.registered.remove(&t) {
+                        self.lost.push(t);
                     }
                     if let Some(m) = members {
                         self.heard.insert(t, (version, m));

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use peercache_wire::NodeId;
 use peercache_wire::rpc::Peer;
+use peercache_wire::{Incarnation, NodeId};
 
 use crate::admission::{self, Limits, Refusal};
 use crate::info::NodeInfo;
@@ -28,6 +28,9 @@ pub struct ServerCore {
     limits: Limits,
     /// Encoded size of every announcement held.
     table_bytes: usize,
+    /// Members pruned for a missed heartbeat, by incarnation: one that registers again in the
+    /// same life is logged as a re-registration (bounded by [`Limits::max_members`]).
+    lapsed: HashMap<NodeId, Incarnation>,
 }
 
 impl std::fmt::Debug for ServerCore {
@@ -53,6 +56,7 @@ impl ServerCore {
             version: 1,
             limits,
             table_bytes: 0,
+            lapsed: HashMap::new(),
         }
     }
 
@@ -77,6 +81,15 @@ impl ServerCore {
         for g in &gone {
             if let Some(e) = self.members.remove(g) {
                 self.table_bytes -= e.bytes;
+                if self.lapsed.len() >= self.limits.max_members {
+                    self.lapsed.clear();
+                }
+                self.lapsed.insert(g.clone(), e.info.incarnation);
+                tracing::info!(
+                    node = %g,
+                    members = self.members.len(),
+                    "member pruned: no heartbeat within the member TTL"
+                );
             }
         }
         if !gone.is_empty() {
@@ -125,12 +138,24 @@ impl ServerCore {
                 let bytes = self.admit(&info)?;
                 let expires = now + self.ttl;
                 let changed = self.members.get(&info.node).is_none_or(|e| e.info != info);
-                if changed {
-                    if let Some(old) = self.members.get(&info.node)
-                        && old.info.incarnation != info.incarnation
-                    {
-                        tracing::info!(node = %info.node, "member restarted with a new incarnation");
+                let held = self.members.len() + usize::from(!self.members.contains_key(&info.node));
+                match self.members.get(&info.node) {
+                    Some(old) if old.info.incarnation != info.incarnation => {
+                        tracing::info!(node = %info.node, members = held, "member restarted with a new incarnation")
                     }
+                    Some(_) => {
+                        tracing::info!(node = %info.node, members = held, "member re-registered")
+                    }
+                    None if self.lapsed.remove(&info.node) == Some(info.incarnation) => {
+                        tracing::info!(
+                            node = %info.node,
+                            members = held,
+                            "member re-registered after its registration lapsed"
+                        )
+                    }
+                    None => tracing::info!(node = %info.node, members = held, "member registered"),
+                }
+                if changed {
                     self.version += 1;
                 }
                 self.table_bytes += bytes;
@@ -177,6 +202,7 @@ impl ServerCore {
                 {
                     self.table_bytes -= e.bytes;
                     self.version += 1;
+                    tracing::info!(node = %node, members = self.members.len(), "member deregistered");
                 }
                 DiscReply::Ok
             }

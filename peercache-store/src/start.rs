@@ -307,6 +307,7 @@ impl Core {
         } else {
             transport_why
         };
+        tracing::info!(transport = %transport_why, "transport selected");
         let transport = Arc::new(Transport::start_with_rdma(
             cfg.transport(
                 bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
