@@ -470,6 +470,9 @@ impl PeerCacheConfig {
                 }
             }
         }
+        if let Some(secs) = legacy_op_timeout(env)? {
+            merged.insert("op_timeout".into(), Value::from(secs));
+        }
         merged.extend(overrides.clone());
         Self::from_map(&merged)
     }
@@ -624,6 +627,26 @@ pub fn parse_overrides(items: &[String]) -> Result<Map<String, Value>, ConfigErr
         out.insert(k.trim().to_string(), Value::String(v.to_string()));
     }
     Ok(out)
+}
+
+/// PeerCache 0.8.4's `PEERCACHE_RDMA_OP_TIMEOUT_MS` as `op_timeout` seconds, unless
+/// `PEERCACHE_OP_TIMEOUT` is set too (then that one counts).
+fn legacy_op_timeout(env: &BTreeMap<String, String>) -> Result<Option<f64>, ConfigError> {
+    const LEGACY: &str = "PEERCACHE_RDMA_OP_TIMEOUT_MS";
+    let Some(ms) = env.get(LEGACY) else {
+        return Ok(None);
+    };
+    if env.contains_key("PEERCACHE_OP_TIMEOUT") {
+        return Ok(None);
+    }
+    match ms.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v / 1000.0)),
+        _ => Err(ConfigError::Invalid {
+            key: "op_timeout",
+            value: format!("{LEGACY}={ms}"),
+            reason: "milliseconds, a positive number (e.g. 2000)".into(),
+        }),
+    }
 }
 
 /// Reads the `PEERCACHE_*` variables of this process.

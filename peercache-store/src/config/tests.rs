@@ -413,3 +413,39 @@ fn a_mistyped_key_warns_with_the_nearest_known_key() {
         "{warnings:?}"
     );
 }
+
+#[test]
+fn the_rdma_op_timeout_ms_variable_of_0_8_4_sets_op_timeout_in_seconds() {
+    let base = || {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PEERCACHE_DISCOVERY_ADDR".to_string(),
+            "127.0.0.1:31998".to_string(),
+        );
+        env
+    };
+    let load = |env: &BTreeMap<String, String>, set: &Map<String, serde_json::Value>| {
+        PeerCacheConfig::from_sources(None, None, env, set)
+    };
+    let mut env = base();
+    env.insert("PEERCACHE_RDMA_OP_TIMEOUT_MS".into(), "1500".into());
+    assert_eq!(load(&env, &Map::new()).unwrap().0.op_timeout, 1.5);
+    // The key's own variable wins over the old one; `--set` over both.
+    env.insert("PEERCACHE_OP_TIMEOUT".into(), "4".into());
+    assert_eq!(load(&env, &Map::new()).unwrap().0.op_timeout, 4.0);
+    let mut set = Map::new();
+    set.insert("op_timeout".into(), serde_json::json!(0.5));
+    assert_eq!(load(&env, &set).unwrap().0.op_timeout, 0.5);
+    // Not a number of milliseconds: a typed error naming the variable.
+    for bad in ["soon", "-3", "0", "inf"] {
+        let mut env = base();
+        env.insert("PEERCACHE_RDMA_OP_TIMEOUT_MS".into(), bad.into());
+        match load(&env, &Map::new()) {
+            Err(ConfigError::Invalid { key, value, .. }) => {
+                assert_eq!(key, "op_timeout");
+                assert!(value.contains("PEERCACHE_RDMA_OP_TIMEOUT_MS"), "{value}");
+            }
+            other => panic!("{bad}: expected Invalid, got {other:?}"),
+        }
+    }
+}
