@@ -19,9 +19,8 @@
 //!
 //! Writes `compare.svg` (median pages/s per system and concurrency) into `--out-dir`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +28,9 @@ use anyhow::{Context, Result, bail};
 use peercache_store::Store;
 use serde_json::json;
 
+use crate::mooncake::{Mooncake, Shape, find_venv, free_port};
 use crate::rawtcp;
-use crate::report::{self, Host, Report, Row};
+use crate::report::{self, Host, Report};
 use crate::runner::{Timing, run_row};
 
 /// Options of `compare`.
@@ -38,10 +38,10 @@ use crate::runner::{Timing, run_row};
 #[command(mut_arg("concurrency", |a| a.default_value("1,2")))]
 pub struct CompareArgs {
     /// Page size in bytes.
-    #[arg(long, default_value_t = 131072)]
+    #[arg(long, visible_alias = "page-size", default_value_t = 131072)]
     pub page_bytes: u64,
     /// Pages in the read set.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, visible_alias = "working-set", default_value_t = 2048)]
     pub pages: u64,
     /// PeerCache deployment modes to compare (`p2p` is the `peercache-get` row; others add
     /// `peercache-<mode>-get`: centralized, hybrid, slotmap).
@@ -59,173 +59,6 @@ pub struct CompareArgs {
     /// Pages per call and caller threads (shared by every subcommand).
     #[command(flatten)]
     pub load: crate::rows::LoadArgs,
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn find_venv(arg: &Option<PathBuf>) -> Option<PathBuf> {
-    if let Some(p) = arg {
-        return Some(p.clone());
-    }
-    if let Some(p) = std::env::var_os("PEERCACHE_MOONCAKE_VENV") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = PathBuf::from(std::env::var_os("HOME")?).join(".cache/peercache-ci");
-    std::fs::read_dir(cache)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("mooncake-venv"))
-        })
-}
-
-/// Mooncake's master and one storage process on loopback — or, for the same-host row, one
-/// real client (`mooncake_client`, holding the pages in its own segment) whose dummy clients
-/// read through shared memory; stopped on drop.
-struct Mooncake {
-    python: PathBuf,
-    script: PathBuf,
-    master_addr: String,
-    metadata: String,
-    /// `host:port` of the real client the clients attach to as dummies (same-host row).
-    real_client: Option<String>,
-    procs: Vec<Child>,
-}
-
-fn wait_listening(port: u16, what: &str) -> Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if std::time::Instant::now() > deadline {
-            bail!("{what} did not start");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-impl Drop for Mooncake {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.kill();
-            let _ = p.wait();
-        }
-    }
-}
-
-impl Mooncake {
-    /// `same_host`: a real client instead of a storage process, and dummy clients.
-    fn start(venv: &Path, same_host: bool) -> Result<Mooncake> {
-        let python = venv.join("bin/python");
-        let master = venv.join("bin/mooncake_master");
-        if !python.exists() || !master.exists() {
-            bail!(
-                "{} has no bin/python or bin/mooncake_master",
-                venv.display()
-            );
-        }
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/mooncake_peer.py");
-        let (rpc, http, metrics) = (free_port()?, free_port()?, free_port()?);
-        let m = Command::new(&master)
-            .args([
-                &format!("--rpc_port={rpc}"),
-                "--rpc_address=127.0.0.1",
-                "--enable_http_metadata_server=true",
-                "--http_metadata_server_host=127.0.0.1",
-                &format!("--http_metadata_server_port={http}"),
-                "--metrics_host=127.0.0.1",
-                &format!("--metrics_port={metrics}"),
-                "--rpc_thread_num=4",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting mooncake_master")?;
-        let mut mc = Mooncake {
-            python,
-            script,
-            master_addr: format!("127.0.0.1:{rpc}"),
-            metadata: format!("http://127.0.0.1:{http}/metadata"),
-            real_client: None,
-            procs: vec![m],
-        };
-        // The master takes a moment to listen.
-        wait_listening(rpc, "mooncake_master")?;
-        if same_host {
-            let port = free_port()?;
-            let rc = Command::new(venv.join("bin/mooncake_client"))
-                .args([
-                    &format!("--master_server_address={}", mc.master_addr),
-                    &format!("--metadata_server={}", mc.metadata),
-                    "--host=127.0.0.1",
-                    &format!("--port={port}"),
-                    "--global_segment_size=1 GB",
-                    "--local_buffer_size=64MB",
-                    "--protocol=tcp",
-                    "--threads=2",
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting mooncake_client")?;
-            mc.procs.push(rc);
-            wait_listening(port, "mooncake_client")?;
-            mc.real_client = Some(format!("127.0.0.1:{port}"));
-            return Ok(mc);
-        }
-        let mut server = Command::new(&mc.python)
-            .arg(&mc.script)
-            .args([
-                "server",
-                "--master",
-                &mc.master_addr,
-                "--metadata",
-                &mc.metadata,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting the mooncake storage process")?;
-        let out = server.stdout.take().context("server stdout")?;
-        mc.procs.push(server);
-        let mut line = String::new();
-        BufReader::new(out).read_line(&mut line)?;
-        if !line.starts_with("READY") {
-            bail!("mooncake storage process did not start: {line:?}");
-        }
-        Ok(mc)
-    }
-
-    /// Runs the client once; returns its JSON line.
-    fn client(&self, args: &[String]) -> Result<serde_json::Value> {
-        let out = Command::new(&self.python)
-            .arg(&self.script)
-            .args([
-                "client",
-                "--master",
-                &self.master_addr,
-                "--metadata",
-                &self.metadata,
-            ])
-            .args(
-                self.real_client
-                    .iter()
-                    .flat_map(|r| ["--real-client", r.as_str()]),
-            )
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-            .context("running the mooncake client")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().last().unwrap_or_default();
-        serde_json::from_str(line).with_context(|| format!("mooncake client said {text:?}"))
-    }
 }
 
 /// Runs the comparison.
@@ -319,29 +152,14 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
              (--mooncake-venv or PEERCACHE_MOONCAKE_VENV)"
         );
     }
-    // The operation shape every Mooncake client run shares.
-    let shape = |extra: &[String]| -> Vec<String> {
-        let mut a = vec![
-            "--pages".to_string(),
-            n.to_string(),
-            "--page-bytes".into(),
-            page.to_string(),
-            "--batch".into(),
-            batch.to_string(),
-        ];
-        a.extend_from_slice(extra);
-        a
-    };
-    let fill = |m: &Mooncake| {
-        m.client(&shape(&[
-            "--fill".into(),
-            "--seconds".into(),
-            "0.05".into(),
-        ]))
+    let shape = Shape {
+        pages: n,
+        page_bytes: args.page_bytes,
+        batch: args.load.batch,
     };
     let start_mc = |same_host: bool| -> Option<Mooncake> {
         let what = if same_host { "same-host " } else { "" };
-        match Mooncake::start(venv.as_ref()?, same_host).and_then(|m| fill(&m).map(|_| m)) {
+        match Mooncake::start_filled(venv.as_ref()?, same_host, &shape) {
             Ok(m) => Some(m),
             Err(e) => {
                 eprintln!("compare: Mooncake {what}rows skipped: {e:#}");
@@ -394,28 +212,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
                 ("mooncake-get-local", &mooncake_local),
             ] {
                 let Some(mc) = mc else { continue };
-                let v = mc.client(&shape(&[
-                    "--threads".into(),
-                    c.to_string(),
-                    "--seconds".into(),
-                    args.run.secs.to_string(),
-                ]))?;
-                let pps = v["pages_per_s"].as_f64().unwrap_or(0.0);
-                rows.push(Row {
-                    name: name.into(),
-                    page_bytes: args.page_bytes,
-                    batch: args.load.batch,
-                    concurrency: c,
-                    pages_per_s: pps,
-                    gb_per_s: pps * page as f64 / 1e9,
-                    p50_us: v["p50_us"].as_f64().unwrap_or(0.0),
-                    p99_us: v["p99_us"].as_f64().unwrap_or(0.0),
-                    max_us: v["max_us"].as_f64().unwrap_or(0.0),
-                    hit_pct: 100.0,
-                    errors: v["errors"].as_u64().unwrap_or(0),
-                    round,
-                    ..Row::default()
-                });
+                rows.push(mc.row(name, &shape, c, args.run.secs, round)?);
             }
             progress.step(&format!("round {round}, {c} thread(s)"));
         }

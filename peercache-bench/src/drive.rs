@@ -41,6 +41,13 @@ pub struct DriveCommon {
     /// Pages in the working set (rounded up to whole requests).
     #[arg(long, default_value_t = 1024)]
     pub working_set: u64,
+    /// Seconds a reader waits for the working set to appear (the owner to join and publish).
+    #[arg(long, default_value_t = 30.0)]
+    pub connect_timeout: f64,
+    /// Receive into GPU memory (GPUDirect RDMA; 0.8.4's flag). Accepted so launch scripts
+    /// parse; refused until the store reads into device memory.
+    #[arg(long)]
+    pub gpu: bool,
 }
 
 /// Options of `drive`.
@@ -73,7 +80,7 @@ pub struct DriveArgs {
     pub owner_only: bool,
     /// This process's address (owner: the seed address; readers against a spawned owner:
     /// 127.0.0.N+1…, one each; readers against `--discovery-addr`: this address, shared).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, visible_alias = "local-host", default_value = "127.0.0.1")]
     pub host: String,
     /// The owner's discovery port (0: any free port).
     #[arg(long, default_value_t = 0)]
@@ -172,10 +179,13 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
     let set = sglwork::working_set(&c.shape, requests(c), c.batch_size);
     // Ready when the last request is fully visible (it was backed up last).
     let last = set.last().context("empty working set")?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(c.connect_timeout.max(0.0));
     while store.batch_exists(last)? < last.len() {
         if std::time::Instant::now() > deadline {
-            bail!("the working set did not appear within 30 s");
+            bail!(
+                "the working set did not appear within --connect-timeout {} s",
+                c.connect_timeout
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -347,6 +357,7 @@ fn common_flags(c: &DriveCommon) -> Vec<String> {
         ("--protocol", c.cluster.protocol.clone()),
         ("--batch-size", c.batch_size.to_string()),
         ("--working-set", c.working_set.to_string()),
+        ("--connect-timeout", c.connect_timeout.to_string()),
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
@@ -355,6 +366,12 @@ fn common_flags(c: &DriveCommon) -> Vec<String> {
         v.extend(["--devices".to_string(), c.cluster.devices.clone()]);
     }
     v.extend(["--op".to_string(), c.op.name().to_string()]);
+    if let Some(ttl) = c.cluster.dir_cache_ttl {
+        v.extend(["--dir-cache-ttl".to_string(), ttl.to_string()]);
+    }
+    if let Some(n) = c.cluster.max_channels {
+        v.extend(["--max-channels".to_string(), n.to_string()]);
+    }
     for kv in &c.cluster.set {
         v.extend(["--set".to_string(), kv.clone()]);
     }
@@ -378,6 +395,13 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     c.cluster.validate()?;
     if c.op == Op::Backup {
         bail!("drive measures reads: --op prefetch, get or exists");
+    }
+    if c.gpu {
+        bail!(
+            "--gpu: reading into GPU memory (GPUDirect RDMA) is not supported yet: the transport \
+             registers device memory (docs/rdma.md, \"GPUDirect: device memory\") but the store \
+             and this bench read into host memory only"
+        );
     }
     if args.owner_only {
         peercache_store::cli::block_signals();

@@ -18,13 +18,18 @@ use crate::runner::{Timing, run_row};
 #[command(mut_arg("rounds", |a| a.default_value("2")))]
 pub struct LatencyArgs {
     /// Page size in bytes.
-    #[arg(long, default_value_t = 131072)]
+    #[arg(long, visible_alias = "page-size", default_value_t = 131072)]
     pub page_bytes: u64,
     /// Batch sizes, one row per operation each.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    #[arg(
+        long,
+        visible_alias = "batch-size",
+        value_delimiter = ',',
+        default_value = "1,8,32"
+    )]
     pub batch_sizes: Vec<u64>,
     /// Pages in the read set.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, visible_alias = "working-set", default_value_t = 1024)]
     pub pages: u64,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]

@@ -15,6 +15,7 @@ pub mod latency;
 pub mod mainjob;
 pub mod micro;
 pub mod modesbench;
+pub mod mooncake;
 pub mod poolbench;
 pub mod progress;
 pub mod rawtcp;

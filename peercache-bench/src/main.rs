@@ -1,11 +1,11 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
 use peercache_bench::{
-    alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, poolbench,
-    replicabench, report, saturation, serve, suite, throughput,
+    alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, mooncake,
+    poolbench, replicabench, report, saturation, serve, suite, throughput,
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
@@ -16,6 +16,12 @@ static GLOBAL: alloc::Counting = alloc::Counting;
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
+    /// Log level: debug, info, warning (or warn), error (`RUST_LOG`, if set, wins).
+    #[arg(long, global = true, default_value = "warning", value_parser = ["debug", "info", "warning", "warn", "error"])]
+    log_level: String,
+    /// Append the log to this file instead of standard error.
+    #[arg(long, global = true)]
+    log_file: Option<std::path::PathBuf>,
     /// The main job's options (used when no subcommand is given).
     #[command(flatten)]
     main: mainjob::MainArgs,
@@ -34,6 +40,8 @@ enum Cmd {
     Disk(diskbench::DiskArgs),
     /// PeerCache get beside raw TCP and Mooncake Store (when available), interleaved.
     Compare(compare::CompareArgs),
+    /// Mooncake Store alone beside raw TCP (the Mooncake half of `compare`; needs its venv).
+    Mooncake(mooncake::MooncakeArgs),
     /// replicate_on_read on a hot-key workload; reads of pages only on another node's disk.
     Replicas(replicabench::ReplicaArgs),
     /// Every benchmark, each in its own process; one combined report.
@@ -74,14 +82,14 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    init_logging(&cli.log_level, cli.log_file.as_deref())?;
+    if report::BUILD_PROFILE == "debug" {
+        eprintln!(
+            "warning: peercache-bench was built without optimizations (a debug build): its \
+             figures are not comparable; run `cargo run --release -p peercache-bench`"
+        );
+    }
     match cli.cmd {
         Some(Cmd::MicroServer {
             region_mib,
@@ -98,6 +106,7 @@ fn run() -> Result<()> {
         }
         Some(Cmd::Serve(args)) => serve::run(&args),
         Some(Cmd::Compare(args)) => finish(compare::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Mooncake(args)) => finish(mooncake::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Replicas(args)) => finish(replicabench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Suite(args)) => finish(suite::run(&args)?, args.json.as_deref()),
         Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.run.json.as_deref()),
@@ -121,6 +130,32 @@ fn run() -> Result<()> {
             finish(mainjob::run(&cli.main)?, cli.main.run.json.as_deref())
         }
     }
+}
+
+/// Logs to standard error, or appended to `file`, at `level` unless `RUST_LOG` says otherwise.
+fn init_logging(level: &str, file: Option<&std::path::Path>) -> Result<()> {
+    let level = if level == "warning" { "warn" } else { level };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match file {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("--log-file {}", path.display()))?;
+            builder
+                .with_writer(std::sync::Mutex::new(f))
+                .with_ansi(false)
+                .init();
+        }
+        None => builder
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    Ok(())
 }
 
 fn finish(report: report::Report, json: Option<&std::path::Path>) -> Result<()> {

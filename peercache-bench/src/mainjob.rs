@@ -22,10 +22,10 @@ use crate::runner::{CallOutcome, Timing, run_row};
 #[derive(Debug, Clone, clap::Args)]
 pub struct MainArgs {
     /// Page size in bytes.
-    #[arg(long, default_value_t = 131072)]
+    #[arg(long, visible_alias = "page-size", default_value_t = 131072)]
     pub page_bytes: u64,
     /// Pages in the read set on node A.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, visible_alias = "working-set", default_value_t = 2048)]
     pub read_pages: u64,
     /// Node B's pool in MiB (the set rows fill it).
     #[arg(long, default_value_t = 2048)]

@@ -26,7 +26,12 @@ use crate::workload::CallerBuffers;
 #[derive(Debug, Clone, clap::Args)]
 pub struct MicroArgs {
     /// Page sizes in bytes.
-    #[arg(long, value_delimiter = ',', default_value = "4096,131072,1048576")]
+    #[arg(
+        long,
+        visible_aliases = ["page-size", "block-size", "block-sizes"],
+        value_delimiter = ',',
+        default_value = "4096,131072,1048576"
+    )]
     pub page_sizes: Vec<u64>,
     /// Size of the serving region in MiB.
     #[arg(long, default_value_t = 256)]

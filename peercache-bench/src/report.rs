@@ -1,14 +1,17 @@
 //! The bench result contract shared by every subcommand.
 //!
-//! `{"bench", "host": {cpus, model, kernel, load_1m}, "config": {...}, "results": [ROW]}`.
+//! `{"bench", "host": {cpus, model, kernel, load_1m, profile}, "config": {...}, "results": [ROW]}`.
 //! Units: a page is all components of one key; latency is per batch call in microseconds;
 //! concurrency is caller threads, each with one batch in flight; GB = 10^9 bytes.
 
 use serde::Serialize;
 
-/// Facts about the machine a run happened on.
+/// Facts about the machine and the build a run happened on.
 #[derive(Clone, Debug, Serialize)]
 pub struct Host {
+    /// The build profile of the bench binary: `release`, or `debug` (figures of a debug build
+    /// are not comparable with anything).
+    pub profile: &'static str,
     /// Logical CPUs.
     pub cpus: usize,
     /// CPU model name.
@@ -35,6 +38,7 @@ impl Host {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into());
         Host {
+            profile: BUILD_PROFILE,
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -44,6 +48,14 @@ impl Host {
         }
     }
 }
+
+/// The build profile of this binary: `debug` when compiled with debug assertions (the
+/// default of `cargo run` without `--release`), else `release`.
+pub const BUILD_PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
 
 /// The current 1-minute load average.
 pub fn load_1m() -> f64 {
@@ -114,11 +126,11 @@ impl Report {
     /// The report as Markdown: configuration, the rows as a table, the summary.
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
-            "# peercache-bench {}\n\nHost: {} CPUs, load {:.2} at the start.\n\n\
+            "# peercache-bench {}\n\nHost: {} CPUs, load {:.2} at the start; {} build.\n\n\
              Configuration: `{}`\n\n\
              | row | page | batch | conc | round | pages/s | GB/s | p50 µs | p99 µs | max µs | errors |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-            self.bench, self.host.cpus, self.host.load_1m, self.config
+            self.bench, self.host.cpus, self.host.load_1m, self.host.profile, self.config
         );
         for r in &self.results {
             s += &format!(

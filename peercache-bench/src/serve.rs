@@ -6,7 +6,7 @@
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use peercache_store::Store;
 use peercache_store::cli::{NodeArgs, node_config};
 
@@ -20,8 +20,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub preload: usize,
     /// Bytes per page.
-    #[arg(long, default_value_t = 65536)]
+    #[arg(long, visible_alias = "page-size", default_value_t = 65536)]
     pub page_bytes: usize,
+    /// Before publishing, wait until this many other members have joined (0.8.4's flag: the
+    /// readers of a two-host run), at most `--connect-timeout` seconds.
+    #[arg(long, default_value_t = 0)]
+    pub readers: usize,
+    /// Seconds to wait for `--readers` to join and for `--read-from`'s pages to appear.
+    #[arg(long, default_value_t = 30.0)]
+    pub connect_timeout: f64,
     /// After joining, read the pages another node published (`<node_id>/<i>`, i < `--preload`
     /// of that node = `--read-count`), check every byte, print `READ <node> hits=H/N wrong=W`.
     #[arg(long)]
@@ -44,7 +51,7 @@ pub struct ServeNode {
     #[arg(long)]
     pub discovery_addr: Option<String>,
     /// Bind and advertise this host for every listener.
-    #[arg(long)]
+    #[arg(long, visible_alias = "local-host")]
     pub host: Option<String>,
     /// Any config key: `--set key=value` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -74,11 +81,17 @@ pub fn fill_page(key: &str, out: &mut [u8]) {
     }
 }
 
-/// Reads `count` pages published by `from` (waiting up to 30 s for that node to be a member
+/// Reads `count` pages published by `from` (waiting up to `wait` for that node to be a member
 /// and its pages to be found) and checks every byte. Returns (hits, wrong pages).
-fn read_pages(store: &Store, from: &str, count: usize, len: usize) -> Result<(usize, usize)> {
+fn read_pages(
+    store: &Store,
+    from: &str,
+    count: usize,
+    len: usize,
+    wait: Duration,
+) -> Result<(usize, usize)> {
     let keys: Vec<String> = (0..count).map(|i| key_for(from, i)).collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + wait;
     while store.batch_exists(&keys)? < count && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -117,6 +130,15 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         .wait_ready(Some(Duration::from_secs_f64(startup.max(1.0))))
         .context("joining the cluster")?;
     let id = store.node_id().to_string();
+    let wait = Duration::from_secs_f64(args.connect_timeout.max(0.0));
+    if args.readers > 0 && !store.wait_members(args.readers + 1, wait) {
+        bail!(
+            "--readers {}: {} other member(s) joined within --connect-timeout {} s",
+            args.readers,
+            store.members().len().saturating_sub(1),
+            args.connect_timeout
+        );
+    }
     let mut ok = 0;
     for start in (0..args.preload).step_by(64) {
         let end = (start + 64).min(args.preload);
@@ -133,7 +155,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     println!("READY {id} {ok}");
     std::io::stdout().flush()?;
     if let Some(from) = &args.read_from {
-        let (hits, wrong) = read_pages(&store, from, args.read_count, args.page_bytes)?;
+        let (hits, wrong) = read_pages(&store, from, args.read_count, args.page_bytes, wait)?;
         println!("READ {from} hits={hits}/{} wrong={wrong}", args.read_count);
         std::io::stdout().flush()?;
     }

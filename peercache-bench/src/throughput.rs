@@ -44,6 +44,12 @@ pub struct ClusterArgs {
     /// `max_channels_per_peer=32`, `disk_path=/nvme/pc`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Seconds a reader keeps directory answers (`directory_read_cache_ttl`; 0.8.4's flag).
+    #[arg(long)]
+    pub dir_cache_ttl: Option<f64>,
+    /// Pooled connections per peer (`max_channels_per_peer`; 0.8.4's flag).
+    #[arg(long)]
+    pub max_channels: Option<u64>,
 }
 
 impl ClusterArgs {
@@ -61,6 +67,13 @@ impl ClusterArgs {
                 json!(page_bytes.next_power_of_two()),
             );
         }
+        if let Some(ttl) = self.dir_cache_ttl {
+            m.insert("directory_read_cache_ttl".into(), json!(ttl));
+        }
+        if let Some(n) = self.max_channels {
+            m.insert("max_channels_per_peer".into(), json!(n));
+        }
+        // `--set` last: it names the key itself, so it wins.
         for kv in &self.set {
             if let Some((k, v)) = kv.split_once('=') {
                 m.insert(k.trim().to_string(), json!(v.trim()));

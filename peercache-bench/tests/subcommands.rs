@@ -26,6 +26,14 @@ fn run(args: &[&str]) -> serde_json::Value {
     assert!(md.starts_with(&format!("# peercache-bench {bench}")) && md.contains("| row |"));
     assert!(results.join(format!("{bench}.json")).exists());
     assert!(v["host"].is_object() && v["config"].is_object() && v["summary"].is_object());
+    // Every report says which build measured it (a debug build's figures compare with nothing).
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    assert_eq!(v["host"]["profile"], profile, "{}", v["host"]);
+    assert!(md.contains(&format!("{profile} build")), "{md}");
     assert!(!v["results"].as_array().unwrap().is_empty());
     v
 }
@@ -247,7 +255,22 @@ fn drive_merges_reader_processes() {
         "8",
         "--layers",
         "4",
+        // 0.8.4's flags, passed on to the reader processes too.
+        "--dir-cache-ttl",
+        "5",
+        "--max-channels",
+        "8",
+        "--connect-timeout",
+        "20",
+        "--local-host",
+        "127.0.0.1",
     ]);
+    assert_eq!(
+        v["config"]["cluster"]["dir_cache_ttl"], 5.0,
+        "{}",
+        v["config"]
+    );
+    assert_eq!(v["config"]["cluster"]["max_channels"], 8);
     let rows = v["results"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     // Two processes × one thread each, merged into one row.

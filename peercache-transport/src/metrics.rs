@@ -267,13 +267,13 @@ impl RdmaCounters {
 /// The counters of one RDMA engine (public: the engine is usable on its own).
 #[derive(Debug)]
 pub struct EngineCounters {
-    /// Work completions with an error status, by op (index [`op_index`]).
+    /// Work completions with an error status, by op (index 0 reads, 1 writes: `RdmaOp::index`).
     pub wc_errors: [Tally; 2],
     /// The last error status seen (a value, not a count).
     pub last_wc_status: std::sync::atomic::AtomicU64,
     /// [`EngineCounters::last_wc_status`] as a gauge.
     last_wc_status_gauge: metrics::Gauge,
-    /// Windows that missed the deadline, by op (index [`op_index`]).
+    /// Windows that missed the deadline, by op (index 0 reads, 1 writes: `RdmaOp::index`).
     pub timeouts: [Tally; 2],
     /// Channels discarded after a failure.
     pub channel_discards: Tally,
@@ -285,14 +285,6 @@ pub struct EngineCounters {
     pub wrs_posted: Tally,
     /// Drains that did not finish within the grace (the queue pair was destroyed instead).
     pub drain_timeouts: Tally,
-}
-
-/// The index of `op` in the engine's per-op counters: read 0, write 1.
-pub fn op_index(op: crate::rdma::engine::RdmaOp) -> usize {
-    match op {
-        crate::rdma::engine::RdmaOp::Read => 0,
-        crate::rdma::engine::RdmaOp::Write => 1,
-    }
 }
 
 fn by_op(name: &'static str, read_alias: &'static str, write_alias: &'static str) -> [Tally; 2] {
@@ -312,9 +304,10 @@ impl EngineCounters {
         self.timeouts.iter().map(Tally::get).sum()
     }
 
-    /// Counts a completion error of `op` with its `ibv_wc_status`.
-    pub(crate) fn wc_error(&self, op: crate::rdma::engine::RdmaOp, status: u32) {
-        self.wc_errors[op_index(op)].add(1);
+    /// Counts a completion error of the op with index `op` (0 read, 1 write) and its
+    /// `ibv_wc_status`.
+    pub(crate) fn wc_error(&self, op: usize, status: u32) {
+        self.wc_errors[op.min(1)].add(1);
         self.last_wc_status
             .store(u64::from(status), std::sync::atomic::Ordering::Relaxed);
         self.last_wc_status_gauge.set(f64::from(status));

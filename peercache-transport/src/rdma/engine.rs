@@ -34,6 +34,16 @@ pub enum RdmaOp {
     Write,
 }
 
+impl RdmaOp {
+    /// The index of this op in per-op counters ([`EngineCounters`]): read 0, write 1.
+    pub fn index(self) -> usize {
+        match self {
+            RdmaOp::Read => 0,
+            RdmaOp::Write => 1,
+        }
+    }
+}
+
 /// A local scatter/gather element: address, length, local key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
@@ -334,7 +344,7 @@ impl<V: Verbs> Engine<V> {
             }
             if Instant::now() >= deadline {
                 for r in runs.iter_mut().filter(|r| r.in_flight()) {
-                    self.counters.timeouts[crate::metrics::op_index(r.wrs[0].op)].add(1);
+                    self.counters.timeouts[r.wrs[0].op.index()].add(1);
                     r.healthy = false;
                     r.timed_out = true;
                 }
@@ -509,7 +519,7 @@ impl<V: Verbs> Engine<V> {
                 *healthy = false;
                 if let WcStatus::Error(code) = c.status {
                     let op = wrs.get(c.wr_id as usize).map_or(RdmaOp::Read, |w| w.op);
-                    self.counters.wc_error(op, code);
+                    self.counters.wc_error(op.index(), code);
                 }
             }
         }
