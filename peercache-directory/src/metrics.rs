@@ -3,26 +3,28 @@
 
 use peercache_wire::tally::Tally;
 
-/// Entries in this node's shard.
-pub const SHARD_ENTRIES: &str = "peercache_directory_shard_entries";
-/// Directory RPCs sent, label `op`.
-pub const RPCS_TOTAL: &str = "peercache_directory_rpcs_total";
-/// Directory calls answered by this node's own shard (no RPC).
-pub const LOCAL_CALLS_TOTAL: &str = "peercache_directory_local_calls_total";
-/// Directory RPCs that failed.
-pub const RPC_ERRORS_TOTAL: &str = "peercache_directory_rpc_errors_total";
-/// Lookups retried on a replica.
-pub const FALLBACKS_TOTAL: &str = "peercache_directory_fallbacks_total";
-/// Entries handed off to new owners.
-pub const HANDOFF_SENT_TOTAL: &str = "peercache_directory_handoff_sent_total";
-/// Entries dropped after their ownership moved.
-pub const HANDOFF_DROPPED_TOTAL: &str = "peercache_directory_handoff_dropped_total";
-/// Hand-off entries or owners a shard refused, label `reason` (`not_a_holder`: the sender did
-/// not hold the range; `dead_owner`: an owner that is not a live member; `too_many_owners`; `too_early`: too many arrived before the shard's
-/// first ring).
-pub const HANDOFF_REFUSED_TOTAL: &str = "peercache_directory_handoff_refused_total";
-/// Malformed directory requests.
-pub const MALFORMED_TOTAL: &str = "peercache_directory_malformed_total";
+peercache_wire::metric_names! {
+    /// Entries in this node's shard.
+    pub const SHARD_ENTRIES: &str = "peercache_directory_shard_entries";
+    /// Directory RPCs sent, label `op`.
+    pub const RPCS_TOTAL: &str = "peercache_directory_rpcs_total";
+    /// Directory calls answered by this node's own shard (no RPC).
+    pub const LOCAL_CALLS_TOTAL: &str = "peercache_directory_local_calls_total";
+    /// Directory RPCs that failed.
+    pub const RPC_ERRORS_TOTAL: &str = "peercache_directory_rpc_errors_total";
+    /// Lookups retried on a replica.
+    pub const FALLBACKS_TOTAL: &str = "peercache_directory_fallbacks_total";
+    /// Entries handed off to new owners.
+    pub const HANDOFF_SENT_TOTAL: &str = "peercache_directory_handoff_sent_total";
+    /// Entries dropped after their ownership moved.
+    pub const HANDOFF_DROPPED_TOTAL: &str = "peercache_directory_handoff_dropped_total";
+    /// Hand-off entries or owners a shard refused, label `reason` (`not_a_holder`: the sender did
+    /// not hold the range; `dead_owner`: an owner that is not a live member; `too_many_owners`; `too_early`: too many arrived before the shard's
+    /// first ring).
+    pub const HANDOFF_REFUSED_TOTAL: &str = "peercache_directory_handoff_refused_total";
+    /// Malformed directory requests.
+    pub const MALFORMED_TOTAL: &str = "peercache_directory_malformed_total";
+}
 
 /// The directory client's counters.
 pub(crate) struct Counters {

@@ -5,43 +5,45 @@ use peercache_wire::tally::Tally;
 
 use crate::header::VerifyError;
 
-/// Pages resident, label `class` = `retained` | `reclaimable`.
-pub const PAGES: &str = "peercache_pool_pages";
-/// Bytes of payload resident.
-pub const BYTES_USED: &str = "peercache_pool_bytes_used";
-/// Pool capacity in bytes.
-pub const CAPACITY: &str = "peercache_pool_capacity_bytes";
-/// Pages evicted, label `class`.
-pub const EVICTIONS_TOTAL: &str = "peercache_pool_evictions_total";
-/// Pages published (new).
-pub const PUBLISHED_TOTAL: &str = "peercache_pool_published_total";
-/// Publishes of a key already present (answered locally).
-pub const DUPLICATES_TOTAL: &str = "peercache_pool_duplicates_total";
-/// Slabs moved from one size class to another.
-pub const SLAB_STEALS_TOTAL: &str = "peercache_pool_slab_steals_total";
-/// Reads rejected by verification, label `reason`.
-pub const VERIFY_REJECTS_TOTAL: &str = "peercache_pool_verify_rejects_total";
-/// Requests refused with a typed error, label `reason`.
-pub const REJECTS_TOTAL: &str = "peercache_pool_rejects_total";
+peercache_wire::metric_names! {
+    /// Pages resident, label `class` = `retained` | `reclaimable`.
+    pub const PAGES: &str = "peercache_pool_pages";
+    /// Bytes of payload resident.
+    pub const BYTES_USED: &str = "peercache_pool_bytes_used";
+    /// Pool capacity in bytes.
+    pub const CAPACITY: &str = "peercache_pool_capacity_bytes";
+    /// Pages evicted, label `class`.
+    pub const EVICTIONS_TOTAL: &str = "peercache_pool_evictions_total";
+    /// Pages published (new).
+    pub const PUBLISHED_TOTAL: &str = "peercache_pool_published_total";
+    /// Publishes of a key already present (answered locally).
+    pub const DUPLICATES_TOTAL: &str = "peercache_pool_duplicates_total";
+    /// Slabs moved from one size class to another.
+    pub const SLAB_STEALS_TOTAL: &str = "peercache_pool_slab_steals_total";
+    /// Reads rejected by verification, label `reason`.
+    pub const VERIFY_REJECTS_TOTAL: &str = "peercache_pool_verify_rejects_total";
+    /// Requests refused with a typed error, label `reason`.
+    pub const REJECTS_TOTAL: &str = "peercache_pool_rejects_total";
 
-/// Records written to the disk tier.
-pub const DISK_WRITES_TOTAL: &str = "peercache_disk_writes_total";
-/// Payload bytes written to the disk tier.
-pub const DISK_BYTES_WRITTEN_TOTAL: &str = "peercache_disk_bytes_written_total";
-/// Records read back from the disk tier.
-pub const DISK_READS_TOTAL: &str = "peercache_disk_reads_total";
-/// Records deleted with their segment to stay within the disk tier's capacity.
-pub const DISK_EVICTIONS_TOTAL: &str = "peercache_disk_evictions_total";
-/// Records found by the disk tier's recovery scan at start.
-pub const DISK_RECOVERED_TOTAL: &str = "peercache_disk_recovered_total";
-/// Disk writes skipped because the queue was full.
-pub const DISK_DROPPED_TOTAL: &str = "peercache_disk_dropped_total";
-/// 1 once a failed write disabled the disk tier.
-pub const DISK_DISABLED: &str = "peercache_disk_disabled";
-/// Pages promoted from the disk tier back into the pool.
-pub const PROMOTES_TOTAL: &str = "peercache_promotes_total";
-/// Torn or corrupt disk records found.
-pub const DISK_CORRUPT_TOTAL: &str = "peercache_disk_corrupt_total";
+    /// Records written to the disk tier.
+    pub const DISK_WRITES_TOTAL: &str = "peercache_disk_writes_total";
+    /// Payload bytes written to the disk tier.
+    pub const DISK_BYTES_WRITTEN_TOTAL: &str = "peercache_disk_bytes_written_total";
+    /// Records read back from the disk tier.
+    pub const DISK_READS_TOTAL: &str = "peercache_disk_reads_total";
+    /// Records deleted with their segment to stay within the disk tier's capacity.
+    pub const DISK_EVICTIONS_TOTAL: &str = "peercache_disk_evictions_total";
+    /// Records found by the disk tier's recovery scan at start.
+    pub const DISK_RECOVERED_TOTAL: &str = "peercache_disk_recovered_total";
+    /// Disk writes skipped because the queue was full.
+    pub const DISK_DROPPED_TOTAL: &str = "peercache_disk_dropped_total";
+    /// 1 once a failed write disabled the disk tier.
+    pub const DISK_DISABLED: &str = "peercache_disk_disabled";
+    /// Pages promoted from the disk tier back into the pool.
+    pub const PROMOTES_TOTAL: &str = "peercache_promotes_total";
+    /// Torn or corrupt disk records found.
+    pub const DISK_CORRUPT_TOTAL: &str = "peercache_disk_corrupt_total";
+}
 
 /// The disk tier's counters: a node with the tier off registers them at 0, so a dashboard finds
 /// the same series on every node.

@@ -3,84 +3,100 @@
 
 use peercache_wire::tally::Tally;
 
-/// Pages asked for by `batch_get`.
-pub const READ_REQUESTS: &str = "peercache_read_requests_total";
-/// Pages served.
-pub const READ_HITS: &str = "peercache_read_hits_total";
-/// Pages not served.
-pub const READ_MISSES: &str = "peercache_read_misses_total";
-/// Pages served from this node's pool.
-pub const READ_LOCAL_HITS: &str = "peercache_read_local_hits_total";
-/// Pages served from a peer.
-pub const READ_REMOTE_HITS: &str = "peercache_read_remote_hits_total";
-/// Pages served from this node's disk tier.
-pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
-/// Disk-tier pages promoted back into the pool: `side="owner"` counts promotions this node
-/// did (for itself or a peer), `side="reader"` pages this node asked a peer to promote.
-pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
-/// Pages fetched from peers and kept as local reclaimable replicas (`replicate_on_read`).
-pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
-/// Pages written into storage servers (centralized / hybrid), and of those sent by the ingest
-/// fallback after a failed one-sided write.
-pub const STORAGE_WRITES: &str = "peercache_storage_writes_total";
-/// Pages sent with their bytes after a failed one-sided write into a storage server.
-pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
-/// Storage-server commits refused because the slot's bytes differ from the writer's checksum
-/// (a torn or stray one-sided write).
-pub const COMMIT_REJECTS: &str = "peercache_storage_commit_rejects_total";
-/// Slotmap layouts announced by peers and refused because they fall outside the bounds this
-/// node's own configuration allows (that member's keys are misses).
-pub const LAYOUTS_REFUSED: &str = "peercache_slotmap_layouts_refused_total";
-/// Storage-server reservations released because the writer never committed.
-pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
-/// Page locations announced to directory replicas that a ring change added.
-pub const DIRECTORY_REANNOUNCES: &str = "peercache_directory_reannounced_total";
-/// Pages re-published to the directory (recovered from the disk tier after a restart).
-pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
-/// Pages resident in the pool.
-pub const POOL_KEYS: &str = "peercache_pool_keys";
-/// Read hits / read requests since start.
-pub const READ_HIT_RATE: &str = "peercache_read_hit_rate";
-/// Seconds since the node started.
-pub const UPTIME: &str = "peercache_uptime_seconds";
-/// Pages found in the directory whose read failed (network, or verification).
-pub const READ_FAILURES: &str = "peercache_read_failures_total";
-/// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
-pub const VERIFY_REJECTS: &str = "peercache_verify_rejects_total";
-/// Pages read through staging memory and copied to the caller (destination not registered).
-pub const STAGED_READS: &str = "peercache_read_staged_pages_total";
-/// `batch_set` calls.
-pub const WRITE_REQUESTS: &str = "peercache_write_requests_total";
-/// Payload bytes read.
-pub const BYTES_READ: &str = "peercache_bytes_read_total";
-/// Payload bytes written into the pool.
-pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
-/// Pages evicted from the pool.
-pub const EVICTIONS: &str = "peercache_evictions_total";
-/// Eviction notices sent to the directory.
-pub const EVICTION_NOTICES: &str = "peercache_eviction_notices_total";
-/// Evicted pages queued for an eviction notice.
-pub const EVICTION_NOTICES_QUEUED: &str = "peercache_eviction_notices_queued_total";
-/// Eviction notices the directory did not take (the entries fail verification and expire).
-pub const EVICTION_NOTICES_FAILED: &str = "peercache_eviction_notices_failed_total";
-/// Directory lookups saved by the exists → get hand-off.
-pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
-/// `batch_exists` calls.
-pub const EXISTS_REQUESTS: &str = "peercache_exists_requests_total";
-/// Leading pages found by `batch_exists`.
-pub const EXISTS_PAGES_FOUND: &str = "peercache_exists_pages_found_total";
-/// Latency of one API call (a batch), label `op` = `read` | `write` | `exists`.
-pub const OP_LATENCY: &str = "peercache_op_latency_seconds";
-/// Members seen by discovery.
-pub const MEMBERS: &str = "peercache_members";
-/// Members with `role = "storage"` (storage servers of the centralized and hybrid modes).
-pub const STORAGE_NODES: &str = "peercache_storage_nodes";
-/// Pages indexed by this node's disk tier (0 with the tier off).
-pub const DISK_KEYS: &str = "peercache_disk_keys";
-/// Bytes of the disk tier's segments on disk.
-pub const DISK_BYTES_USED: &str = "peercache_disk_bytes_used";
-/// The disk tier's capacity in bytes (`disk_capacity`; 0 with the tier off).
-pub const DISK_CAPACITY: &str = "peercache_disk_capacity_bytes";
+peercache_wire::metric_names! {
+    /// Pages asked for by `batch_get`.
+    pub const READ_REQUESTS: &str = "peercache_read_requests_total";
+    /// Pages served.
+    pub const READ_HITS: &str = "peercache_read_hits_total";
+    /// Pages not served.
+    pub const READ_MISSES: &str = "peercache_read_misses_total";
+    /// Pages served from this node's pool.
+    pub const READ_LOCAL_HITS: &str = "peercache_read_local_hits_total";
+    /// Pages served from a peer.
+    pub const READ_REMOTE_HITS: &str = "peercache_read_remote_hits_total";
+    /// Pages served from this node's disk tier.
+    pub const READ_DISK_HITS: &str = "peercache_read_disk_hits_total";
+    /// Disk-tier pages promoted back into the pool: `side="owner"` counts promotions this node
+    /// did (for itself or a peer), `side="reader"` pages this node asked a peer to promote.
+    pub const DISK_PROMOTES: &str = "peercache_disk_promotes_total";
+    /// Pages fetched from peers and kept as local reclaimable replicas (`replicate_on_read`).
+    pub const READ_REPLICAS: &str = "peercache_read_replicas_total";
+    /// Pages written into storage servers (centralized / hybrid), and of those sent by the ingest
+    /// fallback after a failed one-sided write.
+    pub const STORAGE_WRITES: &str = "peercache_storage_writes_total";
+    /// Pages sent with their bytes after a failed one-sided write into a storage server.
+    pub const STORAGE_INGESTS: &str = "peercache_storage_ingests_total";
+    /// Storage-server commits refused because the slot's bytes differ from the writer's checksum
+    /// (a torn or stray one-sided write).
+    pub const COMMIT_REJECTS: &str = "peercache_storage_commit_rejects_total";
+    /// Slotmap layouts announced by peers and refused because they fall outside the bounds this
+    /// node's own configuration allows (that member's keys are misses).
+    pub const LAYOUTS_REFUSED: &str = "peercache_slotmap_layouts_refused_total";
+    /// Storage-server reservations released because the writer never committed.
+    pub const RESERVATIONS_EXPIRED: &str = "peercache_storage_reservations_expired_total";
+    /// Page locations announced to directory replicas that a ring change added.
+    pub const DIRECTORY_REANNOUNCES: &str = "peercache_directory_reannounced_total";
+    /// Pages re-published to the directory (recovered from the disk tier after a restart).
+    pub const DIRECTORY_REPUBLISHES: &str = "peercache_directory_republishes_total";
+    /// Pages resident in the pool.
+    pub const POOL_KEYS: &str = "peercache_pool_keys";
+    /// Read hits / read requests since start.
+    pub const READ_HIT_RATE: &str = "peercache_read_hit_rate";
+    /// Seconds since the node started.
+    pub const UPTIME: &str = "peercache_uptime_seconds";
+    /// Pages found in the directory whose read failed (network, or verification).
+    pub const READ_FAILURES: &str = "peercache_read_failures_total";
+    /// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
+    pub const VERIFY_REJECTS: &str = "peercache_verify_rejects_total";
+    /// Pages read through staging memory and copied to the caller (destination not registered).
+    pub const STAGED_READS: &str = "peercache_read_staged_pages_total";
+    /// `batch_set` calls.
+    pub const WRITE_REQUESTS: &str = "peercache_write_requests_total";
+    /// Payload bytes read.
+    pub const BYTES_READ: &str = "peercache_bytes_read_total";
+    /// Payload bytes written into the pool.
+    pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
+    /// Pages evicted from the pool.
+    pub const EVICTIONS: &str = "peercache_evictions_total";
+    /// Eviction notices sent to the directory.
+    pub const EVICTION_NOTICES: &str = "peercache_eviction_notices_total";
+    /// Evicted pages queued for an eviction notice.
+    pub const EVICTION_NOTICES_QUEUED: &str = "peercache_eviction_notices_queued_total";
+    /// Eviction notices the directory did not take (the entries fail verification and expire).
+    pub const EVICTION_NOTICES_FAILED: &str = "peercache_eviction_notices_failed_total";
+    /// Directory lookups saved by the exists → get hand-off.
+    pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
+    /// `batch_exists` calls.
+    pub const EXISTS_REQUESTS: &str = "peercache_exists_requests_total";
+    /// Leading pages found by `batch_exists`.
+    pub const EXISTS_PAGES_FOUND: &str = "peercache_exists_pages_found_total";
+    /// Latency of one API call (a batch), label `op` = `read` | `write` | `exists`.
+    pub const OP_LATENCY: &str = "peercache_op_latency_seconds";
+    /// Members seen by discovery.
+    pub const MEMBERS: &str = "peercache_members";
+    /// Members with `role = "storage"` (storage servers of the centralized and hybrid modes).
+    pub const STORAGE_NODES: &str = "peercache_storage_nodes";
+    /// Pages indexed by this node's disk tier (0 with the tier off).
+    pub const DISK_KEYS: &str = "peercache_disk_keys";
+    /// Bytes of the disk tier's segments on disk.
+    pub const DISK_BYTES_USED: &str = "peercache_disk_bytes_used";
+    /// The disk tier's capacity in bytes (`disk_capacity`; 0 with the tier off).
+    pub const DISK_CAPACITY: &str = "peercache_disk_capacity_bytes";
+}
+
+/// Describes every series of this crate and the ones below it (their `# HELP` lines), in
+/// the recorder installed for the call.
+pub(crate) fn describe_all() {
+    use peercache_wire::describe::describe;
+    describe(DESCRIPTIONS);
+    describe(peercache_wire::metrics::DESCRIPTIONS);
+    describe(peercache_transport::metrics::DESCRIPTIONS);
+    describe(peercache_transport::metrics::rdma::DESCRIPTIONS);
+    describe(peercache_transport::metrics::rdma::compat::DESCRIPTIONS);
+    describe(peercache_directory::metrics::DESCRIPTIONS);
+    describe(peercache_discovery::metrics::DESCRIPTIONS);
+    describe(peercache_pool::metrics::DESCRIPTIONS);
+}
 
 /// Registers at 0 the series the lower crates create only when their part runs — the RDMA
 /// path, the disk tier, authentication — so a dashboard, an alert or a newcomer's grep finds

@@ -101,6 +101,8 @@ fn global() -> &'static Global {
             .build_recorder();
         let handle = recorder.handle();
         let recorder: &'static PrometheusRecorder = Box::leak(Box::new(recorder));
+        // `# HELP` for every series of every crate (their doc comments).
+        metrics::with_local_recorder(recorder, crate::metrics::describe_all);
         if metrics::set_global_recorder(Forward(recorder)).is_err() {
             tracing::debug!(
                 "a metrics recorder was already installed; node-labelled series still render here"

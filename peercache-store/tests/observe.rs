@@ -460,3 +460,82 @@ fn every_series_of_0_8_4_is_exported_under_its_name_with_its_type() {
     }
     s.shutdown();
 }
+
+#[test]
+fn every_series_has_help_and_every_grafana_query_names_exported_series() {
+    let port = free_port();
+    let m = json!({
+        "discovery_addr": format!("127.0.0.45:{port}"), "protocol": "tcp",
+        "local_hostname": "127.0.0.45", "rdma_bind_host": "127.0.0.45",
+        "control_bind_host": "127.0.0.45", "meta_bind_host": "127.0.0.45",
+        "metrics_bind_host": "127.0.0.45", "metrics_port": 0, "global_segment_size": "16mb",
+    });
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let page = vec![7u8; 4096];
+    s.batch_set(&["g"], &[&page]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    s.batch_get(&["g"], &mut [&mut buf[..]]).unwrap();
+    let body = get(s.metrics_endpoint().unwrap(), "/metrics").2;
+    s.shutdown();
+
+    // Every family has a `# HELP` line (its name's doc comment), as promtool asks.
+    let typed: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(typed.len() > 80, "{} families", typed.len());
+    for family in &typed {
+        let help = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# HELP {family} ")));
+        assert!(
+            help.is_some_and(|h| h.len() > 10),
+            "`{family}` has no help text"
+        );
+    }
+
+    // Every series a query of the shipped Grafana dashboard names is exported.
+    let board: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/grafana-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => m.iter().for_each(|(k, v)| match (k.as_str(), v) {
+                ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                _ => exprs(v, out),
+            }),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
+            _ => {}
+        }
+    }
+    let mut queries = Vec::new();
+    exprs(&board, &mut queries);
+    assert!(queries.len() >= 10, "{queries:?}");
+    let exported: std::collections::BTreeSet<&str> = body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    for q in &queries {
+        let mut rest = q.as_str();
+        while let Some(at) = rest.find("peercache_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            assert!(
+                exported.contains(name),
+                "the Grafana query {q:?} names `{name}`, which a node does not export"
+            );
+            rest = &tail[end..];
+        }
+    }
+}

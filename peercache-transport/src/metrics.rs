@@ -7,68 +7,72 @@ use peercache_wire::tally::Tally;
 
 use crate::{Batch, OpError, OpResults};
 
-/// Ops served or issued, label `op` = `read` | `write`, `side` = `client` | `server`.
-pub const OPS_TOTAL: &str = "peercache_transport_ops_total";
-/// Payload bytes moved, same labels as [`OPS_TOTAL`].
-pub const BYTES_TOTAL: &str = "peercache_transport_bytes_total";
-/// Failed ops, label `kind` = the [`crate::OpError::label`], `connection` (a batch lost with
-/// its connection) or `served_op` (an op this node's server refused).
-pub const ERRORS_TOTAL: &str = "peercache_transport_errors_total";
-/// Batches that hit their deadline.
-pub const TIMEOUTS_TOTAL: &str = "peercache_transport_timeouts_total";
-/// Times a peer was marked suspect.
-pub const SUSPECT_MARKS_TOTAL: &str = "peercache_transport_suspect_marks_total";
-/// Batches failed fast because their peer was suspect.
-pub const SUSPECT_REJECTS_TOTAL: &str = "peercache_transport_suspect_rejects_total";
-/// Connections opened to peers.
-pub const CONNECTS_TOTAL: &str = "peercache_transport_connects_total";
-/// Connections to peers dropped after an error.
-pub const CONN_DISCARDS_TOTAL: &str = "peercache_transport_conn_discards_total";
-/// Inbound data connections closed because the stream could not be trusted.
-pub const SERVER_DESYNCS_TOTAL: &str = "peercache_transport_server_desyncs_total";
-/// Of the client's read ops: ops copied from a peer's shared memory (host-local path).
-pub const LOCAL_READ_OPS_TOTAL: &str = "peercache_transport_local_read_ops_total";
-/// Of the client's read bytes: bytes copied from a peer's shared memory (host-local path).
-pub const LOCAL_READ_BYTES_TOTAL: &str = "peercache_transport_local_read_bytes_total";
-/// Times this node attached to a peer's shared regions.
-pub const LOCAL_ATTACHES_TOTAL: &str = "peercache_transport_local_attaches_total";
+peercache_wire::metric_names! {
+    /// Ops served or issued, label `op` = `read` | `write`, `side` = `client` | `server`.
+    pub const OPS_TOTAL: &str = "peercache_transport_ops_total";
+    /// Payload bytes moved, same labels as [`OPS_TOTAL`].
+    pub const BYTES_TOTAL: &str = "peercache_transport_bytes_total";
+    /// Failed ops, label `kind` = the [`crate::OpError::label`], `connection` (a batch lost with
+    /// its connection) or `served_op` (an op this node's server refused).
+    pub const ERRORS_TOTAL: &str = "peercache_transport_errors_total";
+    /// Batches that hit their deadline.
+    pub const TIMEOUTS_TOTAL: &str = "peercache_transport_timeouts_total";
+    /// Times a peer was marked suspect.
+    pub const SUSPECT_MARKS_TOTAL: &str = "peercache_transport_suspect_marks_total";
+    /// Batches failed fast because their peer was suspect.
+    pub const SUSPECT_REJECTS_TOTAL: &str = "peercache_transport_suspect_rejects_total";
+    /// Connections opened to peers.
+    pub const CONNECTS_TOTAL: &str = "peercache_transport_connects_total";
+    /// Connections to peers dropped after an error.
+    pub const CONN_DISCARDS_TOTAL: &str = "peercache_transport_conn_discards_total";
+    /// Inbound data connections closed because the stream could not be trusted.
+    pub const SERVER_DESYNCS_TOTAL: &str = "peercache_transport_server_desyncs_total";
+    /// Of the client's read ops: ops copied from a peer's shared memory (host-local path).
+    pub const LOCAL_READ_OPS_TOTAL: &str = "peercache_transport_local_read_ops_total";
+    /// Of the client's read bytes: bytes copied from a peer's shared memory (host-local path).
+    pub const LOCAL_READ_BYTES_TOTAL: &str = "peercache_transport_local_read_bytes_total";
+    /// Times this node attached to a peer's shared regions.
+    pub const LOCAL_ATTACHES_TOTAL: &str = "peercache_transport_local_attaches_total";
+}
 
 /// Metric names of the RDMA path (also `rdma::path::metric`).
 pub mod rdma {
-    /// Read ops carried over RDMA.
-    pub const OPS: &str = "peercache_rdma_read_ops_total";
-    /// Bytes read over RDMA.
-    pub const BYTES: &str = "peercache_rdma_read_bytes_total";
-    /// Write ops carried over RDMA (`rdma_writes`).
-    pub const WRITE_OPS: &str = "peercache_rdma_write_ops_total";
-    /// Bytes written over RDMA (`rdma_writes`).
-    pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
-    /// Ops that failed over RDMA.
-    pub const OP_ERRORS: &str = "peercache_rdma_op_errors_total";
-    /// Caller buffers registered for one batch (lazy registration).
-    pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
-    /// Read batches handed to TCP.
-    pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
-    /// Region tables fetched from peers.
-    pub const TABLE_FETCHES: &str = "peercache_rdma_table_fetches_total";
-    /// Work requests posted.
-    pub const WORK_REQUESTS: &str = "peercache_rdma_work_requests_total";
-    /// Work completions with an error status, label `op` = `read` | `write`.
-    pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
-    /// Windows that missed their deadline, label `op` = `read` | `write`.
-    pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
-    /// Queue pairs discarded.
-    pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
-    /// Failed posts.
-    pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
-    /// Channels that could not be leased (queue-pair connects that failed).
-    pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
-    /// Queue pairs whose drain did not finish within the grace after an error or a timeout
-    /// (destroyed instead, which stops their DMA before the batch returns).
-    pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
-    /// Times a peer was left on TCP for a while because its RDMA setup (region table or every
-    /// queue-pair connect) failed.
-    pub const PEERS_UNAVAILABLE: &str = "peercache_rdma_peers_unavailable_total";
+    peercache_wire::metric_names! {
+        /// Read ops carried over RDMA.
+        pub const OPS: &str = "peercache_rdma_read_ops_total";
+        /// Bytes read over RDMA.
+        pub const BYTES: &str = "peercache_rdma_read_bytes_total";
+        /// Write ops carried over RDMA (`rdma_writes`).
+        pub const WRITE_OPS: &str = "peercache_rdma_write_ops_total";
+        /// Bytes written over RDMA (`rdma_writes`).
+        pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
+        /// Ops that failed over RDMA.
+        pub const OP_ERRORS: &str = "peercache_rdma_op_errors_total";
+        /// Caller buffers registered for one batch (lazy registration).
+        pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
+        /// Read batches handed to TCP.
+        pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
+        /// Region tables fetched from peers.
+        pub const TABLE_FETCHES: &str = "peercache_rdma_table_fetches_total";
+        /// Work requests posted.
+        pub const WORK_REQUESTS: &str = "peercache_rdma_work_requests_total";
+        /// Work completions with an error status, label `op` = `read` | `write`.
+        pub const WC_ERRORS: &str = "peercache_rdma_wc_errors_total";
+        /// Windows that missed their deadline, label `op` = `read` | `write`.
+        pub const TIMEOUTS: &str = "peercache_rdma_timeouts_total";
+        /// Queue pairs discarded.
+        pub const DISCARDS: &str = "peercache_rdma_channel_discards_total";
+        /// Failed posts.
+        pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
+        /// Channels that could not be leased (queue-pair connects that failed).
+        pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
+        /// Queue pairs whose drain did not finish within the grace after an error or a timeout
+        /// (destroyed instead, which stops their DMA before the batch returns).
+        pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
+        /// Times a peer was left on TCP for a while because its RDMA setup (region table or every
+        /// queue-pair connect) failed.
+        pub const PEERS_UNAVAILABLE: &str = "peercache_rdma_peers_unavailable_total";
+    }
 
     /// Every counter above: a node without an RDMA path registers them at 0, so a dashboard
     /// finds the same series on every node.
@@ -96,29 +100,31 @@ pub mod rdma {
     /// its new counter ([`peercache_wire::tally::Tally::mirrored`]); docs/operations.md maps
     /// every old name to its new series.
     pub mod compat {
-        /// Rails (NICs) the RDMA path drives; 0 without one.
-        pub const RAILS: &str = "peercache_rdma_rails";
-        /// Read windows that missed their deadline (`peercache_rdma_timeouts_total{op="read"}`).
-        pub const READ_TIMEOUTS: &str = "peercache_rdma_read_timeouts";
-        /// Write windows that missed their deadline (`…timeouts_total{op="write"}`).
-        pub const WRITE_TIMEOUTS: &str = "peercache_rdma_write_timeouts";
-        /// Read completions with an error status (`peercache_rdma_wc_errors_total{op="read"}`).
-        pub const READ_WC_ERRORS: &str = "peercache_rdma_read_wc_errors";
-        /// Write completions with an error status (`…wc_errors_total{op="write"}`).
-        pub const WRITE_WC_ERRORS: &str = "peercache_rdma_write_wc_errors";
-        /// The last error status of a work completion (`ibv_wc_status`; 0 = none yet).
-        pub const LAST_WC_STATUS: &str = "peercache_rdma_last_wc_status";
-        /// Queue pairs discarded (`peercache_rdma_channel_discards_total`).
-        pub const CHANNEL_DISCARDS: &str = "peercache_rdma_channel_discards";
-        /// Failed posts (`peercache_rdma_post_failures_total`).
-        pub const POST_FAILURES: &str = "peercache_rdma_post_failures";
-        /// Channels that could not be leased (`peercache_rdma_lease_failures_total`).
-        pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures";
-        /// Caller ranges outside every registered region, registered for a batch
-        /// (`peercache_rdma_lazy_registrations_total`).
-        pub const LOCAL_REG_MISSES: &str = "peercache_rdma_local_reg_misses";
-        /// Lazily registered memory regions held right now.
-        pub const LAZY_LOCAL_MRS: &str = "peercache_rdma_lazy_local_mrs";
+        peercache_wire::metric_names! {
+            /// Rails (NICs) the RDMA path drives; 0 without one.
+            pub const RAILS: &str = "peercache_rdma_rails";
+            /// Read windows that missed their deadline (`peercache_rdma_timeouts_total{op="read"}`).
+            pub const READ_TIMEOUTS: &str = "peercache_rdma_read_timeouts";
+            /// Write windows that missed their deadline (`…timeouts_total{op="write"}`).
+            pub const WRITE_TIMEOUTS: &str = "peercache_rdma_write_timeouts";
+            /// Read completions with an error status (`peercache_rdma_wc_errors_total{op="read"}`).
+            pub const READ_WC_ERRORS: &str = "peercache_rdma_read_wc_errors";
+            /// Write completions with an error status (`…wc_errors_total{op="write"}`).
+            pub const WRITE_WC_ERRORS: &str = "peercache_rdma_write_wc_errors";
+            /// The last error status of a work completion (`ibv_wc_status`; 0 = none yet).
+            pub const LAST_WC_STATUS: &str = "peercache_rdma_last_wc_status";
+            /// Queue pairs discarded (`peercache_rdma_channel_discards_total`).
+            pub const CHANNEL_DISCARDS: &str = "peercache_rdma_channel_discards";
+            /// Failed posts (`peercache_rdma_post_failures_total`).
+            pub const POST_FAILURES: &str = "peercache_rdma_post_failures";
+            /// Channels that could not be leased (`peercache_rdma_lease_failures_total`).
+            pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures";
+            /// Caller ranges outside every registered region, registered for a batch
+            /// (`peercache_rdma_lazy_registrations_total`).
+            pub const LOCAL_REG_MISSES: &str = "peercache_rdma_local_reg_misses";
+            /// Lazily registered memory regions held right now.
+            pub const LAZY_LOCAL_MRS: &str = "peercache_rdma_lazy_local_mrs";
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod describe;
 pub mod envelope;
 pub mod error;
 pub mod frame;

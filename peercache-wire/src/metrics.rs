@@ -1,14 +1,16 @@
 //! Every metric name of the wire crate (the store installs the recorder and adds `node`).
 
-/// Handshakes refused for failed or missing authentication.
-pub const AUTH_REJECTED_TOTAL: &str = "peercache_auth_rejected_total";
-/// Requests an RPC server answered, label `server`.
-pub const RPC_REQUESTS_TOTAL: &str = "peercache_rpc_requests_total";
-/// Frames an RPC server refused (malformed, oversize), label `server`.
-pub const MALFORMED_FRAMES_TOTAL: &str = "peercache_rpc_malformed_frames_total";
-/// Connections whose handshake failed (wrong plane or version, not authenticated, silent),
-/// label `server`.
-pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
-/// Requests refused because they act for another member than the connection's own, label
-/// `service` (`discovery`, `directory`, `store`, `data`).
-pub const IDENTITY_REFUSED_TOTAL: &str = "peercache_identity_refused_total";
+crate::metric_names! {
+    /// Handshakes refused for failed or missing authentication.
+    pub const AUTH_REJECTED_TOTAL: &str = "peercache_auth_rejected_total";
+    /// Requests an RPC server answered, label `server`.
+    pub const RPC_REQUESTS_TOTAL: &str = "peercache_rpc_requests_total";
+    /// Frames an RPC server refused (malformed, oversize), label `server`.
+    pub const MALFORMED_FRAMES_TOTAL: &str = "peercache_rpc_malformed_frames_total";
+    /// Connections whose handshake failed (wrong plane or version, not authenticated, silent),
+    /// label `server`.
+    pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
+    /// Requests refused because they act for another member than the connection's own, label
+    /// `service` (`discovery`, `directory`, `store`, `data`).
+    pub const IDENTITY_REFUSED_TOTAL: &str = "peercache_identity_refused_total";
+}
