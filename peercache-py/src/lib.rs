@@ -24,6 +24,13 @@ fn to_py(e: StoreError) -> PyErr {
     }
 }
 
+/// A wait in seconds from Python: finite and not negative (a `ValueError` otherwise, never a
+/// panic).
+fn seconds(s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| PyValueError::new_err(format!("{s} is not a number of seconds (finite, ≥ 0)")))
+}
+
 fn raw(ptrs: &[usize], sizes: &[usize]) -> PyResult<Vec<RawSeg>> {
     if ptrs.len() != sizes.len() {
         return Err(PyValueError::new_err(format!(
@@ -97,13 +104,14 @@ impl Node {
     /// Waits until the node is in the cluster (`None`: forever).
     #[pyo3(signature = (timeout=None))]
     fn wait_ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        let t = timeout.map(Duration::from_secs_f64);
+        let t = timeout.map(seconds).transpose()?;
         py.detach(|| self.store.wait_ready(t)).map_err(to_py)
     }
 
     /// Waits until discovery sees `n` members; returns whether it did within `timeout`.
-    fn wait_members(&self, py: Python<'_>, n: usize, timeout: f64) -> bool {
-        py.detach(|| self.store.wait_members(n, Duration::from_secs_f64(timeout)))
+    fn wait_members(&self, py: Python<'_>, n: usize, timeout: f64) -> PyResult<bool> {
+        let t = seconds(timeout)?;
+        Ok(py.detach(|| self.store.wait_members(n, t)))
     }
 
     /// This node's id.
@@ -177,6 +185,48 @@ impl Node {
             .map_err(to_py)
     }
 
+    /// Publishes pages from raw segments, page `i` holding data in its first `valid_lens[i]`
+    /// bytes (a partial tail page; the whole page is stored).
+    fn batch_set_partial_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        counts: Vec<usize>,
+        valid_lens: Vec<u32>,
+    ) -> PyResult<Vec<bool>> {
+        let segs = SendSegs(raw(&ptrs, &sizes)?);
+        // SAFETY: as `batch_set_ptrs`: live buffers the caller keeps alive, only read.
+        py.detach(|| unsafe {
+            self.store
+                .batch_set_partial_raw(&keys, &segs.0, &counts, &valid_lens)
+        })
+        .map_err(to_py)
+    }
+
+    /// Reads pages into raw segments; per page its valid length in bytes, or `None` (a miss).
+    fn batch_get_valid_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        counts: Vec<usize>,
+    ) -> PyResult<Vec<Option<u32>>> {
+        let segs = SendSegs(raw(&ptrs, &sizes)?);
+        // SAFETY: as `batch_get_ptrs`: live, writable buffers untouched during the call.
+        py.detach(|| unsafe { self.store.batch_get_valid_raw(&keys, &segs.0, &counts) })
+            .map_err(to_py)
+    }
+
+    /// The valid length in bytes of each leading present page (the list's length is the
+    /// leading count).
+    fn batch_exists_valid(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<u32>> {
+        py.detach(|| self.store.batch_exists_valid(&keys))
+            .map_err(to_py)
+    }
+
     /// Publishes bytes-like values (one contiguous buffer per page).
     fn batch_set_buffers(
         &self,
@@ -246,12 +296,7 @@ impl Node {
         keys: Vec<String>,
         timeout_s: f64,
     ) -> PyResult<usize> {
-        if !(timeout_s.is_finite() && timeout_s >= 0.0) {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "timeout_s must be a non-negative number of seconds",
-            ));
-        }
-        let t = std::time::Duration::from_secs_f64(timeout_s);
+        let t = seconds(timeout_s)?;
         py.detach(|| self.store.wait_for_full_prefix(&keys, t))
             .map_err(to_py)
     }

@@ -244,31 +244,60 @@ impl Store {
         pages: &[&[u8]],
         valid_lens: &[u32],
     ) -> Result<Vec<bool>, StoreError> {
+        self.batch_set_partial_segments(keys, pages, &vec![1; pages.len()], valid_lens)
+    }
+
+    /// [`Store::batch_set_partial`] for pages gathered from segments (`counts[i]` segments for
+    /// page `i`; `valid_lens[i]` counts bytes over all of them).
+    pub fn batch_set_partial_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[&[u8]],
+        counts: &[usize],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
         self.check_open()?;
-        let counts = vec![1; pages.len()];
-        check_counts(keys.len(), pages.len(), &counts)?;
-        if valid_lens.len() != pages.len() {
+        check_counts(keys.len(), segs.len(), counts)?;
+        if valid_lens.len() != keys.len() {
             return Err(StoreError::BadRequest(format!(
                 "{} valid lengths for {} pages",
                 valid_lens.len(),
-                pages.len()
+                keys.len()
             )));
         }
-        if let Some((i, (p, v))) = pages
-            .iter()
-            .zip(valid_lens)
-            .enumerate()
-            .find(|(_, (p, v))| **v as usize > p.len())
-        {
-            return Err(StoreError::BadRequest(format!(
-                "page {i}: valid length {v} exceeds its {} bytes",
-                p.len()
-            )));
+        let mut at = 0;
+        for (i, (&n, &v)) in counts.iter().zip(valid_lens).enumerate() {
+            let bytes: usize = segs[at..at + n].iter().map(|s| s.len()).sum();
+            at += n;
+            if v as usize > bytes {
+                return Err(StoreError::BadRequest(format!(
+                    "page {i}: valid length {v} exceeds its {bytes} bytes"
+                )));
+            }
         }
         let pkeys = self.page_keys(keys);
         Ok(self
             .inner
-            .set_impl_valid(&pkeys, pages, &counts, Some(valid_lens)))
+            .set_impl_valid(&pkeys, segs, counts, Some(valid_lens)))
+    }
+
+    /// [`Store::batch_set_partial_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of `len` bytes for the duration of the call.
+    pub unsafe fn batch_set_partial_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
+        // SAFETY: forwarded from the caller.
+        let slices: Vec<&[u8]> = segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        self.batch_set_partial_segments(keys, &slices, counts, valid_lens)
     }
 
     /// How many leading pages are present in the cluster. Their locations are primed for the
@@ -382,9 +411,7 @@ impl Store {
         keys: &[K],
         pages: &mut [&mut [u8]],
     ) -> Result<Vec<Option<u32>>, StoreError> {
-        self.check_open()?;
         let counts = vec![1; pages.len()];
-        check_counts(keys.len(), pages.len(), &counts)?;
         let raw: Vec<RawSeg> = pages
             .iter_mut()
             .map(|s| RawSeg {
@@ -392,9 +419,24 @@ impl Store {
                 len: s.len(),
             })
             .collect();
-        let pkeys = self.page_keys(keys);
         // SAFETY: the pages are exclusively borrowed for the whole call.
-        Ok(unsafe { self.inner.get_impl(&pkeys, &raw, &counts) })
+        unsafe { self.batch_get_valid_raw(keys, &raw, &counts) }
+    }
+
+    /// [`Store::batch_get_valid`] for pages scattered into raw segments (`counts[i]` for page
+    /// `i`); the valid length counts bytes over all of a page's segments.
+    ///
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    pub unsafe fn batch_get_valid_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.get_pages(&pkeys, segs, counts) }
     }
 
     /// Removes every page this node published from its pool and the directory (HiCache's

@@ -352,6 +352,42 @@ fn partial_tail_pages_report_their_valid_length() {
         matches!(e, Err(peercache_store::StoreError::BadRequest(_))),
         "{e:?}"
     );
+
+    // A page gathered from segments (SGLang's layouts): the valid length counts bytes over
+    // all of them, and a read scattered into segments reports it.
+    let key = ["seq-9-segments"];
+    let halves: Vec<&[u8]> = pages[0].chunks(8 << 10).collect();
+    assert_eq!(
+        a.batch_set_partial_segments(&key, &halves, &[2], &[12 << 10])
+            .unwrap(),
+        [true]
+    );
+    let mut out = vec![0u8; 16 << 10];
+    let (lo, hi) = out.split_at_mut(8 << 10);
+    let raw = [
+        peercache_store::RawSeg {
+            ptr: lo.as_mut_ptr(),
+            len: lo.len(),
+        },
+        peercache_store::RawSeg {
+            ptr: hi.as_mut_ptr(),
+            len: hi.len(),
+        },
+    ];
+    // SAFETY: both segments are exclusively borrowed, disjoint halves of `out`.
+    let got = unsafe { b.batch_get_valid_raw(&key, &raw, &[2]) }.unwrap();
+    assert_eq!(got, [Some(12 << 10)]);
+    assert_eq!(out, pages[0]);
+    for (segs, counts, valid) in [
+        (&halves[..], &[2][..], (16 << 10) + 1),
+        (&halves[..1], &[2][..], 1),
+    ] {
+        let e = a.batch_set_partial_segments(&key, segs, counts, &[valid]);
+        assert!(
+            matches!(e, Err(peercache_store::StoreError::BadRequest(_))),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]

@@ -10,8 +10,11 @@ Launch SGLang with::
 Keys: SGLang passes bare page hashes. A page key here is
 ``<model>|<hash>|tp<rank>of<size>`` for MHA (ranks of different TP sizes never collide), and
 ``<model>|<hash>|mla`` for MLA, where rank 0 writes and every rank reads; ``|pp<rank>`` and
-``|cp<rank>`` are added when those sizes are above 1. The node then applies ``prefix`` (one
-keyspace on every path). A page's components (K and V, or every layer in ``layer_first``) are
+``|cp<rank>`` are added when those sizes are above 1. With decode context parallelism
+(``dcp_size`` > 1, MLA only) each DCP rank keeps its shard of every page under
+``<model>|<hash>|mla|tp<size>|dcp<rank>of<size>|page<logical page size>``, published by the
+first DCP group (``is_storage_writer``); other ranks read and skip their writes. The node then
+applies ``prefix`` (one keyspace on every path). A page's components (K and V, or every layer in ``layer_first``) are
 segments of that one key, so they are stored, evicted and served together.
 
 Side pools of the v2 interface (Mamba, SWA, DSA indexer, draft, DeepSeek-V4 compressed pools)
@@ -66,10 +69,26 @@ def _storage_metrics_class() -> Any:
     return None
 
 
-def _as_bool(v: Any) -> bool:
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _as_bool(v: Any, name: str = "value") -> bool:
+    """A boolean as SGLang's extra config may spell it: ``True``, ``1``, ``"1"``, ``"true"``,
+    ``"True"``, ``"yes"``, ``"on"`` (and their negatives). Anything else is a clear error,
+    never a silent ``False``."""
     if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
+        t = v.strip().lower()
+        if t in _TRUE:
+            return True
+        if t in _FALSE:
+            return False
+        raise ValueError(f"peercache: {name} = {v!r}: expected 1/true/yes/on or 0/false/no/off")
+    if v is None:
+        return False
+    if isinstance(v, (bool, int, float)):
+        return bool(v)
+    raise ValueError(f"peercache: {name} = {v!r}: expected a boolean")
 
 
 def _ptr_len(x: Any) -> Optional[Tuple[int, int]]:
@@ -148,6 +167,15 @@ def _transfer_result(kv: int, hits: Dict[Any, int], restorable: List[int]) -> An
         return r
 
 
+def _extra(extra_info: Any) -> Dict[str, Any]:
+    """The free-form part of a call's extra info: ``HiCacheStorageExtraInfo.extra_info`` or a
+    plain dict; empty for anything else (None, or an object without it)."""
+    if isinstance(extra_info, dict):
+        return extra_info
+    inner = getattr(extra_info, "extra_info", None)
+    return inner if isinstance(inner, dict) else {}
+
+
 def _leading(flags: Sequence[bool]) -> int:
     n = 0
     for f in flags:
@@ -173,9 +201,17 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self.pp_size = int(get("pp_size", 1) or 1)
         self.cp_rank = int(get("attn_cp_rank", 0) or 0)
         self.cp_size = int(get("attn_cp_size", 1) or 1)
-        self.is_mla = bool(get("is_mla_model", False))
+        self.is_mla = _as_bool(get("is_mla_model", False), "is_mla_model")
         self.model = str(get("model_name", None) or extra.get("model_name") or "model")
-        self.interface_v1 = _as_bool(extra.get("interface_v1", False))
+        self.interface_v1 = _as_bool(extra.get("interface_v1", False), "interface_v1")
+        # Decode context parallelism (MLA only): each DCP rank holds its shard of every page;
+        # equivalent shards of different DCP groups share one key, written by the first group.
+        self.dcp_rank = int(get("dcp_rank", 0) or 0)
+        self.dcp_size = int(get("dcp_size", 1) or 1)
+        self.logical_page_size = get("logical_page_size", None)
+        computed_writer = (not self.is_mla) or self.tp_rank == self.dcp_rank
+        self.is_storage_writer = bool(getattr(storage_config, "is_storage_writer", computed_writer)) \
+            if storage_config is not None else computed_writer
         cfg = {k: v for k, v in extra.items() if k not in ("interface_v1",)}
         cfg.update({"tp_rank": self.tp_rank, "tp_size": self.tp_size, "pp_rank": self.pp_rank, "pp_size": self.pp_size})
         cfg.setdefault("dp_rank", int(get("dp_rank", 0) or 0))
@@ -189,9 +225,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._warned: set = set()
         self._stats_lock = threading.Lock()
         self._stats = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
-        timeout = float(cfg.get("startup_timeout", 30.0) or 0) or None
+        # `startup_timeout` bounds every wait for the cluster (0 = wait forever, as configured).
+        self._startup_timeout = float(cfg.get("startup_timeout", 30.0) or 0.0)
+        if not self.is_storage_writer:
+            logger.info("peercache: TP rank %d is not this shard's storage writer: it reads, and its "
+                        "writes are skipped (the writer publishes the same bytes)", self.tp_rank)
         try:
-            self._node.wait_ready(timeout)
+            self._node.wait_ready(self._startup_timeout or None)
         except Exception as e:  # keep SGLang starting; calls miss until the cluster answers
             logger.warning("peercache: not in the cluster yet (%s); lookups miss until it is", e)
 
@@ -201,6 +241,9 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         the same bytes on every rank) or this rank's own."""
         shared = self.is_mla if shared is None else shared
         k = f"{self.model}|{h}|mla" if shared else f"{self.model}|{h}|tp{self.tp_rank}of{self.tp_size}"
+        if shared and self.dcp_size > 1:
+            # One shard of the page per DCP rank; its geometry depends on TP and the page.
+            k += f"|tp{self.tp_size}|dcp{self.dcp_rank}of{self.dcp_size}|page{self.logical_page_size}"
         if self.pp_size > 1:
             k += f"|pp{self.pp_rank}"
         if self.cp_size > 1:
@@ -218,7 +261,14 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self.mem_pool_host = mem_pool_host
         anchor = getattr(mem_pool_host, "anchor_entry", None)
         self._page_pool = anchor.host_pool if anchor is not None else mem_pool_host
-        pools = [e.host_pool for e in getattr(mem_pool_host, "entries", [])] if anchor is not None else [mem_pool_host]
+        entries = list(getattr(mem_pool_host, "entries", [])) if anchor is not None else []
+        pools = [e.host_pool for e in entries] if anchor is not None else [mem_pool_host]
+        # A group's side pools are known by name from here on, whether or not SGLang also
+        # registers each of them through register_mem_host_pool_v2.
+        for e in entries:
+            if e is not anchor:
+                self.registered_pools.setdefault(e.name, e.host_pool)
+                self._pools_by_name.setdefault(_pool_name(e.name), e.host_pool)
         registered = sum(self._register_buffers(pool) for pool in pools)
         if registered == 0:
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
@@ -231,7 +281,55 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._register_buffers(host_pool)
 
     def on_host_pools_registered(self) -> None:
-        return None
+        """Validates every registered pool once, so a bad registration fails the attach rather
+        than the first request: each pool's page geometry resolves through its own
+        ``get_page_buffer_meta`` for one page, into buffers that are all registered with the
+        node (the zero-copy path), of sizes that add up to a page; a logical anchor (no
+        buffers) is accepted, and its v1 calls will miss. Raises ``ValueError`` naming the pool
+        and what is wrong."""
+        checks: List[Tuple[str, Any]] = []
+        if self._page_pool is not None:
+            checks.append(("kv", self._page_pool))
+        checks.extend((n, p) for n, p in self._pools_by_name.items() if n != "kv" or p is not self._page_pool)
+        for name, pool in checks:
+            if name == "kv" and getattr(pool, "kv_buffer", None) is None:
+                self._warn_once("v1:anchor", "peercache: the KV host pool is a logical anchor (no page "
+                                "buffers): v1 calls miss; side pools carry the pages (v2)")
+                continue
+            page_size = int(getattr(pool, "page_size", 0) or 0)
+            if page_size <= 0:
+                raise ValueError(f"peercache: host pool {name!r} has no page_size")
+            meta = getattr(pool, "get_page_buffer_meta", None)
+            if meta is None:
+                raise ValueError(f"peercache: host pool {name!r} has no get_page_buffer_meta")
+            indices = self._one_page_indices(pool, name, page_size)
+            try:
+                ptrs, sizes = meta(indices)
+            except Exception as e:
+                raise ValueError(f"peercache: host pool {name!r}: get_page_buffer_meta failed for one "
+                                 f"page ({type(e).__name__}: {e})") from e
+            if not ptrs or len(ptrs) != len(sizes) or any(int(z) <= 0 for z in sizes):
+                raise ValueError(f"peercache: host pool {name!r}: a page resolves to {len(ptrs)} buffers "
+                                 f"of sizes {list(map(int, sizes))[:4]}")
+            outside = [(int(p), int(z)) for p, z in zip(ptrs, sizes)
+                       if not any(b <= int(p) and int(p) + int(z) <= b + m for b, m in self._spans)]
+            if outside:
+                raise ValueError(f"peercache: host pool {name!r}: {len(outside)} of {len(ptrs)} page buffers "
+                                 f"lie outside every registered host buffer (first at {outside[0][0]:#x}, "
+                                 f"{outside[0][1]} bytes): register the pool before the attach completes")
+
+    @staticmethod
+    def _one_page_indices(pool: Any, name: str, page_size: int) -> Any:
+        """Host indices of the first page of ``pool`` in the form its ``get_page_buffer_meta``
+        takes: a torch tensor when torch is importable (SGLang's pools), else a list."""
+        # Mamba pools index one slot per page; token pools page_size tokens.
+        count = 1 if name == "mamba" else page_size
+        try:
+            import torch  # noqa: PLC0415
+
+            return torch.arange(0, count, dtype=torch.int64)
+        except Exception:
+            return list(range(count))
 
     def _register_buffers(self, pool: Any) -> int:
         """Registers every host tensor of ``pool`` (``kv_buffer``, Mamba's ``temporal_buffer``
@@ -256,7 +354,17 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     def _meta(self, keys: Sequence[str], host_indices: Any) -> Optional[Tuple[List[int], List[int], List[int]]]:
         if self.mem_pool_host is None or not keys:
             return None
-        ptrs, sizes = self._page_pool.get_page_buffer_meta(host_indices)
+        if getattr(self._page_pool, "kv_buffer", None) is None:
+            # A logical anchor (DeepSeek-V4's LogicalHostPool) holds no bytes: v1 has nothing
+            # to move; the v2 side pools carry the pages. Every key misses (0.8.4 behaviour).
+            self._warn_once("v1:anchor", "peercache: the KV host pool is a logical anchor (no page "
+                            "buffers): v1 calls miss; side pools carry the pages (v2)")
+            return None
+        try:
+            ptrs, sizes = self._page_pool.get_page_buffer_meta(host_indices)
+        except Exception as e:
+            self._warn_once("v1:meta", "peercache: the KV host pool gave no page buffer meta (%s); its pages miss", e)
+            return None
         n = len(keys)
         per, rem = divmod(len(ptrs), n)
         if rem or per == 0:
@@ -265,12 +373,45 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return list(map(int, ptrs)), list(map(int, sizes)), [per] * n
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        """Publishes the pages at ``host_indices``. With ``extra_info`` carrying
+        ``{"last_page_valid_tokens": n}`` (a ``HiCacheStorageExtraInfo``'s ``extra_info``, or
+        a plain dict), the last page is a partial tail holding ``n`` valid tokens — see
+        :meth:`batch_set_v1_partial`."""
+        valid = _extra(extra_info).get("last_page_valid_tokens")
+        if valid is not None:
+            return self.batch_set_v1_partial(keys, host_indices, int(valid))
+        if not self.is_storage_writer:
+            return [True] * len(keys)
         m = self._meta(keys, host_indices)
         if m is None:
             return [False] * len(keys)
         t0 = time.perf_counter()
         res = self._node.batch_set_ptrs(self._keys(keys), *m)
         self._record("backup", sum(res), sum(m[1]), time.perf_counter() - t0)
+        return res
+
+    def batch_set_v1_partial(self, keys: List[str], host_indices: Any, last_page_valid_tokens: int) -> List[bool]:
+        """Publishes pages whose last one is a partial tail: only its first
+        ``last_page_valid_tokens`` tokens hold data (a prefill rank handing off a prompt that
+        does not end on a page boundary). The whole page is stored; readers see the count
+        through :meth:`batch_get_v1_valid` and :meth:`batch_exists_tokens`."""
+        if not self.is_storage_writer:
+            return [True] * len(keys)
+        page_size = int(getattr(self._page_pool, "page_size", 0) or 0)
+        if not 0 < last_page_valid_tokens <= max(page_size, 1):
+            raise ValueError(f"peercache: last_page_valid_tokens = {last_page_valid_tokens}: expected "
+                             f"1..{page_size} (the page size)")
+        m = self._meta(keys, host_indices)
+        if m is None:
+            return [False] * len(keys)
+        ptrs, sizes, counts = m
+        per = counts[0]
+        page_bytes = [sum(sizes[i * per:(i + 1) * per]) for i in range(len(keys))]
+        # Valid lengths are kept in bytes: a token's share of the page, whatever the layout.
+        valid = page_bytes[:-1] + [page_bytes[-1] * last_page_valid_tokens // page_size]
+        t0 = time.perf_counter()
+        res = self._node.batch_set_partial_ptrs(self._keys(keys), ptrs, sizes, counts, valid)
+        self._record("backup", sum(res), sum(sizes), time.perf_counter() - t0)
         return res
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -282,10 +423,57 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._record("prefetch", sum(res), sum(m[1]), time.perf_counter() - t0)
         return res
 
+    def batch_get_v1_valid(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[Optional[int]]:
+        """Like :meth:`batch_get_v1`, but per page how many of its tokens are valid (the page
+        size for a whole page, fewer for a partial tail, ``None`` for a miss)."""
+        m = self._meta(keys, host_indices)
+        if m is None:
+            return [None] * len(keys)
+        ptrs, sizes, counts = m
+        per = counts[0]
+        page_size = int(getattr(self._page_pool, "page_size", 1) or 1)
+        t0 = time.perf_counter()
+        got = self._node.batch_get_valid_ptrs(self._keys(keys), ptrs, sizes, counts)
+        self._record("prefetch", sum(v is not None for v in got), sum(sizes), time.perf_counter() - t0)
+        out: List[Optional[int]] = []
+        for i, v in enumerate(got):
+            page = sum(sizes[i * per:(i + 1) * per])
+            out.append(None if v is None else (page_size if v >= page else v * page_size // page))
+        return out
+
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        # `extra_info.prefix_keys` (the hashes before these keys) saves nothing here: a page
+        # hash already names its whole prefix, so the keys alone decide; it is ignored.
         if not keys:
             return 0
         return int(self._node.batch_exists(self._keys(keys)))
+
+    def batch_exists_tokens(self, keys: List[str], extra_info: Any = None) -> int:
+        """The restorable prefix in tokens: whole leading pages times the page size, plus a
+        partial tail's valid tokens (a decode rank seeing a prefill rank's last page)."""
+        if not keys:
+            return 0
+        page_size = int(getattr(self._page_pool, "page_size", 1) or 1)
+        valid = self._node.batch_exists_valid(self._keys(keys))
+        page = self._page_bytes()
+        tokens = 0
+        for v in valid:
+            if page and v < page:
+                tokens += v * page_size // page
+                break
+            tokens += page_size
+        return tokens
+
+    def _page_bytes(self) -> int:
+        """Bytes of one KV page of the registered host pool (0 when unknown)."""
+        pool = self._page_pool
+        if pool is None or getattr(pool, "kv_buffer", None) is None:
+            return 0
+        try:
+            _, sizes = pool.get_page_buffer_meta(self._one_page_indices(pool, "kv", int(pool.page_size)))
+            return int(sum(int(z) for z in sizes))
+        except Exception:
+            return 0
 
     def wait_for_full_prefix(self, keys: List[str], timeout_s: float) -> int:
         """Waits (bounded by ``timeout_s``) until every key is present; returns the leading
@@ -377,6 +565,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
 
     def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
         """Writes each ``PoolTransfer``'s pages from its host pool; per pool, one flag a page."""
+        if not self.is_storage_writer:
+            return {t.name: [True] * len(t.keys or []) for t in transfers or []}
         return self._v2_io(transfers, write=True)
 
     def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
@@ -547,8 +737,18 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         except Exception:
             return False
 
-    def warmup(self) -> None:
-        self._node.wait_ready(None)
+    def warmup(self, timeout_s: Optional[float] = None) -> bool:
+        """Waits until this node is in the cluster, at most ``timeout_s`` seconds (default: the
+        ``startup_timeout`` setting, 30 s unless configured; 0 waits as long as it takes). True
+        when it is; False (with a warning) when the deadline passed — the node keeps trying, and
+        lookups miss until it is in."""
+        t = self._startup_timeout if timeout_s is None else float(timeout_s)
+        try:
+            self._node.wait_ready(t if t > 0 else None)
+            return True
+        except Exception as e:
+            logger.warning("peercache: warmup: not in the cluster within %.1f s (%s)", t, e)
+            return False
 
     def clear(self) -> None:
         """Removes every page this rank's node published (this node, this namespace)."""
