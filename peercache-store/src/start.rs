@@ -105,11 +105,12 @@ fn rdma_plane(
                 auth: auth.clone(),
                 timeout,
             });
-            Some(RdmaPath::new(
+            Some(RdmaPath::with_channel_limit(
                 verbs,
                 Some(me.clone()),
                 auth.clone(),
                 timeout,
+                cfg.max_channels_per_peer,
             ))
         }
         crate::RdmaBackend::Verbs => verbs_plane(cfg, me, auth),
@@ -134,12 +135,15 @@ fn verbs_plane(
         bootstrap_timeout: cfg.op_timeout(),
     };
     match SidewayVerbs::open(vc) {
-        Ok(v) => Some(peercache_transport::rdma::path::RdmaPath::new(
-            v,
-            Some(me.clone()),
-            auth.clone(),
-            cfg.op_timeout(),
-        )),
+        Ok(v) => Some(
+            peercache_transport::rdma::path::RdmaPath::with_channel_limit(
+                v,
+                Some(me.clone()),
+                auth.clone(),
+                cfg.op_timeout(),
+                cfg.max_channels_per_peer,
+            ),
+        ),
         Err(why) => {
             tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
             None

@@ -66,6 +66,9 @@ pub mod rdma {
         pub const POST_FAILURES: &str = "peercache_rdma_post_failures_total";
         /// Channels that could not be leased (queue-pair connects that failed).
         pub const LEASE_FAILURES: &str = "peercache_rdma_lease_failures_total";
+        /// Batches (per rail) that waited for a channel until their deadline: every queue pair
+        /// `max_channels_per_peer` allows to that peer was in use.
+        pub const LEASE_TIMEOUTS: &str = "peercache_rdma_lease_timeouts_total";
         /// Queue pairs whose drain did not finish within the grace after an error or a timeout
         /// (destroyed instead, which stops their DMA before the batch returns).
         pub const DRAIN_TIMEOUTS: &str = "peercache_rdma_drain_timeouts_total";
@@ -91,6 +94,7 @@ pub mod rdma {
         DISCARDS,
         POST_FAILURES,
         LEASE_FAILURES,
+        LEASE_TIMEOUTS,
         DRAIN_TIMEOUTS,
         PEERS_UNAVAILABLE,
     ];
@@ -287,6 +291,8 @@ pub struct EngineCounters {
     pub post_failures: Tally,
     /// Channels that could not be leased (no idle queue pair, and connecting one failed).
     pub lease_failures: Tally,
+    /// Rails of a batch that found every allowed channel in use until the deadline.
+    pub lease_timeouts: Tally,
     /// Work requests posted.
     pub wrs_posted: Tally,
     /// Drains that did not finish within the grace (the queue pair was destroyed instead).
@@ -342,6 +348,7 @@ impl Default for EngineCounters {
                 .mirrored(metrics::gauge!(compat::POST_FAILURES)),
             lease_failures: tally(rdma::LEASE_FAILURES)
                 .mirrored(metrics::gauge!(compat::LEASE_FAILURES)),
+            lease_timeouts: tally(rdma::LEASE_TIMEOUTS),
             wrs_posted: tally(rdma::WORK_REQUESTS),
             drain_timeouts: tally(rdma::DRAIN_TIMEOUTS),
         }

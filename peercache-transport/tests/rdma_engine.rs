@@ -2,6 +2,7 @@
 //! posting beyond the send-queue depth, a completion timeout that drains before it returns,
 //! and work-completion errors — no NIC needed.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -402,4 +403,85 @@ fn a_queue_pair_that_never_flushes_is_destroyed_within_the_drain_grace() {
     fabric.never_flush.store(false, Ordering::Release);
     assert_eq!(fabric.bytes.load(Ordering::Relaxed), 0, "no late DMA");
     assert!(local.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn queue_pairs_per_peer_are_bounded_and_callers_beyond_the_bound_wait_within_their_deadline() {
+    let fabric = Fabric::new();
+    let mut remote = pattern(4 * 4096, 12);
+    // SAFETY: as above.
+    let rkey = unsafe { fabric.register(remote.as_mut_ptr(), remote.len(), false) };
+    let verbs = SoftVerbs::new(fabric.clone(), 1, 4, 16);
+    let connects = verbs.connects.clone();
+    // At most two queue pairs to a peer (max_channels_per_peer = 2), however many callers.
+    let engine = Arc::new(Engine::with_channel_limit(verbs, 4, 2));
+    // A slow link: every batch holds its channel for 100 ms.
+    fabric.rail_delay_us[0].store(100_000, Ordering::Release);
+    let callers: Vec<_> = (0..6)
+        .map(|c| {
+            let (engine, fabric) = (engine.clone(), fabric.clone());
+            let remote = remote.as_ptr() as u64;
+            std::thread::spawn(move || {
+                let mut local = vec![0u8; 4 * 4096];
+                let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
+                let ops: Vec<EngineOp> = local
+                    .chunks_mut(4096)
+                    .enumerate()
+                    .map(|(i, d)| read_op(remote + (i * 4096) as u64, rkey, d, 1, &lk))
+                    .collect();
+                // Six callers on two channels: three rounds of 100 ms fit in 5 s.
+                let r = engine.execute("peer-bound", &ops, Duration::from_secs(5));
+                (c, r, local)
+            })
+        })
+        .collect();
+    for t in callers {
+        let (c, r, local) = t.join().unwrap();
+        assert!(r.iter().all(|x| x.is_ok()), "caller {c}: {r:?}");
+        assert_eq!(local, remote, "caller {c}");
+    }
+    assert_eq!(
+        *connects.lock(),
+        vec![2],
+        "two queue pairs served six callers"
+    );
+    assert_eq!(engine.channels("peer-bound", 0), 2);
+    assert_eq!(engine.counters.lease_timeouts.get(), 0);
+
+    // Both channels busy past a caller's deadline: its ops time out, counted, none connected.
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let (engine, fabric) = (engine.clone(), fabric.clone());
+            let remote = remote.as_ptr() as u64;
+            std::thread::spawn(move || {
+                let mut local = vec![0u8; 4096];
+                let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
+                let ops = vec![read_op(remote, rkey, &mut local, 1, &lk)];
+                engine.execute("peer-bound", &ops, Duration::from_secs(5))
+            })
+        })
+        .collect();
+    // Wait until both channels are leased (neither is idle), then ask for a third.
+    let until = Instant::now() + Duration::from_secs(5);
+    while fabric.outstanding.load(Ordering::Acquire) < 2 {
+        assert!(Instant::now() < until, "the two busy callers never posted");
+        std::thread::yield_now();
+    }
+    let mut local = vec![0u8; 4096];
+    let lk = fabric.register_local(local.as_ptr(), local.len(), 1);
+    let ops = vec![read_op(remote.as_ptr() as u64, rkey, &mut local, 1, &lk)];
+    let t0 = Instant::now();
+    let r = engine.execute("peer-bound", &ops, Duration::from_millis(30));
+    assert_eq!(r, vec![Err(RdmaOpError::Timeout)]);
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(engine.counters.lease_timeouts.get(), 1);
+    for b in busy {
+        assert!(b.join().unwrap().iter().all(|x| x.is_ok()));
+    }
+    assert_eq!(*connects.lock(), vec![2]);
+    drop(local);
 }

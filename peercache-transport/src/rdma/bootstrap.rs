@@ -70,7 +70,7 @@ pub fn validate(info: &QpInfo, rails: usize) -> Result<(), BootstrapError> {
 /// The server side's queue-pair factory.
 pub trait Responder: Send + Sync {
     /// The server's half of a connected queue pair, kept while the connection lives.
-    type Held: Send;
+    type Held: Send + 'static;
     /// Rails this host has.
     fn rails(&self) -> usize;
     /// Creates a queue pair on `remote.rail` connected to `remote` (path MTU: the smaller of
@@ -193,13 +193,36 @@ pub fn serve<R: Responder>(
 }
 
 /// Server, after an accepted handshake on the bootstrap plane: one request — a queue pair
-/// from `responder` (then held until the client closes the socket) or the region table.
+/// from `responder` (then held until the client closes the socket) or the region table. Holds
+/// the calling thread for the queue pair's life; a server of many queue pairs uses
+/// [`accept_request`] and a [`super::holder::Holder`] instead.
 pub fn serve_request<R: Responder + ?Sized>(
-    mut s: TcpStream,
+    s: TcpStream,
     responder: &R,
     regions: &dyn Fn() -> Vec<RegionRkeys>,
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
+    let Some((mut s, held)) = accept_request(s, responder, regions, timeout)? else {
+        return Ok(());
+    };
+    s.set_read_timeout(None).map_err(WireError::Io)?;
+    let mut one = [0u8; 1];
+    let _ = s.read(&mut one);
+    drop(held);
+    Ok(())
+}
+
+/// Server, after an accepted handshake on the bootstrap plane: answers one request within
+/// `timeout`. For a queue pair, returns the socket and the server's half, to be kept exactly
+/// as long as the client keeps the socket open (EOF, a reset, or any byte from the client —
+/// it never sends more — ends it; keepalive notices a client host that vanished). `None`
+/// when the request needed no holding (the region table, or a refusal sent with its reason).
+pub fn accept_request<R: Responder + ?Sized>(
+    mut s: TcpStream,
+    responder: &R,
+    regions: &dyn Fn() -> Vec<RegionRkeys>,
+    timeout: Duration,
+) -> Result<Option<(TcpStream, R::Held)>, BootstrapError> {
     s.set_read_timeout(Some(timeout)).map_err(WireError::Io)?;
     s.set_write_timeout(Some(timeout)).map_err(WireError::Io)?;
     let mut buf = Vec::with_capacity(128);
@@ -208,7 +231,7 @@ pub fn serve_request<R: Responder + ?Sized>(
         BootstrapRequest::Regions => {
             let table = RegionTable { regions: regions() };
             peercache_wire::frame::write_frame(&mut s, &envelope::encode(&table, &[])?)?;
-            return Ok(());
+            return Ok(None);
         }
         BootstrapRequest::Qp(remote) => remote,
     };
@@ -222,10 +245,8 @@ pub fn serve_request<R: Responder + ?Sized>(
     };
     peercache_wire::frame::write_frame(&mut s, &envelope::encode(&msg, &[])?)?;
     let Some(held) = held else {
-        return Ok(());
+        return Ok(None);
     };
-    // Hold the queue pair until the client goes away (EOF, reset, or any byte: the client
-    // never sends more); keepalive notices a client host that vanished.
     let ka = socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(30))
         .with_interval(Duration::from_secs(10))
@@ -233,11 +254,7 @@ pub fn serve_request<R: Responder + ?Sized>(
     socket2::SockRef::from(&s)
         .set_tcp_keepalive(&ka)
         .map_err(WireError::Io)?;
-    s.set_read_timeout(None).map_err(WireError::Io)?;
-    let mut one = [0u8; 1];
-    let _ = s.read(&mut one);
-    drop(held);
-    Ok(())
+    Ok(Some((s, held)))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
 /// One-sided operation kind.
@@ -179,13 +179,32 @@ pub enum RdmaOpError {
 
 pub use crate::metrics::EngineCounters;
 
-type Pools<Q> = Mutex<HashMap<(String, usize), Vec<Q>>>;
+/// The channels of one (peer, rail): the idle ones, and how many exist (idle or leased).
+struct Channels<Q> {
+    idle: Vec<Q>,
+    live: usize,
+}
+
+impl<Q> Default for Channels<Q> {
+    fn default() -> Self {
+        Channels {
+            idle: Vec::new(),
+            live: 0,
+        }
+    }
+}
+
+type Pools<Q> = Mutex<HashMap<(String, usize), Channels<Q>>>;
 
 /// The engine over a backend.
 pub struct Engine<V: Verbs> {
     verbs: V,
     pools: Pools<V::Qp>,
+    /// Signalled whenever a channel is given back or discarded (a waiter may lease).
+    freed: Condvar,
     max_idle: usize,
+    /// Most channels (queue pairs) per (peer, rail), idle or leased.
+    max_live: usize,
     /// Counters.
     pub counters: Arc<EngineCounters>,
 }
@@ -196,6 +215,14 @@ impl<V: Verbs> std::fmt::Debug for Engine<V> {
             .field("rails", &self.verbs.rails())
             .finish()
     }
+}
+
+/// Why no channel could be leased.
+enum Lease {
+    /// Every channel the limit allows is in use until the deadline.
+    Busy,
+    /// Connecting a new one failed.
+    Connect(RdmaError),
 }
 
 /// The requests of one op: (first wr index, count).
@@ -290,12 +317,25 @@ impl<Q: QueuePair> RailRun<Q> {
 }
 
 impl<V: Verbs> Engine<V> {
-    /// An engine keeping at most `max_idle` idle channels per (peer, rail).
+    /// An engine keeping at most `max_idle` idle channels per (peer, rail), with no bound on
+    /// how many exist at once (see [`Engine::with_channel_limit`]).
     pub fn new(verbs: V, max_idle: usize) -> Self {
+        Self::with_channel_limit(verbs, max_idle, usize::MAX)
+    }
+
+    /// An engine with at most `max_live` channels (queue pairs) per (peer, rail), idle or in
+    /// use — `max_channels_per_peer`. A batch that finds them all in use waits for one within
+    /// its deadline (its ops then fail with [`RdmaOpError::Timeout`]); each queue pair costs
+    /// the peer memory and a completion queue, so a burst of callers cannot make a peer create
+    /// without bound.
+    pub fn with_channel_limit(verbs: V, max_idle: usize, max_live: usize) -> Self {
+        let max_live = max_live.max(1);
         Engine {
             verbs,
             pools: Mutex::new(HashMap::new()),
-            max_idle,
+            freed: Condvar::new(),
+            max_idle: max_idle.min(max_live),
+            max_live,
             counters: Arc::new(EngineCounters::default()),
         }
     }
@@ -317,12 +357,22 @@ impl<V: Verbs> Engine<V> {
             if share.is_empty() {
                 continue;
             }
-            match self.lease(peer, rail) {
+            match self.lease(peer, rail, deadline) {
                 Ok(qp) => runs.push(RailRun::new(qp, rail, ops, share)),
-                Err(_) => {
-                    self.counters.lease_failures.add(1);
+                Err(why) => {
+                    let e = match why {
+                        Lease::Busy => {
+                            self.counters.lease_timeouts.add(1);
+                            RdmaOpError::Timeout
+                        }
+                        Lease::Connect(e) => {
+                            tracing::debug!(peer, rail, error = %e, "connecting a queue pair failed");
+                            self.counters.lease_failures.add(1);
+                            RdmaOpError::Post
+                        }
+                    };
                     for i in share {
-                        results[i] = Err(RdmaOpError::Post);
+                        results[i] = Err(e);
                     }
                 }
             }
@@ -359,6 +409,9 @@ impl<V: Verbs> Engine<V> {
                 self.give_back(peer, r.rail, r.qp);
             } else {
                 self.counters.channel_discards.add(1);
+                let rail = r.rail;
+                drop(r); // the queue pair is destroyed before its place is freed
+                self.release(peer, rail);
             }
         }
         results
@@ -369,24 +422,67 @@ impl<V: Verbs> Engine<V> {
         &self.verbs
     }
 
-    fn lease(&self, peer: &str, rail: usize) -> Result<V::Qp, RdmaError> {
-        if let Some(q) = self
-            .pools
-            .lock()
-            .get_mut(&(peer.to_string(), rail))
-            .and_then(|v| v.pop())
-        {
-            return Ok(q);
+    /// An idle channel to `peer` on `rail`, or a new one while fewer than `max_live` exist;
+    /// else waits for one to be given back, until `deadline`.
+    fn lease(&self, peer: &str, rail: usize, deadline: Instant) -> Result<V::Qp, Lease> {
+        let key = (peer.to_string(), rail);
+        let mut pools = self.pools.lock();
+        loop {
+            let c = pools.entry(key.clone()).or_default();
+            if let Some(q) = c.idle.pop() {
+                return Ok(q);
+            }
+            if c.live < self.max_live {
+                c.live += 1;
+                break;
+            }
+            if self.freed.wait_until(&mut pools, deadline).timed_out() {
+                // One last look: a channel freed at the deadline still serves.
+                let c = pools.entry(key.clone()).or_default();
+                if let Some(q) = c.idle.pop() {
+                    return Ok(q);
+                }
+                return Err(Lease::Busy);
+            }
         }
-        self.verbs.connect(peer, rail)
+        drop(pools);
+        match self.verbs.connect(peer, rail) {
+            Ok(q) => Ok(q),
+            Err(e) => {
+                self.release(peer, rail);
+                Err(Lease::Connect(e))
+            }
+        }
     }
 
     fn give_back(&self, peer: &str, rail: usize, qp: V::Qp) {
         let mut pools = self.pools.lock();
-        let v = pools.entry((peer.to_string(), rail)).or_default();
-        if v.len() < self.max_idle {
-            v.push(qp);
+        let c = pools.entry((peer.to_string(), rail)).or_default();
+        if c.idle.len() < self.max_idle {
+            c.idle.push(qp);
+        } else {
+            c.live = c.live.saturating_sub(1);
+            drop(pools);
+            drop(qp);
         }
+        self.freed.notify_one();
+    }
+
+    /// A channel of (`peer`, `rail`) is gone (discarded or never connected): its place is free.
+    fn release(&self, peer: &str, rail: usize) {
+        let mut pools = self.pools.lock();
+        if let Some(c) = pools.get_mut(&(peer.to_string(), rail)) {
+            c.live = c.live.saturating_sub(1);
+        }
+        self.freed.notify_one();
+    }
+
+    /// Channels to `peer` on `rail` that exist now (idle or leased).
+    pub fn channels(&self, peer: &str, rail: usize) -> usize {
+        self.pools
+            .lock()
+            .get(&(peer.to_string(), rail))
+            .map_or(0, |c| c.live)
     }
 
     /// Posts `r`'s next window (at most the send-queue depth, its last request signaled).

@@ -92,6 +92,7 @@ impl RdmaError {
 
 pub mod bootstrap;
 pub mod engine;
+pub mod holder;
 pub mod path;
 pub(crate) mod route;
 pub mod soft;

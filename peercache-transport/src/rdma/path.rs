@@ -8,6 +8,7 @@
 //! peer registered the region remote-writable on its NIC (then verification happens at commit).
 
 use super::RdmaError;
+use super::holder::Holder;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -190,6 +191,8 @@ pub struct RdmaPath<V: Verbs + Registrar + Responder> {
     auth: Auth,
     timeout: Duration,
     counters: RdmaCounters,
+    /// Peers' queue pairs served by this host (None: the thread could not start).
+    holder: Option<Holder<<V as Responder>::Held>>,
 }
 
 impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
@@ -202,13 +205,31 @@ impl<V: Verbs + Registrar + Responder> std::fmt::Debug for RdmaPath<V> {
 }
 
 impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
-    /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`.
+    /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`; at most
+    /// 16 queue pairs per (peer, rail) (the `max_channels_per_peer` default).
     pub fn new(verbs: V, node: Option<NodeId>, auth: Auth, timeout: Duration) -> Arc<Self> {
+        Self::with_channel_limit(verbs, node, auth, timeout, 16)
+    }
+
+    /// [`RdmaPath::new`] with at most `max_channels` queue pairs per (peer, rail), idle or in
+    /// use (`max_channels_per_peer`); a batch that finds them all busy waits within its
+    /// deadline.
+    pub fn with_channel_limit(
+        verbs: V,
+        node: Option<NodeId>,
+        auth: Auth,
+        timeout: Duration,
+        max_channels: usize,
+    ) -> Arc<Self> {
         metrics::gauge!(crate::metrics::rdma::compat::RAILS)
             .set(Verbs::rails(&verbs).min(MAX_RAILS) as f64);
         Arc::new(RdmaPath {
-            // Idle queue pairs kept per (peer, rail); each holds a thread on the peer's side.
-            engine: Engine::new(verbs, 4),
+            // At most 4 idle queue pairs kept per (peer, rail).
+            engine: Engine::with_channel_limit(verbs, 4, max_channels),
+            // Peers' queue pairs on this host, held by one thread for all of them.
+            holder: Holder::start()
+                .map_err(|e| tracing::warn!(error = %e, "rdma: no queue-pair holder thread; each peer queue pair holds a thread"))
+                .ok(),
             local: RwLock::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             node,
@@ -221,6 +242,11 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     /// The engine (its counters).
     pub fn engine(&self) -> &Engine<V> {
         &self.engine
+    }
+
+    /// Peers' queue pairs this host holds for them now (one thread holds them all).
+    pub fn served_queue_pairs(&self) -> usize {
+        self.holder.as_ref().map_or(0, Holder::held)
     }
 
     fn table(&self) -> Vec<RegionRkeys> {
@@ -570,9 +596,19 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
 
     fn serve(&self, stream: TcpStream) {
         let table = || self.table();
-        if let Err(e) = bootstrap::serve_request(stream, self.engine.verbs(), &table, self.timeout)
-        {
-            tracing::debug!(error = %e, "rdma bootstrap connection ended with an error");
+        let Some(holder) = &self.holder else {
+            // No holding thread (it could not start): this connection's thread holds it.
+            if let Err(e) =
+                bootstrap::serve_request(stream, self.engine.verbs(), &table, self.timeout)
+            {
+                tracing::debug!(error = %e, "rdma bootstrap connection ended with an error");
+            }
+            return;
+        };
+        match bootstrap::accept_request(stream, self.engine.verbs(), &table, self.timeout) {
+            Ok(Some((socket, qp))) => holder.hold(socket, qp),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "rdma bootstrap request failed"),
         }
     }
 
