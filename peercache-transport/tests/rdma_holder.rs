@@ -44,9 +44,11 @@ fn many_peer_queue_pairs_are_held_by_one_thread_and_released_with_their_sockets(
         path.served_queue_pairs() == 24
     });
     // Every bootstrap connection's server thread has returned; the queue pairs stay.
-    wait_for(Duration::from_secs(10), "the bootstrap threads to return", || {
-        threads() <= before + 2
-    });
+    wait_for(
+        Duration::from_secs(10),
+        "the bootstrap threads to return",
+        || threads() <= before + 2,
+    );
     assert_eq!(path.served_queue_pairs(), 24);
 
     // A peer closing its socket releases exactly its queue pair; all of them, all.

@@ -133,7 +133,9 @@ impl fmt::Display for RdmaUnavailable {
         match self {
             RdmaUnavailable::NotBuilt => write!(
                 f,
-                "this build has no RDMA support (built without the `rdma` feature)"
+                "this build has no RDMA support (built without the `rdma` feature: rebuild with \
+                 `cargo build --release -p peercache-store --features rdma`, which needs cmake \
+                 and libclang-dev)"
             ),
             RdmaUnavailable::NoKernelSupport => {
                 write!(f, "the kernel has no RDMA support (ENOSYS)")
