@@ -306,6 +306,22 @@ fn series_of(scrape: &prometheus_parse::Scrape, node: &str) -> std::collections:
         .collect()
 }
 
+/// A plain TCP node alone on 127.0.0.`n` — no disk tier, no secret — with its metrics on an
+/// ephemeral port.
+fn plain_node(n: u8) -> Store {
+    let host = format!("127.0.0.{n}");
+    let m = json!({
+        "discovery_addr": format!("{host}:{}", free_port()), "protocol": "tcp",
+        "local_hostname": host, "rdma_bind_host": host, "control_bind_host": host,
+        "meta_bind_host": host, "metrics_bind_host": host, "metrics_port": 0,
+        "global_segment_size": "16mb",
+    });
+    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
+    let s = Store::start(cfg).unwrap();
+    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
 #[test]
 fn every_documented_series_is_there_from_the_start() {
     let documented = documented_series();
@@ -314,18 +330,9 @@ fn every_documented_series_is_there_from_the_start() {
         "the docs name {} series",
         documented.len()
     );
-    let port = free_port();
     // A plain TCP node without the disk tier or a secret: the RDMA, disk and authentication
     // series are registered anyway, at 0.
-    let m = json!({
-        "discovery_addr": format!("127.0.0.43:{port}"), "protocol": "tcp",
-        "local_hostname": "127.0.0.43", "rdma_bind_host": "127.0.0.43",
-        "control_bind_host": "127.0.0.43", "meta_bind_host": "127.0.0.43",
-        "metrics_bind_host": "127.0.0.43", "metrics_port": 0, "global_segment_size": "16mb",
-    });
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let s = plain_node(43);
     let ep = s.metrics_endpoint().expect("metrics enabled");
     let me = s.node_id().to_string();
 
@@ -406,17 +413,8 @@ fn every_series_of_0_8_4_is_exported_under_its_name_with_its_type() {
         rows,
         "the translation's table lists the same names and types"
     );
-    let port = free_port();
     // A plain TCP node without the disk tier: the RDMA and disk series are there anyway.
-    let m = json!({
-        "discovery_addr": format!("127.0.0.44:{port}"), "protocol": "tcp",
-        "local_hostname": "127.0.0.44", "rdma_bind_host": "127.0.0.44",
-        "control_bind_host": "127.0.0.44", "meta_bind_host": "127.0.0.44",
-        "metrics_bind_host": "127.0.0.44", "metrics_port": 0, "global_segment_size": "16mb",
-    });
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let s = plain_node(44);
     // One call of each kind, so the latency histogram has samples.
     let page = vec![5u8; 4096];
     s.batch_set(&["c"], &[&page]).unwrap();
@@ -463,16 +461,7 @@ fn every_series_of_0_8_4_is_exported_under_its_name_with_its_type() {
 
 #[test]
 fn every_series_has_help_and_every_grafana_query_names_exported_series() {
-    let port = free_port();
-    let m = json!({
-        "discovery_addr": format!("127.0.0.45:{port}"), "protocol": "tcp",
-        "local_hostname": "127.0.0.45", "rdma_bind_host": "127.0.0.45",
-        "control_bind_host": "127.0.0.45", "meta_bind_host": "127.0.0.45",
-        "metrics_bind_host": "127.0.0.45", "metrics_port": 0, "global_segment_size": "16mb",
-    });
-    let (cfg, _) = PeerCacheConfig::from_map(m.as_object().unwrap()).unwrap();
-    let s = Store::start(cfg).unwrap();
-    s.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    let s = plain_node(45);
     let page = vec![7u8; 4096];
     s.batch_set(&["g"], &[&page]).unwrap();
     let mut buf = vec![0u8; 4096];

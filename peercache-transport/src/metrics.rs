@@ -77,28 +77,6 @@ pub mod rdma {
         pub const PEERS_UNAVAILABLE: &str = "peercache_rdma_peers_unavailable_total";
     }
 
-    /// Every counter above: a node without an RDMA path registers them at 0, so a dashboard
-    /// finds the same series on every node.
-    pub const ALL: &[&str] = &[
-        OPS,
-        BYTES,
-        WRITE_OPS,
-        WRITE_BYTES,
-        OP_ERRORS,
-        LAZY,
-        FALLBACKS,
-        TABLE_FETCHES,
-        WORK_REQUESTS,
-        WC_ERRORS,
-        TIMEOUTS,
-        DISCARDS,
-        POST_FAILURES,
-        LEASE_FAILURES,
-        LEASE_TIMEOUTS,
-        DRAIN_TIMEOUTS,
-        PEERS_UNAVAILABLE,
-    ];
-
     /// The RDMA series of PeerCache 0.8.4, kept under their old names and types (gauges) so
     /// existing dashboards and alerts keep working. Each count is moved by the same call as
     /// its new counter ([`peercache_wire::tally::Tally::mirrored`]); docs/operations.md maps

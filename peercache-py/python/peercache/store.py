@@ -219,6 +219,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._closed = False
         self.mem_pool_host = None
         self._page_pool: Any = None
+        self._kv_page_bytes = 0  # bytes of one KV page of the registered pool (0: unknown)
         self.registered_pools: Dict[Any, Any] = {}
         self._pools_by_name: Dict[str, Any] = {}
         self._spans: List[Tuple[int, int]] = []
@@ -270,6 +271,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 self.registered_pools.setdefault(e.name, e.host_pool)
                 self._pools_by_name.setdefault(_pool_name(e.name), e.host_pool)
         registered = sum(self._register_buffers(pool) for pool in pools)
+        self._kv_page_bytes = self._page_bytes()
         if registered == 0:
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
 
@@ -455,7 +457,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             return 0
         page_size = int(getattr(self._page_pool, "page_size", 1) or 1)
         valid = self._node.batch_exists_valid(self._keys(keys))
-        page = self._page_bytes()
+        page = self._kv_page_bytes
         tokens = 0
         for v in valid:
             if page and v < page:
@@ -465,7 +467,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return tokens
 
     def _page_bytes(self) -> int:
-        """Bytes of one KV page of the registered host pool (0 when unknown)."""
+        """Bytes of one KV page of the registered host pool (0 when unknown); computed once,
+        at registration."""
         pool = self._page_pool
         if pool is None or getattr(pool, "kv_buffer", None) is None:
             return 0

@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 
 /// Keeps values alive while their sockets are open; one background thread polls them all.
 pub struct Holder<H: Send + 'static> {
-    tx: Mutex<mpsc::Sender<(TcpStream, H)>>,
+    tx: mpsc::Sender<(TcpStream, H)>,
     /// Written to wake the thread (a new entry, or stop); closing it stops the thread.
     wake: Mutex<Option<UnixStream>>,
     held: Arc<AtomicUsize>,
@@ -61,7 +61,7 @@ impl<H: Send + 'static> Holder<H> {
             .name("pc-rdma-hold".into())
             .spawn(move || run(&rx, woken, &count))?;
         Ok(Holder {
-            tx: Mutex::new(tx),
+            tx,
             wake: Mutex::new(Some(wake)),
             held,
             thread: Mutex::new(Some(thread)),
@@ -72,7 +72,7 @@ impl<H: Send + 'static> Holder<H> {
     /// fails), then drops it. After [`Holder`] is dropped, `value` is dropped at once.
     pub fn hold(&self, socket: TcpStream, value: H) {
         self.held.fetch_add(1, Ordering::AcqRel);
-        if self.tx.lock().send((socket, value)).is_err() {
+        if self.tx.send((socket, value)).is_err() {
             self.held.fetch_sub(1, Ordering::AcqRel);
             return;
         }
