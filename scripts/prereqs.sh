@@ -15,3 +15,15 @@ need_rdma_build_tools() {
     exit 1
   fi
 }
+
+# need_etcd_build_tools WHAT: the `etcd` feature builds etcd-client's protocol code with protoc
+# and the well-known .proto files (Debian: protobuf-compiler and libprotobuf-dev).
+need_etcd_build_tools() {
+  local missing=()
+  command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+  [ -e /usr/include/google/protobuf/descriptor.proto ] || [ -n "${PROTOC_INCLUDE:-}" ] || missing+=(libprotobuf-dev)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "building $1 needs ${missing[*]}: install with 'sudo apt-get install ${missing[*]}', then run this again" >&2
+    exit 1
+  fi
+}

@@ -256,7 +256,7 @@ impl Drop for DiscoveryClient {
 }
 
 /// How often a member logs its heartbeat summary at INFO when nothing changed.
-const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 fn run(sh: Arc<Shared>) {
     let mut attempt = 0u32;

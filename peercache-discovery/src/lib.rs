@@ -12,6 +12,9 @@
 //! * [`server_core`] and [`client_core`] — the protocol as pure state machines over
 //!   `(state, message, now)`, tested with a simulated clock and hundreds of nodes.
 //! * [`DiscoveryServer`] and [`DiscoveryClient`] — the socket shell on `peercache-wire`.
+//! * [`Membership`] — either that client or, with the `etcd` feature, `EtcdClient`: members as
+//!   etcd leases under `<prefix>/members/<node id>` and a watch on that prefix, for operators who
+//!   already run etcd (`discovery = "etcd"`).
 //! * [`derive_node_id`] — stable identities (never ephemeral ports or randomness);
 //!   [`peercache_wire::Incarnation`] tells a restarted node's lives apart.
 
@@ -21,7 +24,13 @@ pub mod admission;
 mod client;
 pub mod client_core;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
+mod etcd_config;
+#[cfg(feature = "etcd")]
+mod etcd_view;
 mod info;
+mod membership;
 pub mod metrics;
 pub mod msg;
 pub mod server_core;
@@ -31,7 +40,11 @@ pub use admission::{Limits, Refusal};
 pub use client::{DiscoveryClient, DiscoveryConfig};
 pub use client_core::{ClientCore, Event, choose_masters};
 pub use error::DiscoveryError;
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdClient;
+pub use etcd_config::{EtcdConfig, EtcdTls};
 pub use info::{NodeInfo, derive_node_id};
+pub use membership::{Membership, Source};
 pub use msg::{DiscReply, DiscRequest};
 pub use server_core::ServerCore;
 pub use service::{DiscoveryServer, Hosting};

@@ -4,4 +4,9 @@ peercache_wire::metric_names! {
     /// Discovery requests a server refused, label `reason` (`not_yours`: acted for another member;
     /// `too_many_members`, `oversized`, `table_full`: past the table's bounds).
     pub const REFUSED_TOTAL: &str = "peercache_discovery_refused_total";
+    /// 1 while the membership is the last one seen because its source is unreachable (etcd
+    /// lost), 0 while it is current.
+    pub const STALE: &str = "peercache_discovery_stale";
+    /// Sessions opened with etcd: the first, then one per reconnect (`discovery = "etcd"` only).
+    pub const ETCD_SESSIONS_TOTAL: &str = "peercache_discovery_etcd_sessions_total";
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
-use peercache_discovery::DiscoveryClient;
+use peercache_discovery::Membership;
 use peercache_pool::Pool;
 use peercache_transport::{RegionHandle, Transport};
 use peercache_wire::{Incarnation, NodeId, PageKey};
@@ -35,7 +35,7 @@ pub(crate) struct Core {
     pub(crate) metrics: Handles,
     /// Background work: eviction notices, promotions, membership.
     pub(crate) tasks: Tasks,
-    pub(crate) discovery: DiscoveryClient,
+    pub(crate) discovery: Membership,
     pub(crate) dir: Arc<DirectoryClient>,
     pub(crate) dir_service: Arc<DirectoryService>,
     /// The listeners besides the data server.

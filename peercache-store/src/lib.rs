@@ -52,7 +52,9 @@ mod store_rpc;
 pub mod tool;
 mod write;
 
-pub use config::{ConfigError, Mode, PeerCacheConfig, Protocol, RdmaBackend, Role, WritePolicy};
+pub use config::{
+    ConfigError, DiscoveryKind, Mode, PeerCacheConfig, Protocol, RdmaBackend, Role, WritePolicy,
+};
 pub use error::StoreError;
 pub use keys::Keyspace;
 pub use scratch::RawSeg;

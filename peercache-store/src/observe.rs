@@ -225,6 +225,8 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
         "node": inner.me.as_str(),
         "authenticated": inner.auth_enabled, "insecure": inner.cfg.insecure,
         "masters": inner.discovery.masters().iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        "discovery": {"kind": inner.discovery.kind(), "sources": inner.discovery.sources(),
+                      "stale": inner.discovery.is_stale()},
         "members": members,
         "shard_entries": inner.dir_service.with_shard(|s, _| s.len()),
         "ring": {"members": inner.dir.ring().members().len(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
-use peercache_discovery::{DiscoveryClient, DiscoveryServer, Hosting, NodeInfo};
+use peercache_discovery::{DiscoveryServer, Hosting, Membership, NodeInfo, Source};
 use peercache_pool::{Pool, PoolConfig};
 use peercache_transport::{Access, Transport};
 use peercache_wire::envelope::Message;
@@ -44,7 +44,9 @@ fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
         }
     }
     // The local address that routes to the first seed (no packet is sent).
-    let seed = seeds[0];
+    let Some(&seed) = seeds.first() else {
+        return IpAddr::from([127, 0, 0, 1]);
+    };
     if seed.ip().is_loopback() {
         return seed.ip();
     }
@@ -219,10 +221,19 @@ impl Core {
                 }
             }
         };
-        let seeds =
-            peercache_discovery::parse_seeds(&cfg.discovery_addr).map_err(StoreError::Discovery)?;
-        let meta_port = seeds[0].port();
-        let host = resolve_local_host(&cfg, &seeds);
+        // With etcd there are no seeds: the node routes towards etcd, and a derived id has
+        // meta port 0 unless `discovery_addr` still names one.
+        let seeds = if cfg.discovery_addr.is_empty() {
+            Vec::new()
+        } else {
+            peercache_discovery::parse_seeds(&cfg.discovery_addr).map_err(StoreError::Discovery)?
+        };
+        let meta_port = seeds.first().map_or(0, |s| s.port());
+        let host = if seeds.is_empty() {
+            resolve_local_host(&cfg, &cfg.etcd_addrs())
+        } else {
+            resolve_local_host(&cfg, &seeds)
+        };
         let me = if cfg.node_id.is_empty() {
             peercache_discovery::derive_node_id(
                 &host.to_string(),
@@ -447,18 +458,27 @@ impl Core {
             cfg.directory_client(),
         ));
 
-        // Discovery: host the meta server if the port is free, then join.
-        let ttl = Duration::from_secs_f64(cfg.member_ttl);
-        let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
-        let meta = match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())?
-        {
-            Hosting::Hosting(s) => Some(s),
-            Hosting::PortTaken => None,
+        // Discovery: host the meta server if the port is free, then join (with etcd there
+        // is no meta server: etcd keeps the membership).
+        let source = match cfg.discovery {
+            crate::DiscoveryKind::Builtin => Source::Masters(cfg.discovery(seeds, auth.clone())),
+            crate::DiscoveryKind::Etcd => Source::Etcd(cfg.etcd()?),
         };
-        let meta_role = if meta.is_some() {
-            "hosting meta"
-        } else {
-            "meta client (port taken by a co-located rank)"
+        let meta = match &source {
+            Source::Masters(_) => {
+                let ttl = Duration::from_secs_f64(cfg.member_ttl);
+                let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
+                match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
+                    Hosting::Hosting(s) => Some(s),
+                    Hosting::PortTaken => None,
+                }
+            }
+            Source::Etcd(_) => None,
+        };
+        let meta_role = match (&source, meta.is_some()) {
+            (Source::Etcd(_), _) => "etcd member",
+            (_, true) => "hosting meta",
+            (_, false) => "meta client (port taken by a co-located rank)",
         };
         let info = NodeInfo {
             node: me.clone(),
@@ -487,7 +507,7 @@ impl Core {
                 a
             },
         };
-        let discovery = DiscoveryClient::start(info, cfg.discovery(seeds, auth.clone()))?;
+        let discovery = Membership::start(info, source)?;
         let disk = if cfg.disk_enabled {
             open_disk(&cfg, &me)
         } else {
@@ -504,7 +524,8 @@ impl Core {
         );
         tracing::info!(
             node = %me, transport = %transport_why, data = %data_endpoint, control = %control_endpoint,
-            meta = meta_role, pool_bytes = pool.len(), discovery = %cfg.discovery_addr,
+            meta = meta_role, pool_bytes = pool.len(),
+            discovery = %if cfg.discovery == crate::DiscoveryKind::Etcd { &cfg.etcd_endpoints } else { &cfg.discovery_addr },
             incarnation = incarnation.0, authenticated = auth.is_enabled(), insecure = cfg.insecure,
             metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
             client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),

@@ -1,6 +1,8 @@
 //! Test support (feature `testkit`, for dev-dependencies): wire-message fixtures and test
 //! page contents.
 
+pub mod etcd;
+
 use std::fmt::Debug;
 use std::path::Path;
 

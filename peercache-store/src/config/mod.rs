@@ -20,6 +20,7 @@
 
 #[macro_use]
 mod table;
+mod etcd;
 mod lower;
 mod security;
 mod suggest;
@@ -89,6 +90,15 @@ pub enum Mode {
     Centralized,
     /// Directory-free slot placement.
     Slotmap,
+}
+
+/// Where the membership is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiscoveryKind {
+    /// PeerCache's own multi-master discovery at `discovery_addr`.
+    Builtin,
+    /// Leases and a watch in an etcd cluster (`etcd_endpoints`; build feature `etcd`).
+    Etcd,
 }
 
 /// Where hybrid mode writes.
@@ -203,9 +213,42 @@ pub struct Setting {
 use values as p;
 
 settings! {
-    /// Seed list `host:port[,host:port…]` (one cluster-wide meta port). Required.
+    /// Seed list `host:port[,host:port…]` (one cluster-wide meta port). Required with
+    /// `discovery = "builtin"`.
     discovery_addr: String = String::new();
         shown "required", example "127.0.0.9:4000", parse p::string;
+    /// Where membership is kept: `builtin` (the multi-master discovery at `discovery_addr`)
+    /// or `etcd` (leases under `etcd_prefix` in the cluster at `etcd_endpoints`; needs a build
+    /// with the `etcd` feature).
+    discovery: DiscoveryKind = DiscoveryKind::Builtin;
+        shown "`builtin`", example "etcd", parse |k, v| p::choice(k, v, &[
+            ("builtin", DiscoveryKind::Builtin), ("etcd", DiscoveryKind::Etcd),
+        ]);
+    /// etcd client URLs, comma-separated (`http://host:2379`, or `https://` with
+    /// `etcd_ca_file`).
+    etcd_endpoints: String = String::new();
+        shown "empty", example "http://10.0.0.5:2379,http://10.0.0.6:2379", parse p::string;
+    /// etcd key prefix of this cluster: members live under `<etcd_prefix>/members/<node id>`.
+    etcd_prefix: String = "/peercache".into();
+        shown "`/peercache`", example "/prod/peercache", parse p::string;
+    /// etcd user (etcd's own authentication; with `etcd_password`).
+    etcd_user: String = String::new();
+        shown "empty", example "peercache", parse p::string;
+    /// etcd password (`PEERCACHE_ETCD_PASSWORD`; never logged).
+    etcd_password: Secret = Secret::default();
+        shown "empty", example "etcd-password", parse p::password;
+    /// File holding the etcd password (used when `etcd_password` is empty).
+    etcd_password_file: String = String::new();
+        shown "empty", example "/etc/peercache/etcd-password", parse p::string;
+    /// CA bundle (PEM) that signed etcd's server certificate; required for `https://`.
+    etcd_ca_file: String = String::new();
+        shown "empty", example "/etc/etcd/ca.pem", parse p::string;
+    /// Client certificate (PEM) for etcd's client-certificate authentication.
+    etcd_cert_file: String = String::new();
+        shown "empty", example "/etc/peercache/etcd-client.pem", parse p::string;
+    /// Client key (PEM), with `etcd_cert_file`.
+    etcd_key_file: String = String::new();
+        shown "empty", example "/etc/peercache/etcd-client-key.pem", parse p::string;
     /// Deployment mode.
     mode: Mode = Mode::P2p;
         shown "`p2p`", example "hybrid", parse |k, v| p::choice(k, v, &[
@@ -499,16 +542,21 @@ impl PeerCacheConfig {
 
     /// Checks relations between keys.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.discovery_addr.is_empty() {
+        if self.discovery == DiscoveryKind::Builtin && self.discovery_addr.is_empty() {
             return Err(ConfigError::Missing("discovery_addr"));
         }
-        peercache_discovery::parse_seeds(&self.discovery_addr).map_err(|e| {
-            ConfigError::Invalid {
-                key: "discovery_addr",
-                value: self.discovery_addr.clone(),
-                reason: e.to_string(),
-            }
-        })?;
+        if !self.discovery_addr.is_empty() {
+            peercache_discovery::parse_seeds(&self.discovery_addr).map_err(|e| {
+                ConfigError::Invalid {
+                    key: "discovery_addr",
+                    value: self.discovery_addr.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+        }
+        if self.discovery == DiscoveryKind::Etcd {
+            self.validate_etcd()?;
+        }
         let invalid = |key, value: String, reason| Err(ConfigError::Invalid { key, value, reason });
         if self.tp_rank >= self.tp_size {
             return invalid(

@@ -334,6 +334,8 @@ fn every_key_is_set_from_toml_env_and_the_command_line_and_read_back() {
     let base = || {
         map(serde_json::json!({
             "discovery_addr": "127.0.0.1:1", "tp_size": 8, "pp_size": 4,
+            // So `discovery = "etcd"` alone is valid too (ignored with the builtin discovery).
+            "etcd_endpoints": "http://127.0.0.1:2379",
         }))
     };
     let (plain, _) = PeerCacheConfig::from_map(&base()).unwrap();
@@ -448,4 +450,105 @@ fn the_rdma_op_timeout_ms_variable_of_0_8_4_sets_op_timeout_in_seconds() {
             other => panic!("{bad}: expected Invalid, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn etcd_settings_are_checked_together_and_lowered() {
+    let with = |extra: serde_json::Value| {
+        let mut m = map(serde_json::json!({"discovery": "etcd"}));
+        m.extend(map(extra));
+        PeerCacheConfig::from_map(&m).map(|(c, _)| c)
+    };
+    // No discovery_addr needed with etcd; endpoints are.
+    assert_eq!(
+        with(serde_json::json!({})).unwrap_err(),
+        ConfigError::Missing("etcd_endpoints")
+    );
+    let ok = with(serde_json::json!({
+        "etcd_endpoints": "http://10.0.0.5:2379, http://10.0.0.6:2379",
+        "etcd_user": "pc", "etcd_password": "pw", "member_ttl": 2.5, "op_timeout": 1.5,
+    }))
+    .unwrap();
+    let e = ok.etcd().unwrap();
+    assert_eq!(
+        e.endpoints,
+        ["http://10.0.0.5:2379", "http://10.0.0.6:2379"]
+    );
+    assert_eq!(e.lease_ttl_secs(), 3);
+    assert_eq!(e.rpc_timeout, Duration::from_millis(1500));
+    assert_eq!(e.user, Some(("pc".into(), "pw".into())));
+    assert!(
+        !format!("{ok:?}").contains("\"pw\""),
+        "the password is redacted"
+    );
+    for (extra, key, says) in [
+        (
+            serde_json::json!({"etcd_endpoints": "10.0.0.5"}),
+            "etcd_endpoints",
+            "host:port",
+        ),
+        (
+            serde_json::json!({"etcd_endpoints": "https://e:2379"}),
+            "etcd_endpoints",
+            "etcd_ca_file",
+        ),
+        (
+            serde_json::json!({"etcd_endpoints": "http://e:2379", "etcd_ca_file": "/ca.pem"}),
+            "etcd_endpoints",
+            "https://",
+        ),
+        (
+            serde_json::json!({"etcd_endpoints": "http://e:2379", "etcd_user": "pc"}),
+            "etcd_user",
+            "go together",
+        ),
+        (
+            serde_json::json!({"etcd_endpoints": "http://e:2379", "etcd_password": "x"}),
+            "etcd_user",
+            "go together",
+        ),
+        (
+            serde_json::json!({
+                "etcd_endpoints": "https://e:2379", "etcd_ca_file": "/ca.pem",
+                "etcd_cert_file": "/c.pem",
+            }),
+            "etcd_cert_file",
+            "both or neither",
+        ),
+        (
+            serde_json::json!({"etcd_endpoints": "http://e:2379", "etcd_prefix": "pc"}),
+            "etcd_prefix",
+            "start with /",
+        ),
+    ] {
+        match with(extra.clone()) {
+            Err(ConfigError::Invalid { key: k, reason, .. }) => {
+                assert_eq!(k, key, "{extra}");
+                assert!(reason.contains(says), "{extra}: {reason}");
+            }
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+    // The password file is read at lowering, trimmed; a missing one names the key.
+    let dir = std::env::temp_dir().join(format!("pc-etcd-pw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pw"), "from-file\n").unwrap();
+    let c = with(serde_json::json!({
+        "etcd_endpoints": "http://e:2379", "etcd_user": "pc",
+        "etcd_password_file": dir.join("pw").display().to_string(),
+    }))
+    .unwrap();
+    assert_eq!(c.etcd().unwrap().user.unwrap().1, "from-file");
+    let c = with(serde_json::json!({
+        "etcd_endpoints": "http://e:2379", "etcd_user": "pc",
+        "etcd_password_file": dir.join("missing").display().to_string(),
+    }))
+    .unwrap();
+    assert!(
+        c.etcd()
+            .unwrap_err()
+            .to_string()
+            .contains("etcd_password_file")
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -205,6 +205,11 @@ pub(super) fn secret(key: &'static str, v: &Value) -> Result<Secret, ConfigError
     Ok(Secret::new(s))
 }
 
+/// A password of another system (any length; redacted like the cluster secret).
+pub(super) fn password(_key: &'static str, v: &Value) -> Result<Secret, ConfigError> {
+    Ok(Secret::new(text(v)))
+}
+
 pub(super) fn node_id(key: &'static str, v: &Value) -> Result<String, ConfigError> {
     let s = string(key, v)?;
     if !s.is_empty() {
