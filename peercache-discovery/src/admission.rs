@@ -106,6 +106,9 @@ pub fn check_identity(from: &Peer, req: &DiscRequest) -> Result<(), Refusal> {
         DiscRequest::Register(info) => ("register", &info.node, info.incarnation),
         DiscRequest::Heartbeat {
             node, incarnation, ..
+        }
+        | DiscRequest::Sync {
+            node, incarnation, ..
         } => ("heartbeat", node, *incarnation),
         DiscRequest::Deregister { node, incarnation } => ("deregister", node, *incarnation),
         DiscRequest::Members => return Ok(()),

@@ -65,6 +65,13 @@ pub struct ClientCore {
     silent_rounds: u32,
     /// Servers that said this round that they no longer hold this member's registration.
     lost: Vec<SocketAddr>,
+    /// Servers that answered a [`DiscRequest::Sync`] (they send changes, not the table).
+    synced: HashSet<SocketAddr>,
+    /// Servers that took a registration but not a `Sync` (an earlier release): plain
+    /// heartbeats go to them.
+    legacy: HashSet<SocketAddr>,
+    /// The servers whose tables the view was last built from.
+    answered: HashSet<SocketAddr>,
 }
 
 impl ClientCore {
@@ -80,6 +87,9 @@ impl ClientCore {
             masters: Vec::new(),
             silent_rounds: 0,
             lost: Vec::new(),
+            synced: HashSet::new(),
+            legacy: HashSet::new(),
+            answered: HashSet::new(),
         }
     }
 
@@ -136,19 +146,31 @@ impl ClientCore {
                 .filter(|s| !targets.contains(s))
                 .collect();
             if !others.is_empty() {
-                let w = (2 * self.max_masters).min(others.len());
-                let start = ((self.silent_rounds as usize - 1) * w) % others.len();
+                // Windows double each silent round (6, 12, 24, … servers), so a member whose
+                // whole neighbourhood in address order is cut off reaches the far side in
+                // log₂(servers) rounds, not servers ÷ 6.
+                let w0 = 2 * self.max_masters;
+                let k = (self.silent_rounds - 1).min(20);
+                let w = (w0 << k).min(others.len());
+                let start = (w0 * ((1usize << k) - 1)) % others.len();
                 targets.extend((0..w).map(|i| others[(start + i) % others.len()]));
             }
         }
         targets
             .into_iter()
             .map(|t| {
-                let req = if self.registered.contains(&t) {
+                let known_version = self.heard.get(&t).map_or(0, |h| h.0);
+                let req = if self.registered.contains(&t) && !self.legacy.contains(&t) {
+                    DiscRequest::Sync {
+                        node: self.me.node.clone(),
+                        incarnation: self.me.incarnation,
+                        known_version,
+                    }
+                } else if self.registered.contains(&t) {
                     DiscRequest::Heartbeat {
                         node: self.me.node.clone(),
                         incarnation: self.me.incarnation,
-                        known_version: self.heard.get(&t).map_or(0, |h| h.0),
+                        known_version,
                     }
                 } else {
                     DiscRequest::Register(self.me.clone())
@@ -187,15 +209,26 @@ impl ClientCore {
     /// everyone else dead.
     pub fn merge(&mut self, answers: Vec<(SocketAddr, Option<DiscReply>)>) -> Vec<Event> {
         let mut answered = HashSet::new();
+        let mut dirty = false;
         self.lost.clear();
         for (t, a) in answers {
             match a {
                 None => {
+                    // Registered, sent a Sync, never answered one: an earlier release that
+                    // cannot decode it (or a server that just died; either way plain
+                    // heartbeats are right).
+                    if self.registered.contains(&t)
+                        && !self.legacy.contains(&t)
+                        && !self.synced.contains(&t)
+                    {
+                        self.legacy.insert(t);
+                    }
                     self.registered.remove(&t);
-                    self.heard.remove(&t);
+                    dirty |= self.heard.remove(&t).is_some();
                 }
                 Some(DiscReply::Members { version, members }) => {
                     self.registered.insert(t);
+                    dirty = true;
                     self.heard.insert(t, (version, members));
                     answered.insert(t);
                 }
@@ -204,13 +237,50 @@ impl ClientCore {
                     version,
                     members,
                 }) => {
+                    if !self.legacy.contains(&t) {
+                        self.synced.insert(t);
+                    }
                     if known {
                         self.registered.insert(t);
                     } else if self.registered.remove(&t) {
                         self.lost.push(t);
                     }
                     if let Some(m) = members {
+                        dirty = true;
                         self.heard.insert(t, (version, m));
+                    }
+                    if self.heard.contains_key(&t) {
+                        answered.insert(t);
+                    }
+                }
+                Some(DiscReply::Changes {
+                    known,
+                    since,
+                    version,
+                    upserted,
+                    removed,
+                }) => {
+                    self.synced.insert(t);
+                    if known {
+                        self.registered.insert(t);
+                    } else if self.registered.remove(&t) {
+                        self.lost.push(t);
+                    }
+                    match self.heard.get_mut(&t) {
+                        Some((v, list)) if *v == since => {
+                            let gone: HashSet<&NodeId> = removed
+                                .iter()
+                                .chain(upserted.iter().map(|i| &i.node))
+                                .collect();
+                            list.retain(|m| !gone.contains(&m.node));
+                            list.extend(upserted);
+                            dirty = true;
+                            *v = version;
+                        }
+                        // Not the base this client holds: ask for the table next round.
+                        _ => {
+                            dirty |= self.heard.remove(&t).is_some();
+                        }
                     }
                     if self.heard.contains_key(&t) {
                         answered.insert(t);
@@ -224,6 +294,12 @@ impl ClientCore {
             return Vec::new();
         }
         self.silent_rounds = 0;
+        // Nothing heard changed and the same servers answered: the view stands (rebuilding it
+        // clones every member once per answering server, each heartbeat).
+        if !dirty && answered == self.answered {
+            return Vec::new();
+        }
+        self.answered = answered.clone();
         let mut next: BTreeMap<NodeId, NodeInfo> = BTreeMap::new();
         for t in &answered {
             for m in &self.heard[t].1 {
@@ -253,7 +329,12 @@ impl ClientCore {
             }
         }
         self.view = next;
-        let servers: HashSet<SocketAddr> = self.view.values().filter_map(|m| m.meta).collect();
+        // The discovery servers: those the members announce, and those that just answered (a
+        // server answers before its own host's member is in its table: a member that reached
+        // only such fresh servers must keep them, or it would know too few servers, or none, to
+        // find the rest).
+        let mut servers: HashSet<SocketAddr> = self.view.values().filter_map(|m| m.meta).collect();
+        servers.extend(answered.iter().copied());
         let masters = choose_masters(&self.seeds, &servers, self.max_masters);
         if masters != self.masters {
             self.masters = masters.clone();
@@ -263,6 +344,8 @@ impl ClientCore {
         let keep: HashSet<SocketAddr> = self.masters.iter().chain(&self.seeds).copied().collect();
         self.heard.retain(|t, _| keep.contains(t));
         self.registered.retain(|t| keep.contains(t));
+        self.synced.retain(|t| keep.contains(t));
+        self.legacy.retain(|t| keep.contains(t));
         events
     }
 }
@@ -273,6 +356,114 @@ mod tests {
 
     fn a(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    fn me() -> NodeInfo {
+        NodeInfo {
+            node: NodeId::new("me").unwrap(),
+            incarnation: peercache_wire::Incarnation(1),
+            host: "10.0.0.9".parse().unwrap(),
+            meta: None,
+            control: a("10.0.0.9:1"),
+            data: vec![],
+            role: "inference".into(),
+            attrs: vec![],
+        }
+    }
+
+    fn kinds(c: &ClientCore) -> Vec<&'static str> {
+        c.round()
+            .iter()
+            .map(|(_, r)| match r {
+                DiscRequest::Register(_) => "register",
+                DiscRequest::Sync { .. } => "sync",
+                DiscRequest::Heartbeat { .. } => "heartbeat",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn changes_apply_to_the_table_heard_and_an_earlier_release_gets_plain_heartbeats() {
+        let seed = a("10.0.0.1:9");
+        let mut c = ClientCore::new(me(), vec![seed], 3);
+        let mut other = me();
+        other.node = NodeId::new("other").unwrap();
+        assert_eq!(kinds(&c), ["register"]);
+        c.merge(vec![(
+            seed,
+            Some(DiscReply::Members {
+                version: 5,
+                members: vec![me()],
+            }),
+        )]);
+        assert_eq!(kinds(&c), ["sync"]);
+        // A change list from the version held: applied.
+        let ev = c.merge(vec![(
+            seed,
+            Some(DiscReply::Changes {
+                known: true,
+                since: 5,
+                version: 6,
+                upserted: vec![other.clone()],
+                removed: vec![],
+            }),
+        )]);
+        assert_eq!(ev, vec![Event::Joined(other.clone())]);
+        assert_eq!(c.members().len(), 2);
+        let ev = c.merge(vec![(
+            seed,
+            Some(DiscReply::Changes {
+                known: true,
+                since: 6,
+                version: 7,
+                upserted: vec![],
+                removed: vec![other.node.clone()],
+            }),
+        )]);
+        assert_eq!(ev, vec![Event::Left(other.clone())]);
+        // From another base: not applied, the table is asked for (known version 0).
+        c.merge(vec![(
+            seed,
+            Some(DiscReply::Changes {
+                known: true,
+                since: 3,
+                version: 9,
+                upserted: vec![other.clone()],
+                removed: vec![],
+            }),
+        )]);
+        assert_eq!(c.members().len(), 1);
+        match &c.round()[0].1 {
+            DiscRequest::Sync {
+                known_version: 0, ..
+            } => {}
+            r => panic!("{r:?}"),
+        }
+
+        // A server of the previous release: takes the registration, cannot decode a Sync (no
+        // answer), and is then sent plain heartbeats.
+        let old = a("10.0.0.2:9");
+        let mut c = ClientCore::new(me(), vec![old], 3);
+        c.merge(vec![(
+            old,
+            Some(DiscReply::Members {
+                version: 2,
+                members: vec![me()],
+            }),
+        )]);
+        assert_eq!(kinds(&c), ["sync"]);
+        c.merge(vec![(old, None)]);
+        assert_eq!(kinds(&c), ["register"]);
+        c.merge(vec![(
+            old,
+            Some(DiscReply::Members {
+                version: 2,
+                members: vec![me()],
+            }),
+        )]);
+        assert_eq!(kinds(&c), ["heartbeat"]);
+        assert!(c.is_ready());
     }
 
     #[test]

@@ -29,6 +29,17 @@ pub enum DiscRequest {
     },
     /// The current members.
     Members,
+    /// A heartbeat that takes the changes since `known_version` instead of the whole table
+    /// ([`DiscReply::Changes`]). Sent only to servers that answered it before; a server of an
+    /// earlier release cannot decode it, and is then sent [`DiscRequest::Heartbeat`].
+    Sync {
+        /// Who.
+        node: NodeId,
+        /// Which life.
+        incarnation: Incarnation,
+        /// Membership version the client last saw from this server.
+        known_version: u64,
+    },
 }
 
 impl Message for DiscRequest {
@@ -57,6 +68,21 @@ pub enum DiscReply {
     },
     /// Done.
     Ok,
+    /// Answer to [`DiscRequest::Sync`] whose `known_version` the server's change log still
+    /// covers: only what changed since then (the whole table otherwise, as a
+    /// [`DiscReply::Heartbeat`]).
+    Changes {
+        /// False: this server does not know the node (it must register again).
+        known: bool,
+        /// The version the changes lead from (the client's `known_version`).
+        since: u64,
+        /// Current membership version.
+        version: u64,
+        /// Members added or changed since `since`, as they are now.
+        upserted: Vec<NodeInfo>,
+        /// Members gone since `since`.
+        removed: Vec<NodeId>,
+    },
 }
 
 impl Message for DiscReply {

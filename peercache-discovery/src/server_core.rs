@@ -1,7 +1,7 @@
 //! The discovery server's state, without I/O: soft-state registrations that expire after a
 //! TTL without a heartbeat, admitted by [`crate::admission`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use peercache_wire::rpc::Peer;
 use peercache_wire::{Incarnation, NodeId};
@@ -31,7 +31,14 @@ pub struct ServerCore {
     /// Members pruned for a missed heartbeat, by incarnation: one that registers again in the
     /// same life is logged as a re-registration (bounded by [`Limits::max_members`]).
     lapsed: HashMap<NodeId, Incarnation>,
+    /// Who changed at each version, oldest first, for [`DiscReply::Changes`]; complete for every
+    /// version above `log_floor`, at most [`CHANGE_LOG`] entries.
+    changes: VecDeque<(u64, NodeId)>,
+    log_floor: u64,
 }
+
+/// Changes a server remembers for delta heartbeats: a member further behind gets the table.
+pub const CHANGE_LOG: usize = 8192;
 
 impl std::fmt::Debug for ServerCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,6 +64,8 @@ impl ServerCore {
             limits,
             table_bytes: 0,
             lapsed: HashMap::new(),
+            changes: VecDeque::new(),
+            log_floor: 1,
         }
     }
 
@@ -68,6 +77,44 @@ impl ServerCore {
     /// Membership version (changes whenever the member set or an announcement changes).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Bumps the version for a change of `ids`.
+    fn changed(&mut self, ids: impl IntoIterator<Item = NodeId>) {
+        self.version += 1;
+        for id in ids {
+            self.changes.push_back((self.version, id));
+        }
+        while self.changes.len() > CHANGE_LOG {
+            if let Some((v, _)) = self.changes.pop_front() {
+                self.log_floor = v;
+            }
+        }
+    }
+
+    /// The changes since `since`, if the log covers them.
+    fn changes_since(&self, since: u64) -> Option<(Vec<NodeInfo>, Vec<NodeId>)> {
+        if since < self.log_floor || since > self.version {
+            return None;
+        }
+        let ids: HashSet<&NodeId> = self
+            .changes
+            .iter()
+            .rev()
+            .take_while(|(v, _)| *v > since)
+            .map(|(_, id)| id)
+            .collect();
+        let mut upserted = Vec::new();
+        let mut removed = Vec::new();
+        for id in ids {
+            match self.members.get(id) {
+                Some(e) => upserted.push(e.info.clone()),
+                None => removed.push(id.clone()),
+            }
+        }
+        upserted.sort_by(|a, b| a.node.cmp(&b.node));
+        removed.sort();
+        Some((upserted, removed))
     }
 
     /// Drops expired registrations.
@@ -93,7 +140,7 @@ impl ServerCore {
             }
         }
         if !gone.is_empty() {
-            self.version += 1;
+            self.changed(gone.clone());
         }
         gone
     }
@@ -156,7 +203,7 @@ impl ServerCore {
                     None => tracing::info!(node = %info.node, members = held, "member registered"),
                 }
                 if changed {
-                    self.version += 1;
+                    self.changed([info.node.clone()]);
                 }
                 self.table_bytes += bytes;
                 if let Some(old) = self.members.insert(
@@ -201,10 +248,44 @@ impl ServerCore {
                     && let Some(e) = self.members.remove(&node)
                 {
                     self.table_bytes -= e.bytes;
-                    self.version += 1;
+                    self.changed([node.clone()]);
                     tracing::info!(node = %node, members = self.members.len(), "member deregistered");
                 }
                 DiscReply::Ok
+            }
+            DiscRequest::Sync {
+                node,
+                incarnation,
+                known_version,
+            } => {
+                let known = match self.members.get_mut(&node) {
+                    Some(e) if e.info.incarnation == incarnation => {
+                        e.expires = now + self.ttl;
+                        true
+                    }
+                    _ => false,
+                };
+                if known_version == self.version {
+                    DiscReply::Heartbeat {
+                        known,
+                        version: self.version,
+                        members: None,
+                    }
+                } else if let Some((upserted, removed)) = self.changes_since(known_version) {
+                    DiscReply::Changes {
+                        known,
+                        since: known_version,
+                        version: self.version,
+                        upserted,
+                        removed,
+                    }
+                } else {
+                    DiscReply::Heartbeat {
+                        known,
+                        version: self.version,
+                        members: Some(self.members(now)),
+                    }
+                }
             }
             DiscRequest::Members => DiscReply::Members {
                 version: self.version,
@@ -239,6 +320,82 @@ mod tests {
             addr: "127.0.0.1:9".parse().unwrap(),
             authenticated: true,
         }
+    }
+
+    fn sync(i: &NodeInfo, known_version: u64) -> DiscRequest {
+        DiscRequest::Sync {
+            node: i.node.clone(),
+            incarnation: i.incarnation,
+            known_version,
+        }
+    }
+
+    #[test]
+    fn a_sync_gets_only_what_changed_and_a_member_too_far_behind_gets_the_table() {
+        let mut s = ServerCore::new(10_000);
+        let (a, b, c) = (info(1, 1), info(2, 1), info(3, 1));
+        for i in [&a, &b] {
+            s.handle(&peer(i), DiscRequest::Register(i.clone()), 0)
+                .unwrap();
+        }
+        let v = s.version();
+        // Up to date: no members at all.
+        match s.handle(&peer(&a), sync(&a, v), 1).unwrap() {
+            DiscReply::Heartbeat {
+                known: true,
+                members: None,
+                ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        // c joins, b leaves: a learns exactly that.
+        s.handle(&peer(&c), DiscRequest::Register(c.clone()), 2)
+            .unwrap();
+        s.handle(
+            &peer(&b),
+            DiscRequest::Deregister {
+                node: b.node.clone(),
+                incarnation: b.incarnation,
+            },
+            3,
+        )
+        .unwrap();
+        match s.handle(&peer(&a), sync(&a, v), 4).unwrap() {
+            DiscReply::Changes {
+                known: true,
+                since,
+                version,
+                upserted,
+                removed,
+            } => {
+                assert_eq!(since, v);
+                assert_eq!(version, s.version());
+                assert_eq!(upserted, vec![c.clone()]);
+                assert_eq!(removed, vec![b.node.clone()]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // More changes than the log keeps: the whole table.
+        for n in 0..CHANGE_LOG + 10 {
+            let mut x = info(100, 1);
+            x.attrs = vec![("n".into(), n.to_string())];
+            s.handle(&peer(&x), DiscRequest::Register(x), 5).unwrap();
+        }
+        match s.handle(&peer(&a), sync(&a, v), 6).unwrap() {
+            DiscReply::Heartbeat {
+                members: Some(m), ..
+            } => assert_eq!(m.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        // A version from before a server restart (ahead of this table): the table too.
+        match s.handle(&peer(&a), sync(&a, s.version() + 5), 7).unwrap() {
+            DiscReply::Heartbeat {
+                members: Some(_), ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        // Someone else's Sync is refused like a heartbeat.
+        assert!(s.handle(&peer(&a), sync(&c, 0), 8).is_err());
     }
 
     #[test]

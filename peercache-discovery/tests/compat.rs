@@ -64,3 +64,27 @@ fn v1_discovery_fixtures_decode() {
     );
     check("disc_ok.bin", DiscReply::Ok);
 }
+
+/// The delta heartbeat (added after version 1): its bytes are pinned from here on.
+#[test]
+fn delta_heartbeat_fixtures_decode() {
+    let i = info();
+    check(
+        "disc_sync.bin",
+        DiscRequest::Sync {
+            node: i.node.clone(),
+            incarnation: i.incarnation,
+            known_version: 12,
+        },
+    );
+    check(
+        "disc_changes.bin",
+        DiscReply::Changes {
+            known: true,
+            since: 12,
+            version: 14,
+            upserted: vec![i.clone()],
+            removed: vec![NodeId::new("10.0.0.3:31998:tp0pp0dp0").unwrap()],
+        },
+    );
+}

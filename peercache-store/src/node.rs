@@ -256,7 +256,12 @@ impl Core {
         if self.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Leave the cluster first so peers stop routing to us, then flush eviction notices.
+        // Stop the hosted discovery server first (members see it gone in the same round in
+        // which they see this node leave, so the masters change once), then leave the cluster
+        // so peers stop routing to us, then flush eviction notices.
+        if let Some(mut m) = self.servers.meta.lock().take() {
+            m.shutdown();
+        }
         self.discovery.shutdown();
         if let Some(p) = self.tasks.promoter.get() {
             p.stop();
@@ -277,9 +282,6 @@ impl Core {
         }
         if let Some(mut c) = self.servers.control.lock().take() {
             c.shutdown();
-        }
-        if let Some(mut m) = self.servers.meta.lock().take() {
-            m.shutdown();
         }
         if let Some(mut h) = self.servers.http.lock().take() {
             h.shutdown();
