@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Where and how to reach the etcd cluster that keeps the membership.
-#[derive(Clone, Debug)]
+/// Where and how to reach the etcd cluster that keeps the membership. `Debug` never prints
+/// the password.
+#[derive(Clone)]
 pub struct EtcdConfig {
     /// Client URLs, e.g. `http://10.0.0.1:2379` (`https://` with [`EtcdConfig::tls`]).
     pub endpoints: Vec<String>,
@@ -21,6 +22,20 @@ pub struct EtcdConfig {
     pub user: Option<(String, String)>,
     /// TLS towards etcd, if its client URLs are `https://`.
     pub tls: Option<EtcdTls>,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("heartbeat", &self.heartbeat)
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("user", &self.user.as_ref().map(|(u, _)| (u, "<redacted>")))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl Default for EtcdConfig {
@@ -77,6 +92,19 @@ mod tests {
         assert_eq!(c(0.5).lease_ttl_secs(), 2);
         assert_eq!(c(3.0).lease_ttl_secs(), 3);
         assert_eq!(c(3.2).lease_ttl_secs(), 4);
+    }
+
+    #[test]
+    fn debug_never_prints_the_password() {
+        let c = EtcdConfig {
+            user: Some(("pc".into(), "s3cret-pw".into())),
+            ..EtcdConfig::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("\"pc\"") && !shown.contains("s3cret-pw"),
+            "{shown}"
+        );
     }
 
     #[test]
