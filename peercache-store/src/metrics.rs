@@ -110,11 +110,16 @@ fn register_idle_series(node: &str) {
     peercache_transport::metrics::register_rdma_series();
     peercache_pool::metrics::DISK_COUNTERS
         .iter()
-        .chain(&[peercache_wire::metrics::AUTH_REJECTED_TOTAL])
+        .chain(&[
+            peercache_wire::metrics::AUTH_REJECTED_TOTAL,
+            peercache_discovery::metrics::ETCD_SESSIONS_TOTAL,
+        ])
         .for_each(|name| zero(name));
     // Added to, not set: a disk tier that already disabled itself keeps its 1.
     metrics::gauge!(peercache_pool::metrics::DISK_DISABLED, "node" => node.to_string())
         .increment(0.0);
+    // 0 with the built-in discovery; the etcd client moves the same series.
+    metrics::gauge!(peercache_discovery::metrics::STALE, "node" => node.to_string()).increment(0.0);
 }
 
 /// Handles of one node.
