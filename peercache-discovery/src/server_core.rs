@@ -79,6 +79,17 @@ impl ServerCore {
         self.version
     }
 
+    /// Extends the registration of `node`'s life `incarnation`; false if this table lacks it.
+    fn refresh(&mut self, node: &NodeId, incarnation: Incarnation, now: Millis) -> bool {
+        match self.members.get_mut(node) {
+            Some(e) if e.info.incarnation == incarnation => {
+                e.expires = now + self.ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Bumps the version for a change of `ids`.
     fn changed(&mut self, ids: impl IntoIterator<Item = NodeId>) {
         self.version += 1;
@@ -226,13 +237,7 @@ impl ServerCore {
                 incarnation,
                 known_version,
             } => {
-                let known = match self.members.get_mut(&node) {
-                    Some(e) if e.info.incarnation == incarnation => {
-                        e.expires = now + self.ttl;
-                        true
-                    }
-                    _ => false,
-                };
+                let known = self.refresh(&node, incarnation, now);
                 let members = (known_version != self.version).then(|| self.members(now));
                 DiscReply::Heartbeat {
                     known,
@@ -258,13 +263,7 @@ impl ServerCore {
                 incarnation,
                 known_version,
             } => {
-                let known = match self.members.get_mut(&node) {
-                    Some(e) if e.info.incarnation == incarnation => {
-                        e.expires = now + self.ttl;
-                        true
-                    }
-                    _ => false,
-                };
+                let known = self.refresh(&node, incarnation, now);
                 if known_version == self.version {
                     DiscReply::Heartbeat {
                         known,

@@ -241,23 +241,13 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
     }
 }
 
-/// Kills the child process when dropped (a failing assertion leaves no stray node behind).
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     let port = common::free_port();
     let reader = common::node(46, 46, port, json!({"cluster_secret": common::secret()}));
     let client_port = common::free_port();
     let exe = env!("CARGO_BIN_EXE_peercache-node");
-    let mut owner = Killed(
+    let mut owner = common::Killed(
         std::process::Command::new(exe)
             .args(["--discovery-addr", &format!("127.0.0.46:{port}")])
             .args(["--host", "127.0.0.47", "--set", "node_id=shm-owner"])

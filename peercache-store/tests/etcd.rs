@@ -82,22 +82,12 @@ fn three_nodes_join_through_etcd_and_serve_pages_byte_exact() {
     }
 }
 
-/// Kills the child process when dropped (a failing assertion leaves no stray node behind).
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_node_killed_with_sigkill_leaves_within_its_lease() {
     let etcd = EtcdServer::start("127.0.0.1");
     let reader = etcd_node(64, &etcd, "/s2");
     let client_port = common::free_port();
-    let mut owner = Killed(
+    let mut owner = common::Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
             .args(["--host", "127.0.0.65", "--set", "node_id=etcd-owner"])
             .args(["--set", "discovery=etcd", "--set"])

@@ -145,3 +145,13 @@ pub(crate) fn race(w: &Store, r: &Store, shape: Race) -> (u64, u64) {
     writer.join().unwrap();
     (accepted, missed)
 }
+
+/// Kills the child process when dropped (a failing assertion leaves no stray node behind).
+pub(crate) struct Killed(pub(crate) std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
