@@ -24,6 +24,7 @@ pub mod report;
 pub mod rows;
 pub mod runner;
 pub mod saturation;
+pub mod scale;
 pub mod secret;
 pub mod serve;
 pub mod sglwork;

@@ -2,7 +2,7 @@
 
 use peercache_bench::{
     alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, mooncake,
-    poolbench, replicabench, report, saturation, serve, suite, throughput,
+    poolbench, replicabench, report, saturation, scale, serve, suite, throughput,
 };
 
 use anyhow::{Context, Result};
@@ -36,6 +36,8 @@ enum Cmd {
     Pool(poolbench::PoolArgs),
     /// Directory: in-process shard lookups, loopback lookup/exists/insert, hand-off.
     Directory(dirbench::DirArgs),
+    /// One directory shard at 1 M and 10 M keys: bytes per (key, owner), lookup and exists rates.
+    Scale(scale::ScaleArgs),
     /// Disk tier: write-through and promote against plain sequential file I/O.
     Disk(diskbench::DiskArgs),
     /// PeerCache get beside raw TCP and Mooncake Store (when available), interleaved.
@@ -120,6 +122,7 @@ fn run() -> Result<()> {
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Scale(args)) => finish(scale::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.run.json.as_deref()),
         None => {

@@ -699,7 +699,7 @@ impl DirectoryClient {
                 let entries: Vec<(PageKey, Owners)> = self.local.with_shard(|sh, _| {
                     chunk
                         .iter()
-                        .filter_map(|k| sh.peek(*k).map(|o| (*k, o.clone())))
+                        .filter_map(|k| sh.peek(*k).map(|o| (*k, o)))
                         .collect()
                 });
                 let req = DirRequest::Handoff(entries.into());

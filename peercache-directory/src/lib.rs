@@ -15,12 +15,15 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+mod arena;
 pub mod client;
 mod error;
 pub mod handoff;
+mod key_index;
 pub mod location;
 pub mod metrics;
 pub mod msg;
+mod owner_table;
 pub mod ring;
 pub mod service;
 pub mod shard;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 /// One transport rail of an owner: where to connect and which region to name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rail {
     /// Data endpoint (TCP data server or RDMA bootstrap) of this rail.
     pub endpoint: SocketAddr,

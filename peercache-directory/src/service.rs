@@ -157,12 +157,8 @@ impl DirectoryService {
                     .map(|(k, loc)| sh.insert(*k, loc.clone(), now))
                     .collect(),
             ),
-            DirRequest::Lookup(keys) => {
-                DirReply::Found(keys.iter().map(|k| sh.lookup(*k, now)).collect())
-            }
-            DirRequest::Exists(keys) => {
-                DirReply::Exists(keys.iter().map(|k| sh.exists(*k, now)).collect())
-            }
+            DirRequest::Lookup(keys) => DirReply::Found(sh.lookup_many(keys, now)),
+            DirRequest::Exists(keys) => DirReply::Exists(sh.exists_many(keys, now)),
             DirRequest::Remove(items) => DirReply::Applied(
                 items
                     .iter()

@@ -176,7 +176,7 @@ fn a_handoff_is_taken_only_from_a_holder_and_only_for_live_owners() {
         other => panic!("{other:?}"),
     }
     assert_eq!(service.refusals().dead_owners.get(), 1);
-    let held = service.with_shard(|s, _| s.peek(k).cloned()).unwrap();
+    let held = service.with_shard(|s, _| s.peek(k)).unwrap();
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].node, a);
 

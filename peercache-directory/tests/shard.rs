@@ -90,6 +90,38 @@ fn memory_is_bounded_by_cap_and_ttl() {
 }
 
 #[test]
+fn at_the_cap_entries_used_since_the_last_pass_stay_and_the_unused_go() {
+    let mut sh = Shard::new(ShardConfig {
+        max_entries: 100,
+        ..ShardConfig::default()
+    });
+    for i in 0..100 {
+        sh.insert(key(i), loc(&node(1), 1), 0);
+    }
+    // Keys 0..50 are read; 50..100 are not.
+    for i in 0..50 {
+        assert!(sh.lookup(key(i), 1).is_some());
+    }
+    for i in 100..150 {
+        sh.insert(key(i), loc(&node(1), 1), 2);
+    }
+    assert_eq!(sh.len(), 100);
+    assert_eq!(sh.stats().cap_evictions, 50);
+    for i in 0..50 {
+        assert!(sh.exists(key(i), 3), "key {i} was read: it stays");
+    }
+    for i in 50..100 {
+        assert!(
+            !sh.exists(key(i), 3),
+            "key {i} was never read: it goes first"
+        );
+    }
+    for i in 100..150 {
+        assert!(sh.exists(key(i), 3), "key {i} was just inserted");
+    }
+}
+
+#[test]
 fn departed_and_restarted_owners_are_collected() {
     let mut sh = Shard::new(ShardConfig::default());
     for i in 0..10 {
@@ -145,7 +177,7 @@ fn a_join_moves_only_changed_entries_and_leaves_no_stale_copies() {
         for (to, keys) in &plan.sends {
             let entries: Vec<_> = keys
                 .iter()
-                .map(|k| (*k, shards[from].peek(*k).unwrap().clone()))
+                .map(|k| (*k, shards[from].peek(*k).unwrap()))
                 .collect();
             let dst = shards.get_mut(to).unwrap();
             for (k, owners) in entries {
@@ -219,7 +251,7 @@ fn a_leave_re_replicates_from_survivors() {
         for (to, keys) in &plan.sends {
             let entries: Vec<_> = keys
                 .iter()
-                .map(|k| (*k, shards[from].peek(*k).unwrap().clone()))
+                .map(|k| (*k, shards[from].peek(*k).unwrap()))
                 .collect();
             for (k, o) in entries {
                 shards.get_mut(to).unwrap().merge(k, &o, 1);

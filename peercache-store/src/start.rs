@@ -275,6 +275,25 @@ impl Core {
         if let Some(warning) = cfg.check_authentication(&auth)? {
             tracing::warn!("{warning}");
         }
+        // Discovery: host the meta server if the port is free (with etcd there is no meta
+        // server: etcd keeps the membership). Claimed before any listener on an ephemeral port,
+        // so the kernel cannot hand the configured meta port to one of this node's own sockets;
+        // the node joins once its endpoints are known, below.
+        let source = match cfg.discovery {
+            crate::DiscoveryKind::Builtin => Source::Masters(cfg.discovery(seeds, auth.clone())),
+            crate::DiscoveryKind::Etcd => Source::Etcd(cfg.etcd()?),
+        };
+        let meta = match &source {
+            Source::Masters(_) => {
+                let ttl = Duration::from_secs_f64(cfg.member_ttl);
+                let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
+                match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
+                    Hosting::Hosting(s) => Some(s),
+                    Hosting::PortTaken => None,
+                }
+            }
+            Source::Etcd(_) => None,
+        };
         let cell: crate::base::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
             let port = rank_port(cfg.metrics_port, &cfg);
@@ -458,23 +477,6 @@ impl Core {
             cfg.directory_client(),
         ));
 
-        // Discovery: host the meta server if the port is free, then join (with etcd there
-        // is no meta server: etcd keeps the membership).
-        let source = match cfg.discovery {
-            crate::DiscoveryKind::Builtin => Source::Masters(cfg.discovery(seeds, auth.clone())),
-            crate::DiscoveryKind::Etcd => Source::Etcd(cfg.etcd()?),
-        };
-        let meta = match &source {
-            Source::Masters(_) => {
-                let ttl = Duration::from_secs_f64(cfg.member_ttl);
-                let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
-                match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
-                    Hosting::Hosting(s) => Some(s),
-                    Hosting::PortTaken => None,
-                }
-            }
-            Source::Etcd(_) => None,
-        };
         let meta_role = match (&source, meta.is_some()) {
             (Source::Etcd(_), _) => "etcd member",
             (_, true) => "hosting meta",
