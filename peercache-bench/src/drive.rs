@@ -7,17 +7,16 @@
 //! one row per step. Across hosts: start `drive --owner-only --host <ip>` on one host and
 //! `drive --discovery-addr <ip>:<port>` with the same shape options on another.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::child::ChildProc;
 use crate::report::{self, Host, Report};
 use crate::runner::{RowCounts, Timing, fold_row, run_row_counts};
 use crate::sglwork::{self, Checks, HostPool, ShapeArgs};
@@ -126,6 +125,13 @@ struct StepResult {
     hist: Vec<(u64, u64)>,
 }
 
+/// What a reader prints after a `STREAM` step.
+#[derive(Debug, Serialize, Deserialize)]
+struct StreamResult {
+    bytes: u64,
+    secs: f64,
+}
+
 fn requests(c: &DriveCommon) -> u64 {
     c.working_set.div_ceil(c.batch_size as u64).max(1)
 }
@@ -202,6 +208,22 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
     let mut line = String::new();
     let mut step = 0u64;
     while stdin.lock().read_line(&mut line)? > 0 {
+        if let Some(rest) = line.trim().strip_prefix("STREAM ") {
+            // The one-way stream floor: `STREAM <connections> <address>`.
+            let mut w = rest.split_whitespace();
+            let n: usize = w.next().context("STREAM <connections>")?.parse()?;
+            let addr: std::net::SocketAddr = w.next().context("STREAM … <address>")?.parse()?;
+            line.clear();
+            let (bytes, secs) = crate::rawtcp::stream_read(addr, n, timing.warmup, timing.measure)
+                .context("the raw-tcp stream")?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&StreamResult { bytes, secs })?
+            )?;
+            out.flush()?;
+            continue;
+        }
         let threads: usize = match line.trim().strip_prefix("GO ") {
             Some(t) => t.parse().context("GO <threads>")?,
             None => break,
@@ -260,72 +282,6 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
     store.shutdown();
     drop(pools);
     Ok(())
-}
-
-/// One child process with a line reader on its stdout.
-struct ChildProc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    name: String,
-}
-
-impl ChildProc {
-    fn spawn(name: String, args: &[String]) -> Result<ChildProc> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(args)
-            .env(crate::secret::ENV, crate::secret::generated())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("spawning {name}"))?;
-        let out = child.stdout.take().context("child stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(ChildProc {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-            name,
-        })
-    }
-
-    /// The next stdout line, waiting at most `t`.
-    fn line(&self, t: Duration) -> Result<String> {
-        self.lines
-            .recv_timeout(t)
-            .with_context(|| format!("{} did not answer within {t:?}", self.name))
-    }
-
-    fn send(&mut self, s: &str) -> Result<()> {
-        let w = self.stdin.as_mut().context("child stdin closed")?;
-        writeln!(w, "{s}")?;
-        w.flush()?;
-        Ok(())
-    }
-}
-
-impl Drop for ChildProc {
-    fn drop(&mut self) {
-        drop(self.stdin.take()); // the child stops at end of input
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The flags that rebuild `c` in a child.
@@ -407,7 +363,12 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         peercache_store::cli::block_signals();
         let (store, pool, seed) =
             start_owner(c, &args.host, args.port, args.discovery_addr.as_deref())?;
-        println!("OWNER {} {seed}", store.node_id());
+        // The one-way stream floor of `--op get` runs (`raw-tcp/stream-xN`).
+        let stream = std::net::TcpListener::bind((args.host.as_str(), 0))?;
+        let stream_addr = stream.local_addr()?;
+        let buf = Arc::new(crate::rawtcp::prefaulted(1 << 20, 11));
+        std::thread::spawn(move || crate::rawtcp::serve_stream(stream, buf));
+        println!("OWNER {} {seed} {stream_addr}", store.node_id());
         std::io::stdout().flush()?;
         std::thread::spawn(|| {
             let mut sink = String::new();
@@ -432,6 +393,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     // The owner: a child process, unless we join a cluster that has one.
     let mut owner = None;
+    let mut stream_addr: Option<String> = None;
     let seed = match &args.discovery_addr {
         Some(s) => s.clone(),
         None => {
@@ -446,6 +408,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 .filter(|_| l.starts_with("OWNER "))
                 .with_context(|| format!("unexpected owner line {l:?}"))?
                 .to_string();
+            stream_addr = l.split_whitespace().nth(3).map(str::to_string);
             owner = Some(p);
             seed
         }
@@ -520,6 +483,28 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 row.gb_per_s = 0.0; // no payload moves
             }
             rows.push(row);
+            // `--op get`: the one-way stream over as many connections, right after.
+            if let (Op::Get, Some(addr)) = (c.op, &stream_addr) {
+                for r in readers.iter_mut() {
+                    r.send(&format!("STREAM {threads} {addr}"))?;
+                }
+                let (mut bytes, mut secs) = (0u64, 0f64);
+                for r in &readers {
+                    let l = r.line(step_wait)?;
+                    let s: StreamResult = serde_json::from_str(&l)
+                        .with_context(|| format!("{}: bad stream line {l:?}", r.name))?;
+                    bytes += s.bytes;
+                    secs = secs.max(s.secs);
+                }
+                let c_all = threads * args.processes as u64;
+                let mut row = crate::report::Row::empty(&format!("raw-tcp/stream-x{c_all}"));
+                row.page_bytes = page;
+                row.concurrency = c_all;
+                row.round = round;
+                row.pages_per_s = bytes as f64 / page as f64 / secs.max(1e-9);
+                row.gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9;
+                rows.push(row);
+            }
             progress.step(&format!(
                 "round {round}, {} process(es) × {threads} thread(s) (load {:.2})",
                 args.processes,
@@ -542,6 +527,27 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 .collect(),
         );
         summary.insert(format!("tokens_per_s/c{c_all}"), json!(med.round()));
+    }
+    if c.op == Op::Get && stream_addr.is_some() {
+        // The two-process get against a one-way stream over as many connections.
+        for &t in &args.concurrencies {
+            let c_all = t * args.processes as u64;
+            let gb = |name: &str| {
+                report::median(
+                    rows.iter()
+                        .filter(|r| r.name == name && r.concurrency == c_all)
+                        .map(|r| r.gb_per_s)
+                        .collect(),
+                )
+            };
+            let stream = gb(&format!("raw-tcp/stream-x{c_all}"));
+            if stream > 0.0 {
+                summary.insert(
+                    format!("get_over_stream/c{c_all}"),
+                    json!((gb("drive-get") / stream * 1000.0).round() / 1000.0),
+                );
+            }
+        }
     }
     summary.insert("wrong_pages".into(), json!(wrong));
     summary.insert("staged_reads".into(), json!(staged));

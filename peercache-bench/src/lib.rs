@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod charts;
+pub mod child;
 pub mod compare;
 pub mod dirbench;
 pub mod diskbench;

@@ -2,11 +2,16 @@
 //!
 //! A 16-byte request (offset, length) and a reply of the page size, read into a reused
 //! pre-faulted buffer, over plain std sockets with `TCP_NODELAY`; a batch sends all its
-//! requests at once (pipelined) and then reads every reply.
+//! requests at once (pipelined) and then reads every reply. And the one-way stream (`drive`'s
+//! `raw-tcp/stream-xN`): a server that writes a buffer over and over to each connection, and a
+//! reader that counts what N connections deliver in a time window — the most a reader process
+//! can receive over that many connections.
 
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// A pre-faulted byte buffer (every page touched once, so no fault lands in a measurement).
 pub fn prefaulted(len: usize, seed: u8) -> Vec<u8> {
@@ -72,5 +77,94 @@ impl RawClient {
             self.stream.read_exact(&mut dst[i * page..(i + 1) * page])?;
         }
         Ok(())
+    }
+}
+
+/// Streams `buf` over and over to every connection on `listener`, until each peer closes.
+pub fn serve_stream(listener: TcpListener, buf: Arc<Vec<u8>>) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let buf = buf.clone();
+        std::thread::spawn(move || while stream.write_all(&buf).is_ok() {});
+    }
+}
+
+/// Receives from `connections` streams of the server at `addr` at once (one thread each, into
+/// a reused 1 MiB buffer), discards `warmup`, then counts for `measure`. Returns (bytes,
+/// seconds measured).
+pub fn stream_read(
+    addr: SocketAddr,
+    connections: usize,
+    warmup: Duration,
+    measure: Duration,
+) -> std::io::Result<(u64, f64)> {
+    let streams = (0..connections.max(1))
+        .map(|_| {
+            let s = TcpStream::connect(addr)?;
+            // A bound on any single read: a server that stops sending ends the row.
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            Ok(s)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let bytes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = streams
+        .into_iter()
+        .map(|mut s| {
+            let (bytes, stop) = (bytes.clone(), stop.clone());
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut buf = prefaulted(1 << 20, 5);
+                while !stop.load(Ordering::Relaxed) {
+                    let n = s.read(&mut buf)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    // The window is timed by the clock, not synchronized with anything.
+    std::thread::sleep(warmup);
+    let (b0, t0) = (bytes.load(Ordering::Relaxed), Instant::now());
+    std::thread::sleep(measure);
+    let (b1, secs) = (bytes.load(Ordering::Relaxed), t0.elapsed().as_secs_f64());
+    stop.store(true, Ordering::Relaxed);
+    let mut first_error = None;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(std::io::Error::other("a stream reader panicked"));
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok((b1 - b0, secs)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_delivers_bytes_over_every_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || serve_stream(l, Arc::new(prefaulted(1 << 16, 9))));
+        let (bytes, secs) = stream_read(
+            addr,
+            2,
+            Duration::from_millis(20),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+        assert!(bytes > 0 && secs >= 0.1, "{bytes} bytes in {secs} s");
     }
 }

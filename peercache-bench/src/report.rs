@@ -100,6 +100,29 @@ pub struct Row {
     pub round: u64,
 }
 
+impl Row {
+    /// A row of `name` with every figure zero (and nothing missed), for rows filled in by hand.
+    pub fn empty(name: &str) -> Row {
+        Row {
+            name: name.into(),
+            page_bytes: 0,
+            batch: 0,
+            concurrency: 1,
+            pages_per_s: 0.0,
+            gb_per_s: 0.0,
+            p50_us: 0.0,
+            p95_us: 0.0,
+            p99_us: 0.0,
+            p999_us: 0.0,
+            max_us: 0.0,
+            tokens_per_s: 0.0,
+            hit_pct: 100.0,
+            errors: 0,
+            round: 0,
+        }
+    }
+}
+
 /// A whole report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {

@@ -128,6 +128,7 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             })
         })
         .collect::<Result<_>>()?;
+    crate::alloc::track_bytes();
     let dur = Duration::from_secs_f64(args.run.secs);
     let mut rows = Vec::new();
     let mut summary = serde_json::Map::new();

@@ -39,6 +39,11 @@ pub struct ServeArgs {
     /// Also stop when standard input closes (for a parent process that may die first).
     #[arg(long)]
     pub stop_on_stdin_eof: bool,
+    /// Also serve the bare `raw-tcp` baseline from this process (64 pages of `--page-bytes`)
+    /// and print `RAW <address>` before `READY`: the request/response floor of the same
+    /// process layout (`latency --owner-process`).
+    #[arg(long)]
+    pub raw_tcp: bool,
 }
 
 /// The node part of [`ServeArgs`] (the flags of `peercache-node`).
@@ -152,6 +157,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .count();
     }
     store.flush_disk();
+    if args.raw_tcp {
+        let host = args.node.host.as_deref().unwrap_or("127.0.0.1");
+        let listener = std::net::TcpListener::bind((host, 0)).context("the raw-tcp listener")?;
+        println!("RAW {}", listener.local_addr()?);
+        let buf = std::sync::Arc::new(crate::rawtcp::prefaulted(64 * args.page_bytes.max(64), 7));
+        std::thread::spawn(move || crate::rawtcp::serve(listener, buf));
+    }
     println!("READY {id} {ok}");
     std::io::stdout().flush()?;
     if let Some(from) = &args.read_from {
