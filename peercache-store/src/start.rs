@@ -289,7 +289,12 @@ impl Core {
                 let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
                 match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
                     Hosting::Hosting(s) => Some(s),
-                    Hosting::PortTaken => None,
+                    Hosting::PortTaken => {
+                        // Normal for co-located ranks; if nobody answers there, this line
+                        // and the join timeout name the port to look at.
+                        tracing::info!(meta = %meta_bind, "meta port taken: joining the discovery server listening there");
+                        None
+                    }
                 }
             }
             Source::Etcd(_) => None,
