@@ -383,6 +383,9 @@ impl Shard {
         };
         let live = self.is_live_node(&loc.node);
         let Some(id) = self.owners.intern(&loc, live) else {
+            if self.entries.get(i).copies.is_empty() {
+                self.drop_entry(i);
+            }
             return self.refused();
         };
         if !live {
