@@ -172,23 +172,10 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             args.owners,
             shard.owner_records()
         );
-        rows.push(Row {
-            name: format!("shard-insert/{tag}"),
-            page_bytes: 0,
-            batch: BATCH,
-            concurrency: 1,
-            pages_per_s: copies as f64 / load_secs,
-            gb_per_s: 0.0,
-            p50_us: 0.0,
-            p95_us: 0.0,
-            p99_us: 0.0,
-            p999_us: 0.0,
-            max_us: 0.0,
-            tokens_per_s: 0.0,
-            hit_pct: 100.0,
-            errors: 0,
-            round: 0,
-        });
+        let mut insert = Row::empty(&format!("shard-insert/{tag}"));
+        insert.batch = BATCH;
+        insert.pages_per_s = copies as f64 / load_secs;
+        rows.push(insert);
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut next = move || {
             // xorshift: random keys, so the lookups miss the CPU caches as a fleet's would.
