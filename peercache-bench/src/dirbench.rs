@@ -139,6 +139,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     client.apply_membership(&[Member {
         node: owner.clone(),
         control: server.local_addr(),
+        incarnation: Incarnation(1),
     }]);
     // The client publishes its own pages (a node inserts only its own copies); the entries
     // live on the server's shard.

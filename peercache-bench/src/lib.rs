@@ -20,6 +20,7 @@ pub mod mooncake;
 pub mod poolbench;
 pub mod progress;
 pub mod rawtcp;
+pub mod recovery;
 pub mod replicabench;
 pub mod report;
 pub mod rows;

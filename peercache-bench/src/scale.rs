@@ -3,7 +3,7 @@
 //! bytes the shard holds per (key, owner) — counted by the bench's allocator, map overhead,
 //! keys, LRU links and owner table included — beside the resident-set growth, then measures
 //! in-process lookups and exists on one core over random keys, 32 per call through the batch
-//! calls the directory service makes.
+//! calls the directory service makes. Then recovery at size ([`crate::recovery`]).
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,9 @@ pub struct ScaleArgs {
     /// Publishing nodes the owners are drawn from.
     #[arg(long, default_value_t = 16)]
     pub nodes: u64,
+    /// The recovery run after the shard sizes.
+    #[command(flatten)]
+    pub recovery: crate::recovery::RecoveryArgs,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,
@@ -237,11 +240,19 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             }),
         );
     }
+    let recovery = if args.recovery.recovery_pages > 0 {
+        crate::recovery::run(&args.recovery, &mut rows)?
+    } else {
+        serde_json::Value::Null
+    };
     Ok(Report {
         bench: "scale".into(),
         host: Host::detect(),
         config: serde_json::json!({"keys": args.keys, "owners": args.owners, "nodes": args.nodes,
-            "rounds": args.run.rounds, "secs": args.run.secs}),
+            "rounds": args.run.rounds, "secs": args.run.secs,
+            "recovery_pages": args.recovery.recovery_pages,
+            "recovery_nodes": args.recovery.recovery_nodes,
+            "replicas": args.recovery.replicas, "detect_secs": args.recovery.detect_secs}),
         summary: serde_json::json!({
             // Allocator-counted bytes per (key, owner), the largest over the key counts.
             "bytes_per_entry": (worst_bytes * 10.0).round() / 10.0,
@@ -250,6 +261,8 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             // In-process lookups per second on one core, the smallest over the key counts.
             "lookups_per_s": worst_lookups.round(),
             "sizes": sizes,
+            // A node killed, then one restarted: when every live owner's page was found again.
+            "recovery": recovery,
         }),
         results: rows,
     })

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 use peercache_wire::envelope;
 use peercache_wire::rpc::{self, RpcClient};
-use peercache_wire::{NodeId, PageKey};
+use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::DirError;
 use crate::handoff;
@@ -26,6 +26,9 @@ pub struct Member {
     pub node: NodeId,
     /// Its control endpoint (directory RPCs).
     pub control: SocketAddr,
+    /// Its life: a member seen again under another incarnation restarted, with an empty
+    /// shard and pool, and is handed its ranges again as if it had just joined.
+    pub incarnation: Incarnation,
 }
 
 /// Client settings.
@@ -63,11 +66,12 @@ impl Default for ClientConfig {
 struct View {
     ring: Ring,
     addrs: HashMap<NodeId, SocketAddr>,
+    lives: HashMap<NodeId, Incarnation>,
     changed_at: Instant,
 }
 
 /// What a membership change did to this node's shard.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct HandoffReport {
     /// Entries sent to new owners.
     pub sent: usize,
@@ -75,8 +79,15 @@ pub struct HandoffReport {
     pub dropped: usize,
     /// Entries whose send failed (kept; retried at the next change).
     pub failed: usize,
-    /// Locations dropped because their owner left.
+    /// Locations dropped because their owner left or restarted (its old life's copies).
     pub gc: usize,
+    /// Members seen again under a new incarnation (restarted with an empty shard).
+    pub restarted: usize,
+    /// When the ring changed (a member joined, left or restarted) on a node that had a ring
+    /// before: the ring the hand-off was planned from (the previous ring without restarted
+    /// members) and the new one. An owner re-announces what moved between them
+    /// ([`crate::handoff::reannounce_routes`]).
+    pub rings: Option<(Ring, Ring)>,
 }
 
 /// Counters of a client.
@@ -152,8 +163,8 @@ pub struct ClientStats {
 /// let (a, server_a, dir_a) = node("node-a");
 /// let (b, server_b, dir_b) = node("node-b");
 /// let members = [
-///     Member { node: a.clone(), control: server_a.local_addr() },
-///     Member { node: b.clone(), control: server_b.local_addr() },
+///     Member { node: a.clone(), control: server_a.local_addr(), incarnation: Incarnation(1) },
+///     Member { node: b.clone(), control: server_b.local_addr(), incarnation: Incarnation(1) },
 /// ];
 /// dir_a.apply_membership(&members);
 /// dir_b.apply_membership(&members);
@@ -210,6 +221,7 @@ impl DirectoryClient {
         let view = View {
             ring: Ring::new(Vec::new(), cfg.vnodes),
             addrs: HashMap::new(),
+            lives: HashMap::new(),
             changed_at: Instant::now(),
         };
         DirectoryClient {
@@ -635,9 +647,10 @@ impl DirectoryClient {
         n
     }
 
-    /// Installs a new member set: re-routes, collects locations of departed owners, and hands
-    /// off the entries whose owners changed (only those); the old copies are dropped after
-    /// `drop_grace`.
+    /// Installs a new member set: re-routes, collects locations of departed owners and of
+    /// restarted owners' previous lives, and hands off the entries whose owners changed (only
+    /// those; a member back under a new incarnation is handed its ranges again, since its
+    /// shard restarted empty); the old copies are dropped after `drop_grace`.
     pub fn apply_membership(&self, members: &[Member]) -> HandoffReport {
         let old = self.view();
         let new_ring = Ring::new(members.iter().map(|m| m.node.clone()), self.cfg.vnodes);
@@ -645,10 +658,22 @@ impl DirectoryClient {
             .iter()
             .map(|m| (m.node.clone(), m.control))
             .collect();
-        let ring_changed = new_ring.members() != old.ring.members();
+        let lives: HashMap<NodeId, Incarnation> = members
+            .iter()
+            .map(|m| (m.node.clone(), m.incarnation))
+            .collect();
+        // A member back under a new life lost its shard: plan as if it had left and joined.
+        let restarted: Vec<(NodeId, Incarnation)> = members
+            .iter()
+            .filter(|m| m.node != self.me)
+            .filter(|m| old.lives.get(&m.node).is_some_and(|i| *i != m.incarnation))
+            .map(|m| (m.node.clone(), m.incarnation))
+            .collect();
+        let ring_changed = new_ring.members() != old.ring.members() || !restarted.is_empty();
         let view = Arc::new(View {
             ring: new_ring.clone(),
             addrs,
+            lives,
             changed_at: if ring_changed {
                 Instant::now()
             } else {
@@ -656,6 +681,18 @@ impl DirectoryClient {
             },
         });
         *self.view.write() = view.clone();
+        let from = if restarted.is_empty() {
+            old.ring.clone()
+        } else {
+            Ring::new(
+                old.ring
+                    .members()
+                    .iter()
+                    .filter(|n| !restarted.iter().any(|(r, _)| r == *n))
+                    .cloned(),
+                self.cfg.vnodes,
+            )
+        };
         if ring_changed {
             // A node's first ring: the range holders before it joined are the others.
             let previous = if old.ring.is_empty() {
@@ -667,29 +704,35 @@ impl DirectoryClient {
                     self.cfg.vnodes,
                 )
             } else {
-                old.ring.clone()
+                from.clone()
             };
             self.local
                 .set_holders(previous, new_ring.clone(), self.cfg.replicas);
         }
         let mut report = HandoffReport {
             dropped: self.drop_due(),
+            restarted: restarted.len(),
             ..HandoffReport::default()
         };
         if !ring_changed {
             return report;
         }
         for m in old.ring.members() {
-            if !view.addrs.contains_key(m)
-                && let Some(a) = old.addrs.get(m)
-            {
+            let gone = !view.addrs.contains_key(m) || restarted.iter().any(|(r, _)| r == m);
+            if gone && let Some(a) = old.addrs.get(m) {
                 self.rpc.forget(*a);
             }
         }
         let plan = self.local.with_shard(|sh, _| {
             report.gc = sh.set_live(members.iter().map(|m| m.node.clone()));
-            handoff::plan(sh, &self.me, &old.ring, &new_ring, self.cfg.replicas)
+            for (node, life) in &restarted {
+                report.gc += sh.drop_incarnations_before(node, *life);
+            }
+            handoff::plan(sh, &self.me, &from, &new_ring, self.cfg.replicas)
         });
+        if !old.ring.is_empty() {
+            report.rings = Some((from, new_ring.clone()));
+        }
         let mut ok_all = true;
         for (node, keys) in &plan.sends {
             let Some(&addr) = view.addrs.get(node) else {
@@ -736,6 +779,7 @@ impl DirectoryClient {
         self.c.handoff_dropped.add(report.dropped as u64);
         tracing::info!(
             members = members.len(),
+            restarted = report.restarted,
             sent = report.sent,
             dropped = report.dropped,
             gc = report.gc,

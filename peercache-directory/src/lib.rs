@@ -11,6 +11,8 @@
 //! * [`service`] and [`client`] — the thin RPC shell on `peercache-wire`: the client groups
 //!   keys by shard, sends one request per shard per batch to all shards at once, splits large
 //!   batches, and falls back to replicas.
+//! * `testbed` (feature `testbed`) — a fleet of shards on loopback in one process, for
+//!   recovery tests and the bench: a node killed or restarted, what moved, what a reader sees.
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +29,8 @@ mod owner_table;
 pub mod ring;
 pub mod service;
 pub mod shard;
+#[cfg(feature = "testbed")]
+pub mod testbed;
 
 pub use client::{ClientConfig, DirectoryClient, HandoffReport, Member};
 pub use error::DirError;

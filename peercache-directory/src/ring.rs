@@ -68,6 +68,11 @@ impl Ring {
         self.members.binary_search(node).is_ok()
     }
 
+    /// The member index of `node` (as [`Ring::owner_indices`] returns), if it is a member.
+    pub fn index_of(&self, node: &NodeId) -> Option<u32> {
+        self.members.binary_search(node).ok().map(|i| i as u32)
+    }
+
     /// True if the ring has no members.
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()

@@ -2,77 +2,21 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{key, loc, node};
-use peercache_directory::{
-    ClientConfig, DirError, DirectoryClient, DirectoryService, Member, OwnerRef, ShardConfig,
-};
+use common::{key, loc};
+use peercache_directory::testbed::TestNode;
+use peercache_directory::{ClientConfig, DirError, Member, OwnerRef};
 use peercache_wire::handshake::{Hello, Plane};
-use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
-use peercache_wire::{Incarnation, NodeId, PageKey};
-
-struct TestNode {
-    id: NodeId,
-    service: Arc<DirectoryService>,
-    server: RpcServer,
-    client: DirectoryClient,
-}
+use peercache_wire::rpc::{self, RpcClient};
+use peercache_wire::{Incarnation, PageKey};
 
 fn start(i: usize, cfg: ClientConfig) -> TestNode {
-    let id = node(i);
-    let service = Arc::new(DirectoryService::new(ShardConfig::default()));
-    let svc = service.clone();
-    let handler: rpc::Handler = Arc::new(move |peer, env| {
-        svc.handle(peer, env).unwrap_or(Reply::Error {
-            error: RpcError {
-                code: RpcError::CODE_UNKNOWN_KIND,
-                message: "not a directory request".into(),
-            },
-            close: false,
-        })
-    });
-    let server = RpcServer::start(
-        ServerConfig {
-            bind: format!("127.0.0.{}:0", i + 1).parse().unwrap(),
-            planes: vec![Plane::Control],
-            node: Some(id.clone()),
-            incarnation: Incarnation(i as u64),
-            max_frame: 16 << 20,
-            handshake_timeout: Duration::from_secs(2),
-            max_connections: 256,
-            offload: &[],
-            workers: 1,
-            name: "dir-test",
-            auth: peercache_wire::Auth::none(),
-        },
-        handler,
-    )
-    .unwrap();
-    let rpc = RpcClient::new(rpc::ClientConfig {
-        hello: Hello::new(Plane::Control, Some(id.clone()), Incarnation(i as u64)),
-        max_idle_per_peer: 8,
-        max_frame: 16 << 20,
-        auth: peercache_wire::Auth::none(),
-    });
-    let client = DirectoryClient::new(id.clone(), service.clone(), rpc, cfg);
-    TestNode {
-        id,
-        service,
-        server,
-        client,
-    }
+    TestNode::start(i, Incarnation(i as u64), cfg).expect("a node on loopback")
 }
 
 fn members(nodes: &[&TestNode]) -> Vec<Member> {
-    nodes
-        .iter()
-        .map(|n| Member {
-            node: n.id.clone(),
-            control: n.server.local_addr(),
-        })
-        .collect()
+    nodes.iter().map(|n| n.member()).collect()
 }
 
 fn cluster(n: usize, cfg: ClientConfig) -> Vec<TestNode> {
@@ -361,10 +305,7 @@ fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
         },
     );
     let mut with_strict = all.clone();
-    with_strict.push(Member {
-        node: strict.id.clone(),
-        control: strict.server.local_addr(),
-    });
+    with_strict.push(strict.member());
     strict.client.apply_membership(&with_strict);
     let found = strict.client.lookup(&keys).unwrap();
     assert!(

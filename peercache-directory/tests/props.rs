@@ -107,3 +107,72 @@ proptest! {
         }
     }
 }
+
+/// The hand-off plan as its definition reads, one key at a time with both rings walked.
+fn naive_plan(
+    keys: &[PageKey],
+    me: &NodeId,
+    old: &Ring,
+    new: &Ring,
+    r: usize,
+) -> (HashMap<NodeId, Vec<PageKey>>, Vec<PageKey>) {
+    let (mut sends, mut drops) = (HashMap::<NodeId, Vec<PageKey>>::new(), Vec::new());
+    for &k in keys {
+        let (o, n) = (old.owners(k, r), new.owners(k, r));
+        let sender = o.iter().find(|x| new.contains(x)).unwrap_or(me);
+        if sender == me {
+            for x in n.iter().filter(|x| *x != me && !o.contains(x)) {
+                sends.entry(x.clone()).or_default().push(k);
+            }
+        }
+        if !n.contains(me) {
+            drops.push(k);
+        }
+    }
+    (sends, drops)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The planner's shortcuts (one ring walk where the change cannot touch a key) give the
+    /// same plan and the same re-announcement as walking both rings for every key — for
+    /// leaves, joins and both at once, including keys that reached a shard by another route.
+    #[test]
+    fn handoff_and_reannounce_match_their_definition(
+        n in 2usize..10, salt in 0u32..1000, leave in prop::collection::vec(any::<bool>(), 10),
+        join in 0usize..3, r in 1usize..4, me_at in 0usize..10,
+        keys in prop::collection::vec(any::<u128>(), 1..200),
+    ) {
+        let old_members = ids(n, salt);
+        let mut new_members: Vec<NodeId> =
+            old_members.iter().zip(&leave).filter(|(_, l)| !**l).map(|(m, _)| m.clone()).collect();
+        new_members.extend(ids(join, salt + 1));
+        prop_assume!(!new_members.is_empty());
+        let (old, new) = (Ring::new(old_members.clone(), 16), Ring::new(new_members, 16));
+        let me = old_members[me_at % n].clone();
+        let keys: Vec<PageKey> = keys.into_iter().map(PageKey).collect::<HashSet<_>>().into_iter().collect();
+        let mut sh = Shard::new(ShardConfig::default());
+        for &k in &keys {
+            sh.insert(k, loc(&me, 1), 0);
+        }
+        let in_shard: Vec<PageKey> = sh.keys().collect();
+        let plan = peercache_directory::handoff::plan(&sh, &me, &old, &new, r);
+        let (sends, drops) = naive_plan(&in_shard, &me, &old, &new, r);
+        prop_assert_eq!(&plan.sends, &sends);
+        prop_assert_eq!(&plan.drops, &drops);
+        // Re-announcement: each page to exactly the new owners it gained.
+        let re = peercache_directory::handoff::reannounce_routes(&old, &new, r, keys.iter().copied());
+        let mut got: HashMap<PageKey, HashSet<NodeId>> = HashMap::new();
+        for (node, idx) in &re.routes {
+            for &i in idx {
+                got.entry(keys[re.pages[i]]).or_default().insert(node.clone());
+            }
+        }
+        for &k in &keys {
+            let o = old.owners(k, r);
+            let want: HashSet<NodeId> = new.owners(k, r).into_iter().filter(|x| !o.contains(x)).collect();
+            prop_assert_eq!(got.remove(&k).unwrap_or_default(), want);
+        }
+    }
+}

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use peercache_directory::Member;
 use peercache_discovery::NodeInfo;
-use peercache_wire::NodeId;
 
 use crate::StoreError;
 use crate::base::Core;
@@ -72,6 +71,7 @@ impl Core {
             .map(|m| Member {
                 node: m.node,
                 control: m.control,
+                incarnation: m.incarnation,
             })
             .collect();
         if members.is_empty() {
@@ -79,14 +79,12 @@ impl Core {
         }
         self.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == self.me);
-        let before = self.dir.ring();
-        self.dir.apply_membership(&members);
+        let report = self.dir.apply_membership(&members);
         if has_me && self.tasks.republish_pending.swap(false, Ordering::AcqRel) {
             self.republish_recovered();
         }
-        let after = self.dir.ring();
-        if has_me && !before.is_empty() && after.members() != before.members() {
-            self.reannounce(&before, &after);
+        if has_me && let Some((before, after)) = &report.rings {
+            self.reannounce(before, after);
         }
         if has_me {
             let mut ready = self.tasks.ring_ready.0.lock();
@@ -132,8 +130,7 @@ impl Core {
             }
         }
     }
-    /// Tells the directory about every page the disk tier recovered (as disk-only copies of
-    /// this node), so a restarted node's pages are found again.
+
     /// Announces this pool's pages to the directory replicas a ring change added for them.
     ///
     /// Shard-to-shard hand-off moves entries when the ring changes, but nodes see a change at
@@ -146,34 +143,21 @@ impl Core {
     fn reannounce(&self, before: &peercache_directory::Ring, after: &peercache_directory::Ring) {
         let mut pages = Vec::new();
         self.pool.live_pages(&mut pages);
-        let replicas = self.cfg.directory_replicas;
-        let (mut old_idx, mut new_idx) = (Vec::new(), Vec::new());
-        let mut entries = Vec::new();
-        let mut routes: Vec<(NodeId, Vec<usize>)> = Vec::new();
-        for (k, loc) in &pages {
-            before.owner_indices(*k, replicas, &mut old_idx);
-            after.owner_indices(*k, replicas, &mut new_idx);
-            let mut added = new_idx
-                .iter()
-                .map(|&i| after.member(i))
-                .filter(|n| !old_idx.iter().any(|&o| before.member(o) == *n))
-                .peekable();
-            if added.peek().is_none() {
-                continue;
-            }
-            let e = entries.len();
-            entries.push((*k, self.resident_location(loc)));
-            for n in added {
-                match routes.iter_mut().find(|(m, _)| m == n) {
-                    Some((_, v)) => v.push(e),
-                    None => routes.push((n.clone(), vec![e])),
-                }
-            }
-        }
+        let plan = peercache_directory::handoff::reannounce_routes(
+            before,
+            after,
+            self.cfg.directory_replicas,
+            pages.iter().map(|(k, _)| *k),
+        );
+        let entries: Vec<_> = plan
+            .pages
+            .iter()
+            .map(|&i| (pages[i].0, self.resident_location(&pages[i].1)))
+            .collect();
         if entries.is_empty() {
             return;
         }
-        let done = self.dir.insert_routed(&entries, &routes);
+        let done = self.dir.insert_routed(&entries, &plan.routes);
         self.metrics.reannounced.add(done as u64);
         tracing::debug!(
             pages = entries.len(),
@@ -182,6 +166,8 @@ impl Core {
         );
     }
 
+    /// Tells the directory about every page the disk tier recovered (as disk-only copies of
+    /// this node), so a restarted node's pages are found again.
     fn republish_recovered(&self) {
         let Some(disk) = &self.disk else { return };
         let keys = disk.keys();
