@@ -11,7 +11,7 @@ use peercache_directory::{
     Shard, ShardConfig, handoff,
 };
 use peercache_wire::handshake::{Hello, Plane};
-use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::rpc::{self, RpcClient, RpcServer, ServerConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::hist;
@@ -93,16 +93,6 @@ fn timed(
 pub fn run(args: &DirArgs) -> Result<Report> {
     let owner = NodeId::new("bench-server")?;
     let service = Arc::new(DirectoryService::new(ShardConfig::default()));
-    let svc = service.clone();
-    let handler: rpc::Handler = Arc::new(move |peer, env| {
-        svc.handle(peer, env).unwrap_or(Reply::Error {
-            error: RpcError {
-                code: RpcError::CODE_UNKNOWN_KIND,
-                message: "not a directory request".into(),
-            },
-            close: false,
-        })
-    });
     let server = RpcServer::start(
         ServerConfig {
             bind: "127.0.0.1:0".parse()?,
@@ -117,7 +107,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             name: "bench-dir",
             auth: peercache_wire::Auth::none(),
         },
-        handler,
+        service.into_handler(),
     )?;
     let me = NodeId::new("bench-client")?;
     let writer = me.clone();

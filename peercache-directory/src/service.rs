@@ -230,6 +230,20 @@ impl DirectoryService {
         Ok(DirRequest::Handoff(kept.into()))
     }
 
+    /// This shard as an RPC server's whole handler: directory requests are handled, any other
+    /// kind is answered `CODE_UNKNOWN_KIND` (for a server that serves nothing else).
+    pub fn into_handler(self: Arc<Self>) -> peercache_wire::rpc::Handler {
+        Arc::new(move |peer, env| {
+            self.handle(peer, env).unwrap_or(Reply::Error {
+                error: RpcError {
+                    code: RpcError::CODE_UNKNOWN_KIND,
+                    message: "not a directory request".into(),
+                },
+                close: false,
+            })
+        })
+    }
+
     /// Handles a directory envelope from `peer`; `None` if the kind is not a directory
     /// request.
     pub fn handle(&self, peer: &Peer, env: Envelope<'_>) -> Option<Reply> {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use peercache_wire::handshake::{Hello, Plane};
-use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::rpc::{self, RpcClient, RpcServer, ServerConfig};
 use peercache_wire::{Auth, Incarnation, NodeId, PageKey};
 
 use crate::DirError;
@@ -65,16 +65,6 @@ impl TestNode {
     pub fn start(i: usize, incarnation: Incarnation, cfg: ClientConfig) -> Result<Self, DirError> {
         let id = node_id(i);
         let service = Arc::new(DirectoryService::new(ShardConfig::default()));
-        let served = service.clone();
-        let handler: rpc::Handler = Arc::new(move |peer, env| {
-            served.handle(peer, env).unwrap_or(Reply::Error {
-                error: RpcError {
-                    code: RpcError::CODE_UNKNOWN_KIND,
-                    message: "not a directory request".into(),
-                },
-                close: false,
-            })
-        });
         let bind = SocketAddr::from(([127, 0, 0, (i % 250 + 1) as u8], 0));
         let server = RpcServer::start(
             ServerConfig {
@@ -90,7 +80,7 @@ impl TestNode {
                 name: "dir-testbed",
                 auth: Auth::none(),
             },
-            handler,
+            service.clone().into_handler(),
         )
         .map_err(DirError::Wire)?;
         let rpc = RpcClient::new(rpc::ClientConfig {

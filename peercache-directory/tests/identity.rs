@@ -13,22 +13,13 @@ use peercache_directory::{
     DirReply, DirRequest, DirectoryService, OwnerRef, Owners, Ring, ShardConfig,
 };
 use peercache_wire::handshake::{Hello, Plane};
-use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::rpc::{self, RpcClient, RpcError, RpcServer, ServerConfig};
 use peercache_wire::{Auth, Incarnation, NodeId, PageKey, WireError, envelope};
 
 const SECRET: &[u8] = b"directory-identity-test-secret";
 const VNODES: u32 = 64;
 
 fn serve(service: Arc<DirectoryService>, me: &NodeId) -> RpcServer {
-    let handler: rpc::Handler = Arc::new(move |peer, env| {
-        service.handle(peer, env).unwrap_or(Reply::Error {
-            error: RpcError {
-                code: RpcError::CODE_UNKNOWN_KIND,
-                message: "not a directory request".into(),
-            },
-            close: false,
-        })
-    });
     RpcServer::start(
         ServerConfig {
             bind: "127.0.0.31:0".parse().unwrap(),
@@ -43,7 +34,7 @@ fn serve(service: Arc<DirectoryService>, me: &NodeId) -> RpcServer {
             name: "dir-identity",
             auth: Auth::from_secret(SECRET).unwrap(),
         },
-        handler,
+        service.into_handler(),
     )
     .unwrap()
 }
