@@ -23,6 +23,7 @@ pub mod rawtcp;
 pub mod recovery;
 pub mod replicabench;
 pub mod report;
+pub mod republish;
 pub mod rows;
 pub mod runner;
 pub mod saturation;

@@ -32,6 +32,9 @@ pub struct ScaleArgs {
     /// The recovery run after the shard sizes.
     #[command(flatten)]
     pub recovery: crate::recovery::RecoveryArgs,
+    /// The disk re-publish run after recovery.
+    #[command(flatten)]
+    pub republish: crate::republish::RepublishArgs,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,
@@ -245,6 +248,11 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
     } else {
         serde_json::Value::Null
     };
+    let republish = if args.republish.republish_pages > 0 {
+        crate::republish::run(&args.republish, &mut rows)?
+    } else {
+        serde_json::Value::Null
+    };
     Ok(Report {
         bench: "scale".into(),
         host: Host::detect(),
@@ -252,7 +260,9 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             "rounds": args.run.rounds, "secs": args.run.secs,
             "recovery_pages": args.recovery.recovery_pages,
             "recovery_nodes": args.recovery.recovery_nodes,
-            "replicas": args.recovery.replicas, "detect_secs": args.recovery.detect_secs}),
+            "replicas": args.recovery.replicas, "detect_secs": args.recovery.detect_secs,
+            "republish_pages": args.republish.republish_pages,
+            "republish_page_bytes": args.republish.republish_page_bytes}),
         summary: serde_json::json!({
             // Allocator-counted bytes per (key, owner), the largest over the key counts.
             "bytes_per_entry": (worst_bytes * 10.0).round() / 10.0,
@@ -263,6 +273,8 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             "sizes": sizes,
             // A node killed, then one restarted: when every live owner's page was found again.
             "recovery": recovery,
+            // A node restarted on a disk tier of small pages: when the cluster found them all.
+            "republish": republish,
         }),
         results: rows,
     })

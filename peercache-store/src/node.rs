@@ -1,6 +1,6 @@
 //! The running node: keeps the directory ring in step with discovery (membership sync, the
-//! departed and strangers forgotten, re-announcements, recovered pages re-published), waits
-//! until ready, and shuts down in order.
+//! departed and strangers forgotten, re-announcements), waits until ready, and shuts down in
+//! order. Recovered disk pages are re-published by [`crate::republish`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,9 +80,6 @@ impl Core {
         self.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == self.me);
         let report = self.dir.apply_membership(&members);
-        if has_me && self.tasks.republish_pending.swap(false, Ordering::AcqRel) {
-            self.republish_recovered();
-        }
         if has_me && let Some((before, after)) = &report.rings {
             self.reannounce(before, after);
         }
@@ -166,47 +163,6 @@ impl Core {
         );
     }
 
-    /// Tells the directory about every page the disk tier recovered (as disk-only copies of
-    /// this node), so a restarted node's pages are found again.
-    fn republish_recovered(&self) {
-        let Some(disk) = &self.disk else { return };
-        let keys = disk.keys();
-        let mut entries = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some(len) = disk.len_of(k) {
-                entries.push((
-                    k,
-                    peercache_directory::Location {
-                        node: self.me.clone(),
-                        incarnation: self.incarnation,
-                        rails: smallvec::smallvec![peercache_directory::Rail {
-                            endpoint: self.data_endpoint,
-                            region: self.pool_key,
-                        }],
-                        addr: 0,
-                        len,
-                        valid_len: len,
-                        generation: 0,
-                        checksum: 0,
-                        resident: false,
-                        class: peercache_directory::CopyClass::Retained,
-                    },
-                ));
-            }
-        }
-        let mut done = 0;
-        for chunk in entries.chunks(4096) {
-            if let Ok(r) = self.dir.insert(chunk) {
-                done += r.iter().filter(|o| o.is_some()).count();
-            }
-        }
-        self.metrics.republishes.add(done as u64);
-        tracing::info!(
-            pages = done,
-            "re-published pages recovered from the disk tier"
-        );
-    }
-
     /// Waits until discovery registered this node and the directory ring includes it.
     pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -255,6 +211,7 @@ impl Core {
         if let Some(mut e) = self.tasks.evictions.lock().take() {
             e.stop();
         }
+        self.stop_republish();
         if let Some(d) = &self.disk {
             d.flush();
         }

@@ -70,6 +70,8 @@ pub(crate) struct Tasks {
     pub(crate) promote_lock: Mutex<()>,
     /// Recovered disk pages still to re-publish once the ring includes this node.
     pub(crate) republish_pending: AtomicBool,
+    /// The thread re-publishing them (joined at shutdown).
+    pub(crate) republisher: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The membership thread.
     pub(crate) membership: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Data endpoints of the members at the last membership sync (departed ones are forgotten
@@ -87,6 +89,7 @@ impl Tasks {
             promoter: OnceLock::new(),
             promote_lock: Mutex::new(()),
             republish_pending: AtomicBool::new(republish_pending),
+            republisher: Mutex::new(None),
             membership: Mutex::new(None),
             member_data: Mutex::new(HashSet::new()),
             ring_ready: (Mutex::new(false), Condvar::new()),

@@ -623,6 +623,7 @@ impl Core {
                     // Coalesce a burst of events into one ring change.
                     while events.try_recv().is_ok() {}
                     inner.sync_membership();
+                    crate::republish::start(&inner);
                 }
             })?;
         *inner.tasks.membership.lock() = Some(t);

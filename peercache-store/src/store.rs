@@ -58,6 +58,9 @@ pub struct StoreStats {
     pub identity_refused: u64,
     /// Slotmap layouts of peers refused as out of this node's bounds (their keys are misses).
     pub layouts_refused: u64,
+    /// Pages the disk tier recovered after a restart that the directory took back (re-published
+    /// as this node's disk-only copies).
+    pub disk_republished: u64,
 }
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -142,7 +145,7 @@ impl Store {
     /// ring. Returns whether `n` was reached within `timeout`.
     pub fn wait_members(&self, n: usize, timeout: Duration) -> bool {
         let ok = self.inner.discovery.wait_for(timeout, |m| m.len() >= n);
-        self.inner.sync_membership();
+        self.sync_membership();
         ok
     }
 
@@ -169,6 +172,7 @@ impl Store {
     /// Re-reads membership into the directory ring now (it also happens on every change).
     pub fn sync_membership(&self) {
         self.inner.sync_membership();
+        crate::republish::start(&self.inner);
     }
 
     /// Registers the caller's KV host memory as a read destination (local-only: peers can
@@ -530,6 +534,7 @@ impl Store {
             identity_refused: inner.metrics.identity_refused.get()
                 + inner.dir_service.refusals().identity.get(),
             layouts_refused: inner.metrics.layouts_refused.get(),
+            disk_republished: inner.metrics.republishes.get(),
         }
     }
 

@@ -153,3 +153,82 @@ fn a_reader_without_disk_gets_pages_another_node_holds_only_on_disk() {
     reader.shutdown();
     owner.shutdown();
 }
+
+/// A recognisable small page: its index, then bytes derived from it.
+fn small_page(i: u64, len: usize) -> Vec<u8> {
+    let mut p: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+    p[..8].copy_from_slice(&i.to_le_bytes());
+    p
+}
+
+#[test]
+fn a_restarted_node_republishes_a_hundred_thousand_small_disk_pages() {
+    use peercache_pool::disk::{DiskConfig, DiskTier};
+    use peercache_wire::PageKey;
+
+    const PAGES: u64 = 100_000;
+    const LEN: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let key = |i: u64| format!("small-disk-page-{i}");
+    // What the node's previous life left: write-through records in its tier folder.
+    {
+        let mut cfg = DiskConfig::new(dir.path().join("disk-restart-a"), 1 << 30);
+        cfg.queue_depth = 4096;
+        let tier = DiskTier::open(cfg).unwrap();
+        for i in 0..PAGES {
+            if i % 2048 == 0 {
+                tier.flush();
+            }
+            let p = small_page(i, LEN);
+            assert!(tier.put(PageKey::from_key(&key(i)), &[&p], LEN as u32, 1));
+        }
+        tier.flush();
+        assert_eq!(tier.stats().keys, PAGES);
+    }
+    let port = common::free_port();
+    let seed = node_on("127.0.0.33", "127.0.0.33", port, "disk-seed", None, 1);
+    let restarted = common::start(common::config(
+        "127.0.0.34",
+        "127.0.0.33",
+        port,
+        json!({"node_id": "disk-restart-a", "global_segment_size": "4mb",
+               "disk_enabled": true, "disk_path": dir.path().to_str().unwrap(),
+               "disk_size": "1gb"}),
+    ));
+    assert!(restarted.wait_members(2, Duration::from_secs(10)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while restarted.stats().disk_republished < PAGES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {PAGES} recovered pages re-published within 60 s",
+            restarted.stats().disk_republished
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(restarted.stats().disk_republished, PAGES, "each page once");
+    // The other node finds every page, as a disk-only copy of the restarted node.
+    let keys: Vec<String> = (0..PAGES).map(key).collect();
+    for chunk in keys.chunks(16 * 1024) {
+        for (k, owners) in chunk.iter().zip(seed.locate(chunk).unwrap()) {
+            let owners = owners.unwrap_or_else(|| panic!("{k} is not found after the restart"));
+            assert!(
+                owners
+                    .iter()
+                    .any(|l| l.node.as_str() == "disk-restart-a" && !l.resident && l.len == 4096),
+                "{k}: {owners:?}"
+            );
+        }
+    }
+    // A sample reads back byte-exact (promoted from the restarted node's disk).
+    let sample: Vec<u64> = (0..PAGES).step_by(997).take(40).collect();
+    for chunk in sample.chunks(8) {
+        let ks: Vec<String> = chunk.iter().map(|&i| key(i)).collect();
+        let (got, bufs) = common::get(&seed, &ks, LEN);
+        assert!(got.iter().all(|&g| g), "sampled pages are served: {got:?}");
+        for (&i, b) in chunk.iter().zip(&bufs) {
+            assert_eq!(*b, small_page(i, LEN), "page {i} is the page written");
+        }
+    }
+    restarted.shutdown();
+    seed.shutdown();
+}

@@ -337,6 +337,13 @@ impl DiskTier {
         self.shared.index.lock().map.keys().copied().collect()
     }
 
+    /// Every record on disk as (key, payload bytes), taken under one lock: what a restarted
+    /// node re-publishes.
+    pub fn inventory(&self) -> Vec<(PageKey, u32)> {
+        let idx = self.shared.index.lock();
+        idx.map.iter().map(|(k, e)| (*k, e.header.len)).collect()
+    }
+
     /// Reads a page into `dst` segments and verifies it against its checksum.
     pub fn read(&self, key: PageKey, dst: &mut [&mut [u8]]) -> Result<RecordHeader, DiskError> {
         let (entry, file) = {
