@@ -12,6 +12,7 @@ pub mod dirbench;
 pub mod diskbench;
 pub mod drive;
 pub mod hist;
+pub mod join;
 pub mod latency;
 pub mod mainjob;
 pub mod micro;

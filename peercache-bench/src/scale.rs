@@ -35,6 +35,9 @@ pub struct ScaleArgs {
     /// The disk re-publish run after recovery.
     #[command(flatten)]
     pub republish: crate::republish::RepublishArgs,
+    /// The join run after the disk re-publish.
+    #[command(flatten)]
+    pub join: crate::join::JoinArgs,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,
@@ -253,6 +256,11 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
     } else {
         serde_json::Value::Null
     };
+    let join = if args.join.join_entries > 0 {
+        crate::join::run(&args.join, &mut rows)?
+    } else {
+        serde_json::Value::Null
+    };
     Ok(Report {
         bench: "scale".into(),
         host: Host::detect(),
@@ -262,7 +270,8 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             "recovery_nodes": args.recovery.recovery_nodes,
             "replicas": args.recovery.replicas, "detect_secs": args.recovery.detect_secs,
             "republish_pages": args.republish.republish_pages,
-            "republish_page_bytes": args.republish.republish_page_bytes}),
+            "republish_page_bytes": args.republish.republish_page_bytes,
+            "join_entries": args.join.join_entries, "join_rate": args.join.join_rate}),
         summary: serde_json::json!({
             // Allocator-counted bytes per (key, owner), the largest over the key counts.
             "bytes_per_entry": (worst_bytes * 10.0).round() / 10.0,
@@ -275,6 +284,9 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
             "recovery": recovery,
             // A node restarted on a disk tier of small pages: when the cluster found them all.
             "republish": republish,
+            // A node joined under a lookup load, the hand-off paced: what readers missed.
+            "handoff_misses": join.get("misses").cloned().unwrap_or(serde_json::Value::Null),
+            "join": join,
         }),
         results: rows,
     })

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use peercache_wire::envelope;
+use peercache_wire::envelope::{self, Extension};
 use peercache_wire::rpc::{self, RpcClient};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::DirError;
 use crate::handoff;
 use crate::location::{Location, Owners};
-use crate::msg::{DirReply, DirRequest, OwnerRef};
+use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, Moving, OwnerRef};
 use crate::ring::Ring;
 use crate::service::DirectoryService;
 use crate::shard::InsertOutcome;
@@ -48,6 +48,11 @@ pub struct ClientConfig {
     /// How long a shard keeps entries it no longer owns after handing them off, so readers
     /// whose view of the ring lags still find them (0: drop at once).
     pub drop_grace: Duration,
+    /// Pace of this node's hand-off after a ring change, in bytes of entries per second (0:
+    /// as fast as the receivers answer). A newcomer is not flooded by every member at once;
+    /// meanwhile it points readers at the keys' previous holders, so a paced hand-off causes
+    /// no misses.
+    pub handoff_bytes_per_s: u64,
 }
 
 impl Default for ClientConfig {
@@ -59,6 +64,7 @@ impl Default for ClientConfig {
             max_keys_per_request: 16 * 1024,
             handoff_grace: Duration::from_secs(5),
             drop_grace: Duration::from_secs(5),
+            handoff_bytes_per_s: 64 << 20,
         }
     }
 }
@@ -101,6 +107,8 @@ pub struct ClientStats {
     pub rpc_errors: u64,
     /// Keys retried on a replica.
     pub fallbacks: u64,
+    /// Keys a shard still receiving them by hand-off pointed to their previous holder.
+    pub redirects: u64,
 }
 
 /// Routes directory operations to shard owners (the local shard directly, peers over RPC).
@@ -218,6 +226,7 @@ impl DirectoryClient {
         rpc: RpcClient,
         cfg: ClientConfig,
     ) -> Self {
+        local.receive_handoffs(me.clone(), cfg.handoff_grace);
         let view = View {
             ring: Ring::new(Vec::new(), cfg.vnodes),
             addrs: HashMap::new(),
@@ -280,6 +289,7 @@ impl DirectoryClient {
             local_calls: self.c.local_calls.get(),
             rpc_errors: self.c.errors.get(),
             fallbacks: self.c.fallbacks.get(),
+            redirects: self.c.redirects.get(),
         }
     }
 
@@ -315,7 +325,21 @@ impl DirectoryClient {
         chunks: &[Chunk],
         build: impl Fn(&[usize]) -> DirRequest<'a>,
     ) -> Vec<Result<DirReply, DirError>> {
-        let mut results: Vec<Option<Result<DirReply, DirError>>> =
+        self.fan_out_hinted(view, chunks, build)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// [`Self::fan_out`], with each reply's [`Moving`] hints (empty unless a shard is still
+    /// receiving a hand-off of keys it missed).
+    fn fan_out_hinted<'a>(
+        &self,
+        view: &View,
+        chunks: &[Chunk],
+        build: impl Fn(&[usize]) -> DirRequest<'a>,
+    ) -> Vec<(Result<DirReply, DirError>, Moving)> {
+        let mut results: Vec<Option<(Result<DirReply, DirError>, Moving)>> =
             (0..chunks.len()).map(|_| None).collect();
         let mut frames = Vec::new();
         let mut remote = Vec::new();
@@ -323,11 +347,16 @@ impl DirectoryClient {
             let req = build(items);
             if *node == self.me {
                 self.c.local_calls.add(1);
-                results[ci] = Some(Ok(self.local.apply(&req)));
+                let reply = self.local.apply(&req);
+                let moving = self.local.moving(&req, &reply);
+                results[ci] = Some((Ok(reply), moving));
                 continue;
             }
             let Some(&addr) = view.addrs.get(node) else {
-                results[ci] = Some(Err(DirError::UnknownMember(node.clone())));
+                results[ci] = Some((
+                    Err(DirError::UnknownMember(node.clone())),
+                    Moving::default(),
+                ));
                 continue;
             };
             match envelope::encode(&req, &[]) {
@@ -335,7 +364,7 @@ impl DirectoryClient {
                     frames.push((addr, f));
                     remote.push(ci);
                 }
-                Err(e) => results[ci] = Some(Err(DirError::Wire(e))),
+                Err(e) => results[ci] = Some((Err(DirError::Wire(e)), Moving::default())),
             }
         }
         if !frames.is_empty() {
@@ -344,18 +373,19 @@ impl DirectoryClient {
             self.c.rpcs.add(calls.len() as u64);
             let replies = self.rpc.call_many(&calls, self.cfg.timeout);
             for (ci, r) in remote.into_iter().zip(replies) {
-                let r = r
-                    .and_then(|f| rpc::decode_reply::<DirReply>(&f))
-                    .map_err(DirError::Wire);
+                let r = r.and_then(|f| decode_hinted(&f)).map_err(DirError::Wire);
                 if r.is_err() {
                     self.c.errors.add(1);
                 }
-                results[ci] = Some(r);
+                results[ci] = Some(match r {
+                    Ok((reply, moving)) => (Ok(reply), moving),
+                    Err(e) => (Err(e), Moving::default()),
+                });
             }
         }
         results
             .into_iter()
-            .map(|r| r.unwrap_or(Err(DirError::NoMembers)))
+            .map(|r| r.unwrap_or((Err(DirError::NoMembers), Moving::default())))
             .collect()
     }
 
@@ -493,6 +523,8 @@ impl DirectoryClient {
         let mut out = vec![missing; keys.len()];
         let retry_misses = view.changed_at.elapsed() < self.cfg.handoff_grace;
         let mut pending: Vec<usize> = (0..keys.len()).collect();
+        // Keys a shard missed because it is still receiving them, with their previous holder.
+        let mut hinted: Vec<(usize, NodeId)> = Vec::new();
         for rank in 0..self.cfg.replicas {
             if pending.is_empty() {
                 break;
@@ -501,9 +533,16 @@ impl DirectoryClient {
                 self.c.fallbacks.add(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
-            let replies = self.fan_out(&view, &chunks, &build);
+            let replies = self.fan_out_hinted(&view, &chunks, &build);
             let mut next = Vec::new();
-            for ((_, items), reply) in chunks.iter().zip(replies) {
+            for ((node, items), (reply, moving)) in chunks.iter().zip(replies) {
+                for (j, holder) in moving.keys {
+                    if let Some(&i) = items.get(j as usize)
+                        && holder != *node
+                    {
+                        hinted.push((i, holder));
+                    }
+                }
                 match reply.ok().and_then(&decode) {
                     Some(v) if v.len() == items.len() => {
                         for (&i, answer) in items.iter().zip(v) {
@@ -518,6 +557,36 @@ impl DirectoryClient {
                 }
             }
             pending = next;
+        }
+        hinted.retain(|(i, _)| !found(&out[*i]));
+        if !hinted.is_empty() {
+            self.c.redirects.add(hinted.len() as u64);
+            let mut by_node: HashMap<NodeId, Vec<usize>> = HashMap::new();
+            for (i, holder) in hinted {
+                by_node.entry(holder).or_default().push(i);
+            }
+            let max = self.cfg.max_keys_per_request.max(1);
+            let chunks: Vec<Chunk> = by_node
+                .into_iter()
+                .flat_map(|(node, items)| {
+                    items
+                        .chunks(max)
+                        .map(|c| (node.clone(), c.to_vec()))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for ((_, items), reply) in chunks.iter().zip(self.fan_out(&view, &chunks, &build)) {
+                if let Some(v) = reply.ok().and_then(&decode)
+                    && v.len() == items.len()
+                {
+                    for (&i, answer) in items.iter().zip(v) {
+                        if found(&answer) {
+                            out[i] = answer;
+                        }
+                    }
+                }
+            }
+            pending.retain(|&i| !found(&out[i]));
         }
         if retry_misses && !pending.is_empty() {
             for (items, reply) in self.ask_every_member(&view, &pending, &build) {
@@ -647,6 +716,84 @@ impl DirectoryClient {
         n
     }
 
+    /// Sends a ring change's hand-off: to every receiver its first chunk at once (each chunk
+    /// says how many entries are still to come, [`EXT_HANDOFF_MORE`], so the receiver points
+    /// readers here until it has them all), then the rest round-robin over the receivers, one
+    /// chunk each per round in parallel, paced at `handoff_bytes_per_s`. Returns false when a
+    /// send failed (those entries are kept and counted in `report.failed`).
+    fn send_handoff(
+        &self,
+        view: &View,
+        sends: &HashMap<NodeId, Vec<PageKey>>,
+        report: &mut HandoffReport,
+    ) -> bool {
+        let max = self.cfg.max_keys_per_request.max(1);
+        let targets: Vec<(SocketAddr, &NodeId, &[PageKey])> = sends
+            .iter()
+            .filter_map(|(node, keys)| view.addrs.get(node).map(|&a| (a, node, keys.as_slice())))
+            .collect();
+        let rounds = targets
+            .iter()
+            .map(|(_, _, keys)| keys.len().div_ceil(max))
+            .max()
+            .unwrap_or(0);
+        let started = Instant::now();
+        let mut bytes = 0u64;
+        let mut ok_all = true;
+        for round in 0..rounds {
+            if round > 0 && self.cfg.handoff_bytes_per_s > 0 {
+                let due =
+                    Duration::from_secs_f64(bytes as f64 / self.cfg.handoff_bytes_per_s as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let mut frames = Vec::new();
+            let mut sent_keys = Vec::new();
+            for (addr, node, keys) in &targets {
+                let Some(chunk) = keys.chunks(max).nth(round) else {
+                    continue;
+                };
+                let more = (keys.len() - (round * max + chunk.len())) as u64;
+                let entries: Vec<(PageKey, Owners)> = self.local.with_shard(|sh, _| {
+                    chunk
+                        .iter()
+                        .filter_map(|k| sh.peek(*k).map(|o| (*k, o)))
+                        .collect()
+                });
+                let frame = Extension::of(EXT_HANDOFF_MORE, &more)
+                    .and_then(|ext| envelope::encode(&DirRequest::Handoff(entries.into()), &[ext]));
+                match frame {
+                    Ok(f) => {
+                        bytes += f.len() as u64;
+                        frames.push((*addr, f));
+                        sent_keys.push((*node, chunk.len()));
+                    }
+                    Err(e) => {
+                        ok_all = false;
+                        report.failed += chunk.len();
+                        tracing::warn!(%node, error = %e, "directory hand-off not encoded; entries kept");
+                    }
+                }
+            }
+            let calls: Vec<(SocketAddr, &[u8])> =
+                frames.iter().map(|(a, f)| (*a, f.as_slice())).collect();
+            self.c.rpcs.add(calls.len() as u64);
+            let replies = self.rpc.call_many(&calls, self.cfg.timeout);
+            for ((node, n), r) in sent_keys.into_iter().zip(replies) {
+                match r.and_then(|f| rpc::decode_reply::<DirReply>(&f)) {
+                    Ok(_) => report.sent += n,
+                    Err(e) => {
+                        ok_all = false;
+                        report.failed += n;
+                        tracing::warn!(%node, error = %e, "directory hand-off failed; entries kept");
+                    }
+                }
+            }
+        }
+        ok_all
+    }
+
     /// Installs a new member set: re-routes, collects locations of departed owners and of
     /// restarted owners' previous lives, and hands off the entries whose owners changed (only
     /// those; a member back under a new incarnation is handed its ranges again, since its
@@ -733,38 +880,7 @@ impl DirectoryClient {
         if !old.ring.is_empty() {
             report.rings = Some((from, new_ring.clone()));
         }
-        let mut ok_all = true;
-        for (node, keys) in &plan.sends {
-            let Some(&addr) = view.addrs.get(node) else {
-                continue;
-            };
-            for chunk in keys.chunks(self.cfg.max_keys_per_request.max(1)) {
-                let entries: Vec<(PageKey, Owners)> = self.local.with_shard(|sh, _| {
-                    chunk
-                        .iter()
-                        .filter_map(|k| sh.peek(*k).map(|o| (*k, o)))
-                        .collect()
-                });
-                let req = DirRequest::Handoff(entries.into());
-                let sent = envelope::encode(&req, &[])
-                    .map_err(DirError::Wire)
-                    .and_then(|f| {
-                        self.rpc
-                            .call(addr, &f, self.cfg.timeout)
-                            .map_err(DirError::Wire)
-                    })
-                    .and_then(|f| rpc::decode_reply::<DirReply>(&f).map_err(DirError::Wire));
-                self.c.rpcs.add(1);
-                match sent {
-                    Ok(_) => report.sent += chunk.len(),
-                    Err(e) => {
-                        ok_all = false;
-                        report.failed += chunk.len();
-                        tracing::warn!(%node, error = %e, "directory hand-off failed; entries kept");
-                    }
-                }
-            }
-        }
+        let ok_all = self.send_handoff(&view, &plan.sends, &mut report);
         if ok_all && !plan.drops.is_empty() {
             if self.cfg.drop_grace.is_zero() {
                 self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));
@@ -787,4 +903,14 @@ impl DirectoryClient {
         );
         report
     }
+}
+
+/// Decodes a shard's reply frame with its [`Moving`] hints (a reply without them, as an older
+/// shard sends, has none).
+fn decode_hinted(frame: &[u8]) -> Result<(DirReply, Moving), peercache_wire::WireError> {
+    let reply = rpc::decode_reply::<DirReply>(frame)?;
+    let moving = envelope::Envelope::parse(frame)?
+        .extension_value::<Moving>(EXT_MOVING)?
+        .unwrap_or_default();
+    Ok((reply, moving))
 }

@@ -26,6 +26,7 @@ pub mod location;
 pub mod metrics;
 pub mod msg;
 mod owner_table;
+mod receiving;
 pub mod ring;
 pub mod service;
 pub mod shard;

@@ -14,6 +14,9 @@ peercache_wire::metric_names! {
     pub const RPC_ERRORS_TOTAL: &str = "peercache_directory_rpc_errors_total";
     /// Lookups retried on a replica.
     pub const FALLBACKS_TOTAL: &str = "peercache_directory_fallbacks_total";
+    /// Lookup and exists keys a shard missed while still receiving them by hand-off, asked
+    /// again of the member that held them before.
+    pub const HANDOFF_REDIRECTS_TOTAL: &str = "peercache_directory_handoff_redirects_total";
     /// Entries handed off to new owners.
     pub const HANDOFF_SENT_TOTAL: &str = "peercache_directory_handoff_sent_total";
     /// Entries dropped after their ownership moved.
@@ -32,6 +35,7 @@ pub(crate) struct Counters {
     pub(crate) local_calls: Tally,
     pub(crate) errors: Tally,
     pub(crate) fallbacks: Tally,
+    pub(crate) redirects: Tally,
     pub(crate) handoff_sent: Tally,
     pub(crate) handoff_dropped: Tally,
 }
@@ -44,6 +48,7 @@ impl Counters {
             local_calls: t(LOCAL_CALLS_TOTAL),
             errors: t(RPC_ERRORS_TOTAL),
             fallbacks: t(FALLBACKS_TOTAL),
+            redirects: t(HANDOFF_REDIRECTS_TOTAL),
             handoff_sent: t(HANDOFF_SENT_TOTAL),
             handoff_dropped: t(HANDOFF_DROPPED_TOTAL),
         }

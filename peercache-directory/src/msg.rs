@@ -60,3 +60,22 @@ impl Message for DirReply {
     const KIND: u16 = 0x0202;
     const NAME: &'static str = "DirReply";
 }
+
+/// Extension of a [`DirReply::Found`] or [`DirReply::Exists`] reply (not critical: a reader
+/// that does not know it sees plain misses): keys this shard gained in the last ring change and
+/// is still receiving by hand-off, each with the member that held it before and keeps it until
+/// the hand-off is done — ask that one. Payload: a postcard [`Moving`].
+pub const EXT_MOVING: u16 = 0x0201;
+
+/// Extension of a [`DirRequest::Handoff`] (not critical: an older shard ignores it): how many
+/// more entries the sender will hand this shard after this request, for the ring change it is
+/// handing off. A shard keeps answering [`EXT_MOVING`] until every sender reached 0. Payload:
+/// a postcard `u64`.
+pub const EXT_HANDOFF_MORE: u16 = 0x0202;
+
+/// The payload of [`EXT_MOVING`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moving {
+    /// (index of the key in the request, member that held it before the ring change).
+    pub keys: Vec<(u32, NodeId)>,
+}

@@ -8,14 +8,15 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use peercache_wire::envelope::{self, Envelope, Message};
+use peercache_wire::envelope::{self, Envelope, Extension, Message};
 use peercache_wire::metrics::IDENTITY_REFUSED_TOTAL;
 use peercache_wire::rpc::{Peer, Reply, RpcError};
 use peercache_wire::tally::Tally;
 
 use crate::admission::{self, Holders, Refusal};
 use crate::location::Owners;
-use crate::msg::{DirReply, DirRequest};
+use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, Moving};
+use crate::receiving::Receiving;
 use crate::ring::Ring;
 use crate::shard::{Millis, Shard, ShardConfig};
 use peercache_wire::PageKey;
@@ -69,6 +70,8 @@ pub struct DirectoryService {
     /// Hand-offs that arrived before this shard had a ring to judge them by (a newcomer that
     /// the old members saw first), judged when the ring arrives.
     early: Mutex<Vec<(Peer, Vec<Entry>)>>,
+    /// Whether the last ring change's hand-off may still bring entries here.
+    receiving: Mutex<Receiving>,
     refusals: Refusals,
     /// Largest number of items accepted in one request.
     pub max_items: usize,
@@ -84,6 +87,7 @@ impl DirectoryService {
             epoch: Instant::now(),
             holders: RwLock::new(Arc::new(Holders::default())),
             early: Mutex::new(Vec::new()),
+            receiving: Mutex::new(Receiving::default()),
             refusals: Refusals::register(),
             max_items: 1 << 20,
         }
@@ -98,11 +102,55 @@ impl DirectoryService {
             replicas,
         });
         *self.holders.write() = holders.clone();
+        self.receiving.lock().ring_changed(Instant::now());
         let early = std::mem::take(&mut *self.early.lock());
         for (peer, entries) in early {
             let kept = self.judge_handoff(&peer, &holders, entries);
             self.apply(&DirRequest::Handoff(kept.into()));
         }
+    }
+
+    /// Lets this shard point readers at a key's previous holder while it receives a hand-off
+    /// ([`crate::msg::EXT_MOVING`]): `me` is its node, `grace` how long after a ring change it
+    /// counts as receiving before any sender announced its hand-off (the directory client
+    /// calls this with its `handoff_grace`).
+    pub fn receive_handoffs(&self, me: peercache_wire::NodeId, grace: std::time::Duration) {
+        self.receiving.lock().configure(me, grace);
+    }
+
+    /// Whether the last ring change's hand-off may still bring entries to this shard.
+    pub fn receiving(&self) -> bool {
+        let holders = self.holders.read().clone();
+        self.receiving.lock().open(&holders, Instant::now())
+    }
+
+    /// For a lookup or exists `req` and this shard's `reply`: the keys it missed that it is
+    /// still receiving by hand-off, each with the member to ask instead. Empty otherwise.
+    pub fn moving(&self, req: &DirRequest<'_>, reply: &DirReply) -> Moving {
+        let missed: Vec<(u32, PageKey)> = match (req, reply) {
+            (DirRequest::Lookup(keys), DirReply::Found(v)) => keys
+                .iter()
+                .zip(v)
+                .enumerate()
+                .filter(|(_, (_, o))| o.is_none())
+                .map(|(i, (k, _))| (i as u32, *k))
+                .collect(),
+            (DirRequest::Exists(keys), DirReply::Exists(v)) => keys
+                .iter()
+                .zip(v)
+                .enumerate()
+                .filter(|(_, (_, p))| !**p)
+                .map(|(i, (k, _))| (i as u32, *k))
+                .collect(),
+            _ => return Moving::default(),
+        };
+        if missed.is_empty() {
+            return Moving::default();
+        }
+        let holders = self.holders.read().clone();
+        self.receiving
+            .lock()
+            .hints(&holders, Instant::now(), missed.into_iter())
     }
 
     /// Keeps the entries of a hand-off from `peer` that `holders` admit; counts the rest.
@@ -263,6 +311,12 @@ impl DirectoryService {
                 });
             }
         };
+        if let DirRequest::Handoff(_) = &req
+            && let Some(node) = &peer.node
+            && let Ok(Some(more)) = env.extension_value::<u64>(EXT_HANDOFF_MORE)
+        {
+            self.receiving.lock().announced(node, more);
+        }
         if Self::items(&req) > self.max_items {
             return Some(Reply::Error {
                 error: RpcError {
@@ -285,7 +339,13 @@ impl DirectoryService {
             }
         };
         let reply = self.apply(&req);
-        Some(match envelope::encode(&reply, &[]) {
+        let moving = self.moving(&req, &reply);
+        let ext = if moving.keys.is_empty() {
+            Vec::new()
+        } else {
+            Extension::of(EXT_MOVING, &moving).into_iter().collect()
+        };
+        Some(match envelope::encode(&reply, &ext) {
             Ok(f) => Reply::Frame(f),
             Err(e) => Reply::Error {
                 error: RpcError {

@@ -58,3 +58,124 @@ fn v1_directory_fixtures_decode() {
     check("dir_exists_reply.bin", DirReply::Exists(vec![true, false]));
     check("dir_applied.bin", DirReply::Applied(7));
 }
+
+/// Writes (with `PEERCACHE_BLESS`) or reads a committed frame and checks it is still what this
+/// release encodes.
+fn committed_frame(name: &str, frame: &[u8]) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/v1")
+        .join(name);
+    if std::env::var_os("PEERCACHE_BLESS").is_some() {
+        std::fs::write(&path, frame).unwrap();
+    }
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+    assert_eq!(
+        bytes, frame,
+        "fixture {name}: this release encodes it differently"
+    );
+    bytes
+}
+
+/// The paced hand-off's two extensions (a shard's "still receiving, ask this member" hint and
+/// a sender's "this many more") ride as non-critical envelope extensions: a reader of the
+/// previous release decodes the same message and sees a plain miss or a plain hand-off; this
+/// release reads them.
+#[test]
+fn hand_off_extensions_are_skipped_by_older_readers_and_read_by_this_one() {
+    use peercache_directory::msg::{EXT_HANDOFF_MORE, EXT_MOVING, Moving};
+    use peercache_wire::envelope::{self, Envelope, Extension};
+
+    let a = node(1);
+    let reply = DirReply::Found(vec![Some(smallvec::smallvec![loc(&a, 1)]), None]);
+    let moving = Moving {
+        keys: vec![(1, node(2))],
+    };
+    let frame = envelope::encode(&reply, &[Extension::of(EXT_MOVING, &moving).unwrap()]).unwrap();
+    let bytes = committed_frame("dir_found_moving.bin", &frame);
+    // The previous release's decode: extensions it does not know and that are not critical
+    // are skipped, the reply is the same.
+    assert_eq!(envelope::decode::<DirReply>(&bytes).unwrap(), reply);
+    assert_eq!(
+        envelope::decode::<DirReply>(
+            &std::fs::read(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1/dir_found.bin")
+            )
+            .unwrap()
+        )
+        .unwrap(),
+        reply,
+        "the same reply from the previous release has no hint"
+    );
+    let env = Envelope::parse(&bytes).unwrap();
+    assert_eq!(
+        env.extension_value::<Moving>(EXT_MOVING).unwrap(),
+        Some(moving)
+    );
+
+    let handoff = DirRequest::Handoff(
+        vec![(key(5), smallvec::smallvec![loc(&a, 1), loc(&node(2), 3)])].into(),
+    );
+    let frame = envelope::encode(
+        &handoff,
+        &[Extension::of(EXT_HANDOFF_MORE, &4096u64).unwrap()],
+    )
+    .unwrap();
+    let bytes = committed_frame("dir_handoff_more.bin", &frame);
+    assert_eq!(envelope::decode::<DirRequest<'_>>(&bytes).unwrap(), handoff);
+    let env = Envelope::parse(&bytes).unwrap();
+    assert_eq!(
+        env.extension_value::<u64>(EXT_HANDOFF_MORE).unwrap(),
+        Some(4096)
+    );
+}
+
+/// A running shard of this release serves the previous release's committed lookup frame, and
+/// answers a frame of a later envelope version with a typed refusal naming the version (no
+/// hang, no panic).
+#[test]
+fn a_shard_serves_the_previous_release_and_refuses_a_later_one_by_version() {
+    use peercache_directory::ClientConfig;
+    use peercache_directory::testbed::TestNode;
+    use peercache_wire::rpc::RpcError;
+    use peercache_wire::{Incarnation, WIRE_VERSION, WireError};
+
+    let n: Vec<TestNode> = (70..72)
+        .map(|i| TestNode::start(i, Incarnation(1), ClientConfig::default()).unwrap())
+        .collect();
+    let members: Vec<_> = n.iter().map(|t| t.member()).collect();
+    for t in &n {
+        t.client.apply_membership(&members);
+    }
+    let old = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1/dir_lookup.bin"),
+    )
+    .unwrap();
+    let addr = n[0].server.local_addr();
+    let t = std::time::Duration::from_secs(2);
+    let reply = n[1].client.rpc().call(addr, &old, t).unwrap();
+    assert_eq!(
+        peercache_wire::rpc::decode_reply::<DirReply>(&reply).unwrap(),
+        DirReply::Found(vec![None, None]),
+        "the previous release's lookup is answered"
+    );
+    let mut later = old.clone();
+    later[2] = WIRE_VERSION + 1;
+    match n[1].client.rpc().call(addr, &later, t) {
+        Ok(f) => match peercache_wire::rpc::decode_reply::<DirReply>(&f) {
+            Err(WireError::Remote { code, message }) => {
+                assert_eq!(code, RpcError::CODE_MALFORMED);
+                assert!(message.contains("version"), "{message}");
+            }
+            other => panic!("a later version must be refused by version: {other:?}"),
+        },
+        Err(WireError::Remote { code, message }) => {
+            assert_eq!(code, RpcError::CODE_MALFORMED);
+            assert!(message.contains("version"), "{message}");
+        }
+        Err(e) => panic!("a later version must be refused with a typed reply: {e}"),
+    }
+    assert!(matches!(
+        peercache_wire::Envelope::parse(&later),
+        Err(WireError::UnsupportedVersion { got, .. }) if got == WIRE_VERSION + 1
+    ));
+}

@@ -49,6 +49,18 @@ pub struct Extension {
 impl Extension {
     /// Tag bit: readers that do not know this tag must reject the message.
     pub const CRITICAL: u16 = 0x8000;
+
+    /// An extension carrying `value` in postcard.
+    ///
+    /// # Errors
+    /// [`WireError::Malformed`] when `value` cannot be serialized.
+    pub fn of<T: Serialize>(tag: u16, value: &T) -> Result<Extension, WireError> {
+        let data = postcard::to_allocvec(value).map_err(|e| WireError::Malformed {
+            what: "extension",
+            detail: e.to_string(),
+        })?;
+        Ok(Extension { tag, data })
+    }
 }
 
 /// A decoded envelope header plus borrowed body and extension bytes.
@@ -136,6 +148,22 @@ impl<'a> Envelope<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Decodes the first extension with `tag` as a postcard `T` (None: absent).
+    ///
+    /// # Errors
+    /// [`WireError::Malformed`] when the extension list or the value does not decode.
+    pub fn extension_value<T: DeserializeOwned>(&self, tag: u16) -> Result<Option<T>, WireError> {
+        match self.extension(tag)? {
+            None => Ok(None),
+            Some(data) => postcard::from_bytes(data)
+                .map(Some)
+                .map_err(|e| WireError::Malformed {
+                    what: "extension",
+                    detail: e.to_string(),
+                }),
+        }
     }
 
     /// Returns the data of the first extension with `tag`.

@@ -53,6 +53,7 @@ impl PeerCacheConfig {
             replicas: self.directory_replicas,
             vnodes: self.vnodes,
             timeout: self.op_timeout(),
+            handoff_bytes_per_s: self.directory_handoff_rate,
             ..DirClientConfig::default()
         }
     }

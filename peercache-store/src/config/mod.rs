@@ -426,6 +426,10 @@ settings! {
     /// Most entries in this node's directory shard.
     directory_max_entries: u64 = 4_000_000;
         shown "`4000000`", example "1000", parse |k, v| p::ranged(k, v, 1, u64::MAX);
+    /// Bytes of directory entries per second this node hands off after a ring change (0: as
+    /// fast as receivers answer).
+    directory_handoff_rate: u64 = 64 << 20;
+        shown "`64mb`", example "16mb", parse p::size;
     /// Live owners at which a new copy is demoted to reclaimable.
     reclaim_threshold: u16 = 3;
         shown "`3`", example "5", parse |k, v| p::ranged(k, v, 2, 1000);

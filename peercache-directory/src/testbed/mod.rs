@@ -10,7 +10,9 @@
 //! [`Fleet`] measures recovery: with `pages` pages published round-robin by the nodes, kill a
 //! node (or restart it with an empty shard), and report when every page still held by a live
 //! owner is found again on all of its ring owners, how many entries moved, and what a reader
-//! sees.
+//! sees. [`join`] measures a newcomer's paced hand-off under a lookup load.
+
+pub mod join;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
