@@ -558,7 +558,9 @@ impl DirectoryClient {
             }
             pending = next;
         }
-        hinted.retain(|(i, _)| !found(&out[*i]));
+        // Within the grace every member is asked below (the previous holders among them);
+        // past it, only the holders a receiving shard named.
+        hinted.retain(|(i, _)| !retry_misses && !found(&out[*i]));
         if !hinted.is_empty() {
             self.c.redirects.add(hinted.len() as u64);
             let mut by_node: HashMap<NodeId, Vec<usize>> = HashMap::new();
@@ -908,8 +910,16 @@ impl DirectoryClient {
 /// Decodes a shard's reply frame with its [`Moving`] hints (a reply without them, as an older
 /// shard sends, has none).
 fn decode_hinted(frame: &[u8]) -> Result<(DirReply, Moving), peercache_wire::WireError> {
-    let reply = rpc::decode_reply::<DirReply>(frame)?;
-    let moving = envelope::Envelope::parse(frame)?
+    let env = envelope::Envelope::parse(frame)?;
+    if env.kind == <rpc::RpcError as envelope::Message>::KIND {
+        let e: rpc::RpcError = env.decode()?;
+        return Err(peercache_wire::WireError::Remote {
+            code: e.code,
+            message: e.message,
+        });
+    }
+    let reply: DirReply = env.decode()?;
+    let moving = env
         .extension_value::<Moving>(EXT_MOVING)?
         .unwrap_or_default();
     Ok((reply, moving))

@@ -62,6 +62,15 @@ impl Receiving {
         }
     }
 
+    /// Whether the last ring change's hand-off is surely over (past the grace and no sender
+    /// announced more): the cheap check before any other work.
+    pub(crate) fn idle(&self, now: Instant) -> bool {
+        self.more.is_empty()
+            && self
+                .since
+                .is_none_or(|since| now.duration_since(since) >= self.grace)
+    }
+
     /// Whether the hand-off of the last ring change may still bring entries.
     pub(crate) fn open(&self, holders: &Holders, now: Instant) -> bool {
         let Some(since) = self.since else {

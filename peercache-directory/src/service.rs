@@ -127,6 +127,11 @@ impl DirectoryService {
     /// For a lookup or exists `req` and this shard's `reply`: the keys it missed that it is
     /// still receiving by hand-off, each with the member to ask instead. Empty otherwise.
     pub fn moving(&self, req: &DirRequest<'_>, reply: &DirReply) -> Moving {
+        if !matches!(req, DirRequest::Lookup(_) | DirRequest::Exists(_))
+            || self.receiving.lock().idle(Instant::now())
+        {
+            return Moving::default();
+        }
         let missed: Vec<(u32, PageKey)> = match (req, reply) {
             (DirRequest::Lookup(keys), DirReply::Found(v)) => keys
                 .iter()
