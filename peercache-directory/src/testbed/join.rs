@@ -8,7 +8,6 @@
 //! Readers on the newcomer and on an old member look up 256-key batches of the published
 //! entries throughout, and once more after the last sender finished.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use peercache_wire::Incarnation;
 use super::{TestNode, page_key};
 use crate::DirError;
 use crate::client::{ClientConfig, Member};
-use crate::location::{CopyClass, Location, Rail};
+use crate::location::Location;
 
 /// What a join run is made of.
 #[derive(Clone, Debug)]
@@ -75,21 +74,7 @@ pub struct Join {
 
 /// The location entry `i` was published at by old member `owner` (a node index).
 pub fn location(owner: usize, i: u64) -> Location {
-    Location {
-        node: super::node_id(owner),
-        incarnation: Incarnation(1),
-        rails: smallvec::smallvec![Rail {
-            endpoint: SocketAddr::from(([127, 0, 0, (owner % 250 + 1) as u8], 9000)),
-            region: 0x10ad,
-        }],
-        addr: i * 4096,
-        len: 4096,
-        valid_len: 4096,
-        generation: i + 1,
-        checksum: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        resident: true,
-        class: CopyClass::Retained,
-    }
+    super::published(owner, Incarnation(1), i, i * 4096)
 }
 
 /// Runs the join (see the module docs).

@@ -197,6 +197,26 @@ pub fn page_key(i: u64) -> PageKey {
     PageKey::from_bytes(&i.to_le_bytes())
 }
 
+/// The location test node `owner` published page `i` at, in life `life`, at pool offset `addr`
+/// (generation and checksum derived from `i`, so a reader can tell it from any other page's).
+pub fn published(owner: usize, life: Incarnation, i: u64, addr: u64) -> Location {
+    Location {
+        node: node_id(owner),
+        incarnation: life,
+        rails: smallvec::smallvec![Rail {
+            endpoint: SocketAddr::from(([127, 0, 0, (owner % 250 + 1) as u8], 9000)),
+            region: 0x5eed,
+        }],
+        addr,
+        len: 4096,
+        valid_len: 4096,
+        generation: i + 1,
+        checksum: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        resident: true,
+        class: CopyClass::Retained,
+    }
+}
+
 /// A fleet of [`TestNode`]s with pages published round-robin (see the module docs).
 pub struct Fleet {
     cfg: RecoveryConfig,
@@ -259,21 +279,7 @@ impl Fleet {
     /// The location page `i` was published at by its owner in life `life`.
     fn location(&self, i: u64, life: Incarnation) -> Location {
         let owner = (i % self.cfg.nodes as u64) as usize;
-        Location {
-            node: node_id(owner),
-            incarnation: life,
-            rails: smallvec::smallvec![Rail {
-                endpoint: SocketAddr::from(([127, 0, 0, (owner % 250 + 1) as u8], 9000)),
-                region: 0x5eed,
-            }],
-            addr: (i / self.cfg.nodes as u64) * 4096,
-            len: 4096,
-            valid_len: 4096,
-            generation: i + 1,
-            checksum: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            resident: true,
-            class: CopyClass::Retained,
-        }
+        published(owner, life, i, (i / self.cfg.nodes as u64) * 4096)
     }
 
     /// Records every page on the shards of its ring owners, a thread per node.
