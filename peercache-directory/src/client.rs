@@ -727,16 +727,26 @@ impl DirectoryClient {
         &self,
         view: &View,
         sends: &HashMap<NodeId, Vec<PageKey>>,
+        newcomers: &[NodeId],
         report: &mut HandoffReport,
     ) -> bool {
         let max = self.cfg.max_keys_per_request.max(1);
+        // A newcomer waits for each earlier member's last word: one with nothing for it says
+        // so in an empty first chunk.
         let targets: Vec<(SocketAddr, &NodeId, &[PageKey])> = sends
             .iter()
-            .filter_map(|(node, keys)| view.addrs.get(node).map(|&a| (a, node, keys.as_slice())))
+            .map(|(node, keys)| (node, keys.as_slice()))
+            .chain(
+                newcomers
+                    .iter()
+                    .filter(|n| !sends.contains_key(*n))
+                    .map(|n| (n, &[][..])),
+            )
+            .filter_map(|(node, keys)| view.addrs.get(node).map(|&a| (a, node, keys)))
             .collect();
         let rounds = targets
             .iter()
-            .map(|(_, _, keys)| keys.len().div_ceil(max))
+            .map(|(_, _, keys)| keys.len().div_ceil(max).max(1))
             .max()
             .unwrap_or(0);
         let started = Instant::now();
@@ -753,8 +763,10 @@ impl DirectoryClient {
             let mut frames = Vec::new();
             let mut sent_keys = Vec::new();
             for (addr, node, keys) in &targets {
-                let Some(chunk) = keys.chunks(max).nth(round) else {
-                    continue;
+                let chunk = match keys.chunks(max).nth(round) {
+                    Some(chunk) => chunk,
+                    None if round == 0 => &[][..],
+                    None => continue,
                 };
                 let more = (keys.len() - (round * max + chunk.len())) as u64;
                 let entries: Vec<(PageKey, Owners)> = self.local.with_shard(|sh, _| {
@@ -879,10 +891,22 @@ impl DirectoryClient {
             }
             handoff::plan(sh, &self.me, &from, &new_ring, self.cfg.replicas)
         });
+        // Members new to the ring (joined, or back under a new life) wait for each earlier
+        // member to say its hand-off is done.
+        let newcomers: Vec<NodeId> = if from.is_empty() {
+            Vec::new()
+        } else {
+            new_ring
+                .members()
+                .iter()
+                .filter(|n| **n != self.me && !from.contains(n))
+                .cloned()
+                .collect()
+        };
         if !old.ring.is_empty() {
             report.rings = Some((from, new_ring.clone()));
         }
-        let ok_all = self.send_handoff(&view, &plan.sends, &mut report);
+        let ok_all = self.send_handoff(&view, &plan.sends, &newcomers, &mut report);
         if ok_all && !plan.drops.is_empty() {
             if self.cfg.drop_grace.is_zero() {
                 self.local.with_shard(|sh, _| sh.drop_keys(&plan.drops));

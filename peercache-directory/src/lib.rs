@@ -37,6 +37,7 @@ pub use client::{ClientConfig, DirectoryClient, HandoffReport, Member};
 pub use error::DirError;
 pub use location::{CopyClass, Location, Owners, Rail};
 pub use msg::{DirReply, DirRequest, OwnerRef};
+pub use receiving::SENDER_WAIT;
 pub use ring::Ring;
 pub use service::DirectoryService;
 pub use shard::{InsertOutcome, Shard, ShardConfig};

@@ -101,8 +101,13 @@ impl DirectoryService {
             current,
             replicas,
         });
-        *self.holders.write() = holders.clone();
-        self.receiving.lock().ring_changed(Instant::now());
+        // Held until the early entries are in: a miss meanwhile waits for its hints, which
+        // then name the previous holder.
+        let mut receiving = self.receiving.lock();
+        let first = std::mem::replace(&mut *self.holders.write(), holders.clone())
+            .current
+            .is_empty();
+        receiving.ring_changed(&holders, first, Instant::now());
         let early = std::mem::take(&mut *self.early.lock());
         for (peer, entries) in early {
             let kept = self.judge_handoff(&peer, &holders, entries);
@@ -113,7 +118,9 @@ impl DirectoryService {
     /// Lets this shard point readers at a key's previous holder while it receives a hand-off
     /// ([`crate::msg::EXT_MOVING`]): `me` is its node, `grace` how long after a ring change it
     /// counts as receiving before any sender announced its hand-off (the directory client
-    /// calls this with its `handoff_grace`).
+    /// calls this with its `handoff_grace`). A shard new to the ring waits longer for the
+    /// members it gains from: until each said it is done, or at most
+    /// [`SENDER_WAIT`](crate::SENDER_WAIT) (or `grace`, if longer).
     pub fn receive_handoffs(&self, me: peercache_wire::NodeId, grace: std::time::Duration) {
         self.receiving.lock().configure(me, grace);
     }
@@ -316,12 +323,16 @@ impl DirectoryService {
                 });
             }
         };
-        if let DirRequest::Handoff(_) = &req
-            && let Some(node) = &peer.node
-            && let Ok(Some(more)) = env.extension_value::<u64>(EXT_HANDOFF_MORE)
-        {
-            self.receiving.lock().announced(node, more);
-        }
+        // What a sender says is left counts once this request's entries are applied: a
+        // sender's last word must not close the window before its last entries are here.
+        let announced = match (&req, &peer.node) {
+            (DirRequest::Handoff(_), Some(node)) => env
+                .extension_value::<u64>(EXT_HANDOFF_MORE)
+                .ok()
+                .flatten()
+                .map(|more| (node, more)),
+            _ => None,
+        };
         if Self::items(&req) > self.max_items {
             return Some(Reply::Error {
                 error: RpcError {
@@ -344,6 +355,9 @@ impl DirectoryService {
             }
         };
         let reply = self.apply(&req);
+        if let Some((node, more)) = announced {
+            self.receiving.lock().announced(node, more);
+        }
         let moving = self.moving(&req, &reply);
         let ext = if moving.keys.is_empty() {
             Vec::new()

@@ -38,16 +38,22 @@ fn a_paced_hand_off_to_a_newcomer_causes_no_misses_under_lookup_load() {
 }
 
 #[test]
-fn an_unpaced_hand_off_is_quick_and_also_misses_nothing() {
+fn an_unpaced_hand_off_reaching_members_at_different_times_misses_nothing() {
+    // Each old member learns of the join 150 ms after the one before, three times the grace:
+    // the first sender is done long before the last one starts. The newcomer waits for every
+    // earlier member's word, so the readers are still pointed at the previous holders.
     let j = join::run(&JoinConfig {
         first: 80,
         entries: 30_000,
         rate: 0,
         grace: Duration::from_millis(50),
+        stagger: Duration::from_millis(150),
         ..JoinConfig::default()
     })
     .unwrap();
+    assert!(j.handoff >= Duration::from_millis(300), "{j:?}");
     assert_eq!((j.failed, j.misses, j.wrong), (0, 0, 0), "{j:?}");
+    assert!(j.redirects > 0, "{j:?}");
     assert_eq!(j.newcomer_entries, j.sent, "{j:?}");
     assert!(!j.still_receiving, "{j:?}");
 }

@@ -34,6 +34,10 @@ pub struct JoinConfig {
     pub rate: u64,
     /// The ring change grace (`handoff_grace`): misses are retried on every member this long.
     pub grace: Duration,
+    /// How much later each old member learns of the join than the one before it (discovery
+    /// reaches members at different times): old member `o` installs the new ring `o ×
+    /// stagger` after the first.
+    pub stagger: Duration,
 }
 
 impl Default for JoinConfig {
@@ -45,6 +49,7 @@ impl Default for JoinConfig {
             replicas: 2,
             rate: 1 << 20,
             grace: Duration::from_millis(50),
+            stagger: Duration::ZERO,
         }
     }
 }
@@ -163,9 +168,14 @@ pub fn run(cfg: &JoinConfig) -> Result<Join, DirError> {
     let t0 = Instant::now();
     let senders: Vec<_> = old
         .iter()
-        .map(|n| {
-            let (n, all) = (n.clone(), all.clone());
-            std::thread::spawn(move || n.client.apply_membership(&all))
+        .enumerate()
+        .map(|(o, n)| {
+            let (n, all, late) = (n.clone(), all.clone(), cfg.stagger * o as u32);
+            std::thread::spawn(move || {
+                // The emulated propagation delay of the join to this member.
+                std::thread::sleep(late);
+                n.client.apply_membership(&all)
+            })
         })
         .collect();
     let reports: Vec<_> = senders
