@@ -38,6 +38,10 @@ pub struct LatencyArgs {
     /// as a deployment is laid out; without it both nodes share this process.
     #[arg(long)]
     pub owner_process: bool,
+    /// Also time each stage of a `get` (locate, local, prepare, transport, verify, other,
+    /// total) at every batch size: rows `get/<stage>`, summary `breakdown`.
+    #[arg(long)]
+    pub breakdown: bool,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::rows::RunArgs,
@@ -210,6 +214,17 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
                     )
                 },
             ));
+            if args.breakdown {
+                rows.extend(crate::breakdown::get_stages(
+                    &b,
+                    &keys,
+                    page,
+                    batch,
+                    round * 7919 + 1,
+                    timing.measure,
+                    round,
+                ));
+            }
             progress.step(&format!("round {round}, batch {bs}"));
         }
         // The bare request/response floor of the same layout: one page, and 64 bytes.
@@ -254,6 +269,29 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
                 .collect(),
         )
     };
+    if args.breakdown {
+        let mut by_batch = serde_json::Map::new();
+        for &bs in &args.batch_sizes {
+            let mut stages = serde_json::Map::new();
+            for (stage, _) in crate::breakdown::STAGES {
+                let name = format!("get/{stage}");
+                let med = |f: fn(&report::Row) -> f64| {
+                    report::median(
+                        rows.iter()
+                            .filter(|r| r.name == name && r.batch == bs)
+                            .map(f)
+                            .collect(),
+                    )
+                };
+                stages.insert(
+                    stage.into(),
+                    json!({"p50_us": med(|r| r.p50_us), "p99_us": med(|r| r.p99_us)}),
+                );
+            }
+            by_batch.insert(format!("batch{bs}"), serde_json::Value::Object(stages));
+        }
+        summary.insert("breakdown".into(), serde_json::Value::Object(by_batch));
+    }
     let rr_page = p50(&format!("raw-tcp/rr-{}", size_label(args.page_bytes)), 1);
     let rr_64 = p50("raw-tcp/rr-64B", 1);
     summary.insert(
@@ -264,6 +302,12 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
     // 32-key exists within 2 × the bare 64-byte one.
     if rr_page > 0.0 {
         summary.insert("get1_over_rr_page".into(), json!(p50("get", 1) / rr_page));
+        if args.breakdown {
+            summary.insert(
+                "get1_transport_over_rr_page".into(),
+                json!(p50("get/transport", 1) / rr_page),
+            );
+        }
     }
     if rr_64 > 0.0 && args.batch_sizes.contains(&32) {
         summary.insert(
@@ -278,6 +322,7 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
             "page_bytes": args.page_bytes, "batch_sizes": args.batch_sizes, "threads": 1,
             "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages,
             "owner": if args.owner_process { "child process" } else { "this process" },
+            "breakdown": args.breakdown,
         }),
         summary: serde_json::Value::Object(summary),
         results: rows,

@@ -5,6 +5,7 @@
 //! compared with.
 
 pub mod alloc;
+pub mod breakdown;
 pub mod charts;
 pub mod child;
 pub mod compare;

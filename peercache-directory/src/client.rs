@@ -294,16 +294,29 @@ impl DirectoryClient {
     }
 
     /// Groups item indices by the owner at replica position `rank` (items without one skip).
+    /// With `local_first`, this node counts as rank 0 of every key it is an owner of (the
+    /// others keep their order): a query answered by the local shard needs no round trip.
     fn group(
         &self,
         view: &View,
         keys: impl Iterator<Item = (usize, PageKey)>,
         rank: usize,
+        local_first: bool,
     ) -> Vec<Chunk> {
         let mut by_node: HashMap<u32, Vec<usize>> = HashMap::new();
         let mut idx = Vec::with_capacity(self.cfg.replicas);
+        let me = if local_first {
+            view.ring.index_of(&self.me)
+        } else {
+            None
+        };
         for (i, k) in keys {
             view.ring.owner_indices(k, self.cfg.replicas, &mut idx);
+            if let Some(me) = me
+                && let Some(p) = idx.iter().position(|&m| m == me)
+            {
+                idx[..=p].rotate_right(1);
+            }
             if let Some(&m) = idx.get(rank) {
                 by_node.entry(m).or_default().push(i);
             }
@@ -405,7 +418,7 @@ impl DirectoryClient {
         let mut chunks = Vec::new();
         let mut ranks = Vec::new();
         for rank in 0..self.cfg.replicas {
-            for c in self.group(&view, entries.iter().map(|e| e.0).enumerate(), rank) {
+            for c in self.group(&view, entries.iter().map(|e| e.0).enumerate(), rank, false) {
                 chunks.push(c);
                 ranks.push(rank);
             }
@@ -503,7 +516,8 @@ impl DirectoryClient {
     }
 
     /// The one replica query behind [`Self::lookup`] and [`Self::exists`]: asks each key's
-    /// owner at replica rank 0, then — for keys whose owner failed or (within
+    /// owner at replica rank 0 (this node's own shard when it is one of the key's owners),
+    /// then — for keys whose owner failed or (within
     /// `handoff_grace` of a ring change) did not have them — the owner at the next rank, and
     /// so on; within the grace, keys still missing are asked about on every member. `build`
     /// makes the request for a chunk of key indices, `decode` takes the per-key answers out
@@ -532,7 +546,7 @@ impl DirectoryClient {
             if rank > 0 {
                 self.c.fallbacks.add(pending.len() as u64);
             }
-            let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank);
+            let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank, true);
             let replies = self.fan_out_hinted(&view, &chunks, &build);
             let mut next = Vec::new();
             for ((node, items), (reply, moving)) in chunks.iter().zip(replies) {
@@ -639,7 +653,7 @@ impl DirectoryClient {
         }
         let mut chunks = Vec::new();
         for rank in 0..self.cfg.replicas {
-            chunks.extend(self.group(&view, items.iter().map(|r| r.key).enumerate(), rank));
+            chunks.extend(self.group(&view, items.iter().map(|r| r.key).enumerate(), rank, false));
         }
         let replies = self.fan_out(&view, &chunks, |idx| {
             let v: Vec<OwnerRef> = idx.iter().map(|&i| items[i].clone()).collect();

@@ -319,3 +319,43 @@ fn a_lookup_right_after_a_ring_change_finds_entries_a_lagging_writer_placed() {
         "exists agrees with lookup outside the grace"
     );
 }
+
+#[test]
+fn a_node_that_holds_a_copy_of_every_key_answers_lookups_without_a_round_trip() {
+    // Two nodes, two copies: each shard holds every entry, so a reader asks its own shard
+    // first even for keys whose first owner is the other node.
+    let nodes = cluster(2, ClientConfig::default());
+    let entries: Vec<_> = (0..500)
+        .map(|i| (key(i), loc(&nodes[0].id, i + 1)))
+        .collect();
+    nodes[0].client.insert(&entries).unwrap();
+    let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    let reader = &nodes[1].client;
+    let before = reader.stats();
+    let found = reader.lookup(&keys).unwrap();
+    assert!(reader.exists(&keys).unwrap().iter().all(|&b| b));
+    for (f, (_, want)) in found.iter().zip(&entries) {
+        assert_eq!(f.as_ref().map(|o| &o[0]), Some(want));
+    }
+    let after = reader.stats();
+    assert_eq!(after.rpcs, before.rpcs, "answered by the local shard");
+    assert_eq!(after.local_calls, before.local_calls + 2);
+    // With three nodes, only the keys this node holds no copy of go over the network.
+    let nodes = cluster(3, ClientConfig::default());
+    nodes[0].client.insert(&entries).unwrap();
+    let ring = peercache_directory::Ring::new(nodes.iter().map(|n| n.id.clone()), 160);
+    let remote = keys
+        .iter()
+        .filter(|k| !ring.owners(**k, 2).contains(&nodes[2].id))
+        .count();
+    assert!(remote > 0 && remote < keys.len(), "{remote}");
+    let before = nodes[2].client.stats();
+    let found = nodes[2].client.lookup(&keys).unwrap();
+    assert!(found.iter().all(Option::is_some));
+    let after = nodes[2].client.stats();
+    assert!(
+        after.rpcs - before.rpcs <= 2,
+        "at most one request per other node, for the {remote} keys this one holds no copy of"
+    );
+    assert_eq!(after.local_calls, before.local_calls + 1);
+}

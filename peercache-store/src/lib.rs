@@ -41,6 +41,7 @@ mod promote;
 mod promotion;
 mod read;
 mod read_plan;
+pub mod read_timing;
 mod republish;
 mod scratch;
 pub mod slot_layout;

@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use crate::StoreError;
 use crate::base::Core;
 use crate::read_plan::ReadPlan;
+use crate::read_timing::Stage;
 use crate::scratch::{RawSeg, Scratch};
 
 impl Core {
@@ -31,9 +32,11 @@ impl Core {
         self.check_open()?;
         crate::base::check_counts(keys.len(), segs.len(), counts)?;
         let t0 = std::time::Instant::now();
+        let whole = Stage::start();
         // SAFETY: forwarded from the caller.
         let r = unsafe { self.get_impl(keys, segs, counts) };
         self.metrics.read_latency.record(t0.elapsed().as_secs_f64());
+        whole.end(|s| &mut s.total);
         Ok(r)
     }
 
@@ -74,13 +77,16 @@ impl Core {
         }
         let me = inner.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
+        let stage = Stage::start();
         self.find_owners(keys, &mut plan);
+        stage.end(|s| &mut s.locate);
         let mut bytes = 0u64;
 
         // Local pages: lease what is in the pool, promote from the disk tier what is not (the
         // leases keep the first ones from being evicted by that promotion), copy under leases.
         let local = plan.local();
         if !local.is_empty() {
+            let stage = Stage::start();
             let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
             let leases = inner.pool.lease_batch(&lk);
             let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
@@ -122,6 +128,7 @@ impl Core {
                 }
             }
             m.read_local_hits.add(local_hits);
+            stage.end(|s| &mut s.local);
         }
 
         // Pages no owner holds in memory but another node holds on disk: ask it to promote.
@@ -352,6 +359,7 @@ impl Core {
         counts: &[usize],
     ) -> Vec<(usize, Option<u32>)> {
         let inner = self;
+        let stage = Stage::start();
         let bufs = inner.reads.host_buffers.read();
         // Which pages land directly, which go through staging.
         // With `lazy_registration` every page lands directly: segments outside registered host
@@ -428,8 +436,7 @@ impl Core {
             // overlap for the whole call (`batch_get_raw`'s contract); the batch runs within it.
             unsafe { batch.allow_unregistered() };
         }
-        let res = inner.transport.read_batch(ep, &batch);
-        drop(bufs);
+        stage.end(|s| &mut s.prepare);
         // A page that landed directly but is not served (failed op, rejected by verification,
         // broken batch) is scrubbed: a miss never leaves another key's bytes behind.
         let scrub = |i: usize| {
@@ -438,11 +445,75 @@ impl Core {
                 unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
             }
         };
+        // Checks page `j` of the batch once its bytes are in (and copies it out of staging);
+        // its valid length if it is the page that was written.
+        let check = |j: usize| -> Option<u32> {
+            let (i, loc) = &pages[j];
+            let expect = peercache_pool::Expect {
+                key: keys[*i],
+                generation: loc.generation,
+                len: loc.len,
+            };
+            let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
+            let verdict = if staging_off[j] == usize::MAX {
+                let views: SmallVec<[&[u8]; 4]> = page_segs
+                    .iter()
+                    // SAFETY: the caller's segments, just written by the transport.
+                    .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+                    .collect();
+                peercache_pool::header::verify_segments(scratch.header(j), &views, &expect)
+            } else {
+                let off = scratch.headers * HEADER_LEN + staging_off[j];
+                let staged = &scratch.buf[off..off + loc.len as usize];
+                let v = peercache_pool::header::verify(scratch.header(j), staged, &expect);
+                if v.is_ok() {
+                    let mut at = 0;
+                    for s in page_segs {
+                        // SAFETY: the caller's segment, valid for `len` writes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(staged[at..].as_ptr(), s.ptr, s.len)
+                        };
+                        at += s.len;
+                    }
+                }
+                v
+            };
+            match verdict {
+                // The valid length handed back is the verified header's, not the directory's.
+                Ok(h) => Some(h.valid_len),
+                Err(reason) => {
+                    if staging_off[j] == usize::MAX {
+                        scrub(*i);
+                    }
+                    inner.metrics.verify_rejects.add(1);
+                    tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
+                    None
+                }
+            }
+        };
+        // Over TCP each page is checked as soon as it has landed, while its bytes are still in
+        // the CPU's caches (the rest of the batch keeps arriving into the socket meanwhile);
+        // pages another path carried are checked after the batch.
+        let mut checked: Vec<Option<Option<u32>>> = vec![None; pages.len()];
+        let verify_before = crate::read_timing::so_far().verify;
+        let stage = Stage::start();
+        let res = inner.transport.read_batch_landing(ep, &batch, &mut |j| {
+            let st = Stage::start();
+            checked[j] = Some(check(j));
+            st.end(|s| &mut s.verify);
+        });
+        let inline = crate::read_timing::so_far()
+            .verify
+            .saturating_sub(verify_before);
+        stage.end_less(|s| &mut s.transport, inline);
+        let stage = Stage::start();
+        drop(bufs);
         let mut out = Vec::with_capacity(pages.len());
         match res {
             Err(e) => {
                 tracing::debug!(peer = %ep, error = %e, "remote read batch failed");
-                // Part of the batch may have landed before the failure: scrub direct pages.
+                // Part of the batch may have landed before the failure: scrub direct pages,
+                // checked or not (a broken batch serves nothing).
                 for (j, (i, _)) in pages.iter().enumerate() {
                     if staging_off[j] == usize::MAX {
                         scrub(*i);
@@ -451,7 +522,7 @@ impl Core {
                 out.extend(pages.iter().map(|(i, _)| (*i, None)));
             }
             Ok(results) => {
-                for (j, ((i, loc), r)) in pages.iter().zip(results).enumerate() {
+                for (j, ((i, _), r)) in pages.iter().zip(results).enumerate() {
                     if r.is_err() {
                         if staging_off[j] == usize::MAX {
                             scrub(*i);
@@ -459,54 +530,12 @@ impl Core {
                         out.push((*i, None));
                         continue;
                     }
-                    let expect = peercache_pool::Expect {
-                        key: keys[*i],
-                        generation: loc.generation,
-                        len: loc.len,
-                    };
-                    let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
-                    let verdict = if staging_off[j] == usize::MAX {
-                        let views: SmallVec<[&[u8]; 4]> =
-                            // SAFETY: the caller's segments, just written by the transport.
-                            page_segs.iter().map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) }).collect();
-                        peercache_pool::header::verify_segments(scratch.header(j), &views, &expect)
-                    } else {
-                        let off = scratch.headers * HEADER_LEN + staging_off[j];
-                        let staged = &scratch.buf[off..off + loc.len as usize];
-                        let v = peercache_pool::header::verify(scratch.header(j), staged, &expect);
-                        if v.is_ok() {
-                            let mut at = 0;
-                            for s in page_segs {
-                                // SAFETY: the caller's segment, valid for `len` writes.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        staged[at..].as_ptr(),
-                                        s.ptr,
-                                        s.len,
-                                    )
-                                };
-                                at += s.len;
-                            }
-                        }
-                        v
-                    };
-                    match verdict {
-                        // The valid length handed back is the verified header's, not the
-                        // directory's.
-                        Ok(h) => out.push((*i, Some(h.valid_len))),
-                        Err(reason) => {
-                            if staging_off[j] == usize::MAX {
-                                scrub(*i);
-                            }
-                            inner.metrics.verify_rejects.add(1);
-                            tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
-                            out.push((*i, None));
-                        }
-                    }
+                    out.push((*i, checked[j].unwrap_or_else(|| check(j))));
                 }
             }
         }
         inner.reads.scratch.lock().push(scratch);
+        stage.end(|s| &mut s.verify);
         out
     }
 }

@@ -322,6 +322,33 @@ impl Transport {
     /// Reads every op's remote range from `peer` into its local segments, over the first path
     /// that takes the batch.
     pub fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Result<OpResults, TransportError> {
+        self.read_via_paths(peer, batch, None)
+    }
+
+    /// As [`Transport::read_batch`], and `landed(i)` may be called for op `i` as soon as all
+    /// its bytes are in its local segments, before this returns — over TCP, while the rest of
+    /// the batch is still arriving, so the caller can check each page while its bytes are still
+    /// in the CPU's caches. Ops never reported may have succeeded too (the results say); a
+    /// reported op's bytes are final unless the whole batch fails.
+    ///
+    /// # Errors
+    /// As [`Transport::read_batch`].
+    pub fn read_batch_landing(
+        &self,
+        peer: SocketAddr,
+        batch: &Batch,
+        landed: &mut dyn FnMut(usize),
+    ) -> Result<OpResults, TransportError> {
+        self.read_via_paths(peer, batch, Some(landed))
+    }
+
+    /// A read over the first path that takes it; TCP reports ops landing to `landed`.
+    fn read_via_paths(
+        &self,
+        peer: SocketAddr,
+        batch: &Batch,
+        landed: Option<&mut dyn FnMut(usize)>,
+    ) -> Result<OpResults, TransportError> {
         self.check_batch(batch)?;
         for (i, p) in self.paths.iter().enumerate() {
             if let Some(res) = p.read_batch(peer, batch) {
@@ -331,7 +358,10 @@ impl Transport {
                 return res;
             }
         }
-        let res = self.tcp.read_batch(peer, batch);
+        let res = match landed {
+            Some(landed) => self.tcp.read_batch_landing(peer, batch, landed),
+            None => self.tcp.read_batch(peer, batch),
+        };
         self.paths.iter().for_each(|q| q.read_elsewhere(peer, &res));
         res
     }

@@ -24,6 +24,9 @@ pub(crate) struct Conn {
     iov: Vec<libc::iovec>,
     /// Original op index of each op sent (ops rejected locally are not sent).
     sent: Vec<u32>,
+    /// Per read op whose payload is coming: where its iovecs end in `iov`, and its index.
+    ends: Vec<usize>,
+    landing: Vec<u32>,
     next_id: u64,
 }
 
@@ -55,8 +58,9 @@ pub(crate) struct Client {
     peers: RwLock<HashMap<SocketAddr, Arc<PeerPool>>>,
 }
 
-enum Kind {
-    Read,
+/// What a batch does; a read may report each op as its bytes land.
+enum Kind<'a> {
+    Read(Option<&'a mut dyn FnMut(usize)>),
     Write,
 }
 
@@ -187,6 +191,8 @@ impl Client {
             status: Vec::new(),
             iov: Vec::new(),
             sent: Vec::new(),
+            ends: Vec::new(),
+            landing: Vec::new(),
             next_id: 1,
         })
     }
@@ -221,7 +227,17 @@ impl Client {
         peer: SocketAddr,
         batch: &Batch,
     ) -> Result<OpResults, TransportError> {
-        self.run(peer, batch, Kind::Read)
+        self.run(peer, batch, Kind::Read(None))
+    }
+
+    /// As [`Self::read_batch`], calling `landed(i)` as soon as op `i`'s bytes are all in.
+    pub(crate) fn read_batch_landing(
+        &self,
+        peer: SocketAddr,
+        batch: &Batch,
+        landed: &mut dyn FnMut(usize),
+    ) -> Result<OpResults, TransportError> {
+        self.run(peer, batch, Kind::Read(Some(landed)))
     }
 
     pub(crate) fn write_batch(
@@ -236,7 +252,7 @@ impl Client {
         &self,
         peer: SocketAddr,
         batch: &Batch,
-        kind: Kind,
+        mut kind: Kind<'_>,
     ) -> Result<OpResults, TransportError> {
         let n = batch.len();
         if n > self.cfg.max_batch_ops {
@@ -280,7 +296,7 @@ impl Client {
         let outcome = exchange(
             &mut conn,
             batch,
-            &kind,
+            &mut kind,
             &regions,
             &self.cfg,
             &mut d,
@@ -348,7 +364,7 @@ fn from_code(code: u8, op: &crate::OpDesc, max: u32) -> OpError {
 fn exchange(
     c: &mut Conn,
     batch: &Batch,
-    kind: &Kind,
+    kind: &mut Kind<'_>,
     regions: &HashMap<crate::RegionKey, crate::region::Region>,
     cfg: &TransportConfig,
     d: &mut Deadline,
@@ -380,7 +396,7 @@ fn exchange(
     Header {
         magic: proto::REQ_MAGIC,
         code: match kind {
-            Kind::Read => proto::OP_READ,
+            Kind::Read(_) => proto::OP_READ,
             Kind::Write => proto::OP_WRITE,
         },
         count: c.sent.len() as u32,
@@ -434,19 +450,36 @@ fn exchange(
 
     // Payloads of successful reads land straight in their destination segments.
     c.iov.clear();
+    c.ends.clear();
+    c.landing.clear();
     for (j, &i) in c.sent.iter().enumerate() {
         let op = &batch.ops()[i as usize];
         let code = c.status[proto::HDR_LEN + j];
         if code != 0 {
             results[i as usize] = Err(from_code(code, op, cfg.max_op_bytes));
-        } else if let Kind::Read = kind {
+        } else if let Kind::Read(_) = kind {
             for s in batch.op_segments(op) {
                 c.iov.push(iov::iovec(s.addr, s.len as usize));
             }
+            c.ends.push(c.iov.len());
+            c.landing.push(i);
         }
     }
     if !c.iov.is_empty() {
-        iov::readv_exact(&c.stream, &mut c.iov, d, &mut c.armed)?;
+        match kind {
+            Kind::Read(Some(landed)) => {
+                let ops = &c.landing;
+                iov::readv_exact_landing(
+                    &c.stream,
+                    &mut c.iov,
+                    &c.ends,
+                    d,
+                    &mut c.armed,
+                    &mut |g| landed(ops[g] as usize),
+                )?
+            }
+            _ => iov::readv_exact(&c.stream, &mut c.iov, d, &mut c.armed)?,
+        }
     }
     Ok(())
 }

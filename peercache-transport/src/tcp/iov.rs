@@ -145,6 +145,49 @@ pub(crate) fn readv_exact(
     transfer_all(s, iovs, d, armed, libc::readv)
 }
 
+/// Fills every iovec from the socket, within the deadline, one group at a time: group `g`
+/// is the iovecs before `ends[g]` (and from `ends[g - 1]`), and `landed(g)` is called as soon
+/// as all of them are full — while those bytes are still in the CPU's caches. No `readv`
+/// crosses a group's end, so a group is reported before any byte of the next one arrives.
+pub(crate) fn readv_exact_landing(
+    s: &TcpStream,
+    iovs: &mut [libc::iovec],
+    ends: &[usize],
+    d: &mut Deadline,
+    armed: &mut Option<Duration>,
+    landed: &mut dyn FnMut(usize),
+) -> Result<(), WireError> {
+    let fd = s.as_raw_fd();
+    let mut start = advance(iovs, 0, 0);
+    let mut g = 0;
+    loop {
+        while g < ends.len() && start >= ends[g] {
+            landed(g);
+            g += 1;
+        }
+        if start >= iovs.len() {
+            return Ok(());
+        }
+        d.arm(s, armed)?;
+        let end = ends.get(g).copied().unwrap_or(iovs.len()).min(iovs.len());
+        let cnt = (end - start).min(IOV_MAX);
+        // SAFETY: as in `transfer_all`: every iovec points into memory validated against a
+        // registered region (or a buffer owned by the caller), alive for the whole call.
+        let r = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(map(e, d));
+        }
+        if r == 0 {
+            return Err(WireError::Closed);
+        }
+        start = advance(iovs, start, r as usize);
+    }
+}
+
 /// Writes every iovec to the socket, within the deadline.
 pub(crate) fn writev_all(
     s: &TcpStream,
@@ -158,6 +201,59 @@ pub(crate) fn writev_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_are_reported_in_order_as_their_bytes_land() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let mut bufs = [vec![0u8; 100], vec![0u8; 300], vec![0u8; 0], vec![0u8; 600]];
+        // Groups: [0], [1, 2], [3].
+        let mut v: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| iovec(b.as_mut_ptr() as u64, b.len()))
+            .collect();
+        let writer = std::thread::spawn(move || {
+            for part in data.chunks(70) {
+                tx.write_all(part).unwrap();
+            }
+        });
+        let mut d = Deadline::new(Duration::from_secs(10));
+        let mut seen = Vec::new();
+        readv_exact_landing(&rx, &mut v, &[1, 3, 4], &mut d, &mut None, &mut |g| {
+            seen.push(g)
+        })
+        .unwrap();
+        writer.join().unwrap();
+        assert_eq!(seen, vec![0, 1, 2]);
+        let got: Vec<u8> = bufs.concat();
+        let want: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_peer_that_closes_early_is_an_error_after_the_groups_that_landed() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        tx.write_all(&[7u8; 150]).unwrap();
+        drop(tx);
+        let mut bufs = [vec![0u8; 100], vec![0u8; 100]];
+        let mut v: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| iovec(b.as_mut_ptr() as u64, b.len()))
+            .collect();
+        let mut d = Deadline::new(Duration::from_secs(10));
+        let mut seen = Vec::new();
+        let r = readv_exact_landing(&rx, &mut v, &[1, 2], &mut d, &mut None, &mut |g| {
+            seen.push(g)
+        });
+        assert!(matches!(r, Err(WireError::Closed)), "{r:?}");
+        assert_eq!(seen, vec![0], "only the whole first group landed");
+    }
 
     #[test]
     fn advance_walks_partial_and_whole_entries() {
