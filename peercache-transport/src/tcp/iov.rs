@@ -103,19 +103,33 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
     start
 }
 
-/// Runs `op` (`readv` or `writev`) until every iovec is done, within the deadline.
+/// Runs `op` (`readv` or `writev`) until every iovec is done, within the deadline. Group `g`
+/// is the iovecs before `ends[g]` (and from `ends[g - 1]`); no call crosses a group's end, and
+/// `done(g)` is called as soon as the group is complete (no groups: one run, calls as large as
+/// the kernel takes).
 fn transfer_all(
     s: &TcpStream,
     iovs: &mut [libc::iovec],
     d: &mut Deadline,
     armed: &mut Option<Duration>,
     op: unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int) -> libc::ssize_t,
+    ends: &[usize],
+    done: &mut dyn FnMut(usize),
 ) -> Result<(), WireError> {
     let fd = s.as_raw_fd();
     let mut start = advance(iovs, 0, 0);
-    while start < iovs.len() {
+    let mut g = 0;
+    loop {
+        while g < ends.len() && start >= ends[g] {
+            done(g);
+            g += 1;
+        }
+        if start >= iovs.len() {
+            return Ok(());
+        }
         d.arm(s, armed)?;
-        let cnt = (iovs.len() - start).min(IOV_MAX);
+        let end = ends.get(g).copied().unwrap_or(iovs.len()).min(iovs.len());
+        let cnt = (end - start).min(IOV_MAX);
         // SAFETY: every iovec points into memory validated against a registered region (or a
         // buffer owned by the caller), held alive by the caller for the duration of the call;
         // `op` is `readv` or `writev`.
@@ -132,7 +146,6 @@ fn transfer_all(
         }
         start = advance(iovs, start, r as usize);
     }
-    Ok(())
 }
 
 /// Fills every iovec from the socket, within the deadline.
@@ -142,7 +155,7 @@ pub(crate) fn readv_exact(
     d: &mut Deadline,
     armed: &mut Option<Duration>,
 ) -> Result<(), WireError> {
-    transfer_all(s, iovs, d, armed, libc::readv)
+    transfer_all(s, iovs, d, armed, libc::readv, &[], &mut |_| {})
 }
 
 /// Fills every iovec from the socket, within the deadline, one group at a time: group `g`
@@ -157,35 +170,7 @@ pub(crate) fn readv_exact_landing(
     armed: &mut Option<Duration>,
     landed: &mut dyn FnMut(usize),
 ) -> Result<(), WireError> {
-    let fd = s.as_raw_fd();
-    let mut start = advance(iovs, 0, 0);
-    let mut g = 0;
-    loop {
-        while g < ends.len() && start >= ends[g] {
-            landed(g);
-            g += 1;
-        }
-        if start >= iovs.len() {
-            return Ok(());
-        }
-        d.arm(s, armed)?;
-        let end = ends.get(g).copied().unwrap_or(iovs.len()).min(iovs.len());
-        let cnt = (end - start).min(IOV_MAX);
-        // SAFETY: as in `transfer_all`: every iovec points into memory validated against a
-        // registered region (or a buffer owned by the caller), alive for the whole call.
-        let r = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt as libc::c_int) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(map(e, d));
-        }
-        if r == 0 {
-            return Err(WireError::Closed);
-        }
-        start = advance(iovs, start, r as usize);
-    }
+    transfer_all(s, iovs, d, armed, libc::readv, ends, landed)
 }
 
 /// Writes every iovec to the socket, within the deadline.
@@ -195,7 +180,7 @@ pub(crate) fn writev_all(
     d: &mut Deadline,
     armed: &mut Option<Duration>,
 ) -> Result<(), WireError> {
-    transfer_all(s, iovs, d, armed, libc::writev)
+    transfer_all(s, iovs, d, armed, libc::writev, &[], &mut |_| {})
 }
 
 #[cfg(test)]
