@@ -15,7 +15,7 @@ export PATH="$ROOT/bin:$PATH"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd fuzz
-for t in envelope frame slot_header disk_record transport_request handshake slotmap store_control slot_layout; do
+for t in envelope frame slot_header disk_record transport_request handshake slotmap store_control slot_layout layout_spec; do
   cp -r "corpus/$t" "$work/$t"
   echo "fuzz $t for ${SECS}s"
   cargo fuzz run --sanitizer none -O "$t" "$work/$t" -- -max_total_time="$SECS" -rss_limit_mb=512 2>&1 | tail -n 1

@@ -1,5 +1,5 @@
 //! Any bytes as a fetched slot (64-byte header + payload): decoding and verification return a
-//! typed verdict; nothing is accepted unless it really matches.
+//! typed verdict; nothing is accepted unless it really matches, including the reader's layout.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
             key: d.key,
             generation: d.generation,
             len: payload.len() as u32,
+            layout: d.layout,
         };
         if header::verify(h, payload, &expect).is_ok() {
             assert_eq!(header::checksum(payload), d.checksum);
@@ -27,5 +28,10 @@ fuzz_target!(|data: &[u8]| {
             ..expect
         };
         assert!(header::verify(h, payload, &wrong).is_err());
+        let other = Expect {
+            layout: peercache_wire::Layout(d.layout.0 ^ 1),
+            ..expect
+        };
+        assert!(header::verify(h, payload, &other).is_err());
     }
 });

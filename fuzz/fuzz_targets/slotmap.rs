@@ -1,7 +1,7 @@
 //! Any bytes as a remote bucket read in slotmap mode: a header block, then a payload and the
 //! way's header read again. Decoding never panics, and nothing is accepted unless the header is
 //! ours, unchanged across the payload read, even, for the key and length, and the checksum
-//! matches the payload.
+//! matches the payload; a reader of another layout accepts nothing.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -22,7 +22,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Some((_, before)) = find_way(block, first.key, Some(payload.len() as u32)) {
-        if accept(&before, payload, after, first.key, payload.len() as u32).is_ok() {
+        let other = peercache_wire::Layout(before.layout.0 ^ 1);
+        assert!(accept(&before, payload, after, first.key, payload.len() as u32, other).is_err());
+        if accept(&before, payload, after, first.key, payload.len() as u32, before.layout).is_ok() {
             assert_eq!(before.seq & 1, 0);
             assert_eq!(peercache_pool::header::checksum(payload), before.checksum);
             let a = SlotHeader::decode(after).expect("accepted after-header decodes");

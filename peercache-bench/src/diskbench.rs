@@ -89,7 +89,7 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
         let mut dropped = 0;
         for (i, k) in keys.iter().enumerate() {
             let seg = &src[i * page..(i + 1) * page];
-            while !tier.put(*k, &[seg], page as u32, 0) {
+            while !tier.put(*k, &[seg], page as u32, 0, peercache_wire::Layout::NONE) {
                 // The bench measures sustained throughput: wait for queue room instead of
                 // skipping (a node skips and counts).
                 dropped += 1;

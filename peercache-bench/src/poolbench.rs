@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, ReplClass};
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 use crate::hist;
 use crate::rawtcp::prefaulted;
@@ -131,6 +131,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
                 key: keys.get(j).copied().unwrap_or(PageKey(0)),
                 segments: &segs[j],
                 valid_len: None,
+                layout: Layout::NONE,
             });
             let c0 = Instant::now();
             pool.publish_batch(
@@ -164,6 +165,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
                 key: keys.get(j).copied().unwrap_or(PageKey(0)),
                 segments: &segs,
                 valid_len: None,
+                layout: Layout::NONE,
             });
             let c0 = Instant::now();
             meta_pool.publish_batch(

@@ -62,7 +62,13 @@ fn fill(dir: &Path, pages: u64, page_bytes: u64) -> Result<Duration> {
             tier.flush();
         }
         ensure!(
-            tier.put(PageKey::from_key(&k), &[&buf], page_bytes as u32, 1),
+            tier.put(
+                PageKey::from_key(&k),
+                &[&buf],
+                page_bytes as u32,
+                1,
+                peercache_wire::Layout::NONE
+            ),
             "the disk tier refused page {i} while filling"
         );
     }

@@ -12,11 +12,11 @@
 //!  40     4  payload_len  bytes of payload
 //!  44     4  valid_len    bytes that hold data (partial tail pages; = payload_len when full)
 //!  48     8  checksum     xxh3-64 of the payload
-//!  56     8  reserved
+//!  56     8  layout       layout fingerprint (0: none declared; every page before 0.9)
 //! ```
 //! All fields little-endian.
 
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 /// Header size.
 pub const HEADER_LEN: usize = 64;
@@ -42,6 +42,8 @@ pub struct SlotHeader {
     pub valid_len: u32,
     /// Payload checksum.
     pub checksum: u64,
+    /// Layout fingerprint of the payload.
+    pub layout: Layout,
 }
 
 /// Why a read was rejected. Every variant is a miss for the caller, never wrong bytes.
@@ -60,17 +62,21 @@ pub enum VerifyError {
     WrongLength,
     /// The payload does not match its checksum.
     Checksum,
+    /// The page has another layout (model, dtype, geometry, ranks) than the reader's: its
+    /// bytes are sound but the wrong shape for this reader.
+    Layout,
 }
 
 impl VerifyError {
     /// Every [`VerifyError::label`], indexed by [`VerifyError::kind`].
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "bad_header",
         "torn",
         "stale",
         "wrong_key",
         "wrong_length",
         "checksum",
+        "layout",
     ];
 
     /// This error's index in [`VerifyError::KINDS`].
@@ -82,6 +88,7 @@ impl VerifyError {
             VerifyError::WrongKey => 3,
             VerifyError::WrongLength => 4,
             VerifyError::Checksum => 5,
+            VerifyError::Layout => 6,
         }
     }
 
@@ -103,7 +110,7 @@ impl SlotHeader {
         out[40..44].copy_from_slice(&self.payload_len.to_le_bytes());
         out[44..48].copy_from_slice(&self.valid_len.to_le_bytes());
         out[48..56].copy_from_slice(&self.checksum.to_le_bytes());
-        out[56..64].fill(0);
+        out[56..64].copy_from_slice(&self.layout.0.to_le_bytes());
     }
 
     /// Decodes a header; fails on a wrong magic or version.
@@ -121,6 +128,7 @@ impl SlotHeader {
             payload_len: u32_at(40),
             valid_len: u32_at(44),
             checksum: u64_at(48),
+            layout: Layout(u64_at(56)),
         })
     }
 }
@@ -134,6 +142,8 @@ pub struct Expect {
     pub generation: u64,
     /// Payload length in the location.
     pub len: u32,
+    /// The reader's layout: a page of another layout is rejected ([`VerifyError::Layout`]).
+    pub layout: Layout,
 }
 
 /// The checksum of a payload: XXH3-64 (seed 0), with AVX2 chosen at run time where present.
@@ -167,6 +177,9 @@ fn check_header(
     }
     if h.key != expect.key {
         return Err(VerifyError::WrongKey);
+    }
+    if h.layout != expect.layout {
+        return Err(VerifyError::Layout);
     }
     if h.payload_len != expect.len
         || payload_len != expect.len as usize
@@ -222,6 +235,7 @@ mod tests {
             payload_len: payload.len() as u32,
             valid_len: payload.len() as u32,
             checksum: checksum(payload),
+            layout: Layout(0xb16),
         };
         let mut b = [0u8; HEADER_LEN];
         h.encode(&mut b);
@@ -231,6 +245,7 @@ mod tests {
                 key: h.key,
                 generation: 77,
                 len: payload.len() as u32,
+                layout: Layout(0xb16),
             },
         )
     }
@@ -296,5 +311,31 @@ mod tests {
         let mut long = b;
         long[44..48].copy_from_slice(&1001u32.to_le_bytes());
         assert_eq!(verify(&long, &payload, &e), Err(VerifyError::WrongLength));
+    }
+
+    #[test]
+    fn a_page_of_another_layout_or_of_none_is_refused_though_its_bytes_are_sound() {
+        let payload = vec![9u8; 512];
+        let (b, e) = sample(&payload);
+        let fp8 = Expect {
+            layout: Layout(0xf8),
+            ..e
+        };
+        assert_eq!(verify(&b, &payload, &fp8), Err(VerifyError::Layout));
+        assert_eq!(
+            verify_segments(&b, &[&payload[..100], &payload[100..]], &fp8),
+            Err(VerifyError::Layout)
+        );
+        // A page from before layouts existed: the reserved word was zero.
+        let mut old = b;
+        old[56..64].fill(0);
+        assert_eq!(verify(&old, &payload, &e), Err(VerifyError::Layout));
+        assert_eq!(
+            SlotHeader::decode(&old).unwrap().layout,
+            Layout::NONE,
+            "old pages decode, with no layout"
+        );
+        assert_eq!(SlotHeader::decode(&b).unwrap().layout, Layout(0xb16));
+        assert_eq!(VerifyError::Layout.label(), "layout");
     }
 }

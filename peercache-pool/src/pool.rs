@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use parking_lot::Mutex;
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 use crate::header::{self, Expect, HEADER_LEN, SlotHeader};
 use crate::mem::{Mapping, MmapAlloc, RegionAlloc};
@@ -63,6 +63,8 @@ pub struct PageLocation {
     pub generation: u64,
     /// xxh3-64 of the payload.
     pub checksum: u64,
+    /// Layout fingerprint the page was published with.
+    pub layout: Layout,
     /// Replacement class.
     pub class: ReplClass,
 }
@@ -78,6 +80,7 @@ impl PageLocation {
             key,
             generation: self.generation,
             len: self.len,
+            layout: self.layout,
         }
     }
 }
@@ -140,6 +143,8 @@ pub struct PageWrite<'a> {
     pub segments: &'a [&'a [u8]],
     /// Bytes that hold data, when the page is a partial tail (`None` = full).
     pub valid_len: Option<u32>,
+    /// The page's layout fingerprint ([`Layout::NONE`] when the caller declares none).
+    pub layout: Layout,
 }
 
 /// Counters of a pool.
@@ -173,7 +178,7 @@ pub struct PoolStats {
 ///
 /// ```
 /// use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, ReplClass};
-/// use peercache_wire::PageKey;
+/// use peercache_wire::{Layout, PageKey};
 ///
 /// let pool = Pool::new(PoolConfig::new(8 << 20))?;
 /// let key = PageKey::from_key("model/layer0/page42");
@@ -183,7 +188,7 @@ pub struct PoolStats {
 /// // Scratch and output vectors are reused across batches: no allocation per page.
 /// let (mut scratch, mut out, mut evicted) = (PublishScratch::default(), Vec::new(), Vec::new());
 /// pool.publish_batch(
-///     &[PageWrite { key, segments: &segments, valid_len: None }],
+///     &[PageWrite { key, segments: &segments, valid_len: None, layout: Layout::NONE }],
 ///     ReplClass::Retained,
 ///     &mut scratch,
 ///     &mut out,
@@ -360,15 +365,29 @@ impl Pool {
                     }
                 };
                 if let Some(&r) = st.index.get(&w.key.0) {
-                    st.refresh(r);
-                    let loc = self.location(&st, r);
-                    out.push(Published::Duplicate(loc));
-                    scratch.reserved.push(None);
-                    scratch.offsets.push(0);
-                    self.metrics.duplicates.increment(1);
-                    continue;
+                    let m = *st.meta(r);
+                    // The same key in another layout (the caller's layout changed, or a
+                    // disk-tier page from a previous deployment): the new page replaces it.
+                    let replaced =
+                        m.layout != w.layout && st.remove(w.key, Some(m.generation)) && {
+                            evicted.push(Evicted {
+                                key: w.key,
+                                generation: m.generation,
+                                class: m.repl,
+                            });
+                            true
+                        };
+                    if !replaced {
+                        st.refresh(r);
+                        let loc = self.location(&st, r);
+                        out.push(Published::Duplicate(loc));
+                        scratch.reserved.push(None);
+                        scratch.offsets.push(0);
+                        self.metrics.duplicates.increment(1);
+                        continue;
+                    }
                 }
-                match st.reserve(w.key, len, valid, class, evicted) {
+                match st.reserve(w.key, len, valid, w.layout, class, evicted) {
                     Ok(r) => {
                         let off = st.offset(r);
                         self.mark_writing(off);
@@ -380,6 +399,7 @@ impl Pool {
                             valid_len: valid,
                             generation: st.meta(r).generation,
                             checksum: 0,
+                            layout: w.layout,
                             class,
                         }));
                     }
@@ -445,6 +465,7 @@ impl Pool {
             payload_len: m.len,
             valid_len: m.valid_len,
             checksum,
+            layout: m.layout,
         };
         self.write_header_fields(off, &hdr);
         fence(Ordering::Release);
@@ -459,6 +480,7 @@ impl Pool {
     pub fn reserve_batch(
         &self,
         pages: &[(PageKey, u32, Option<u32>)],
+        layout: Layout,
         class: ReplClass,
         out: &mut Vec<Reserved>,
         evicted: &mut Vec<Evicted>,
@@ -482,7 +504,7 @@ impl Pool {
                 out.push(Reserved::Duplicate(self.location(&st, r)));
                 continue;
             }
-            match st.reserve(key, len, valid, class, evicted) {
+            match st.reserve(key, len, valid, layout, class, evicted) {
                 Ok(r) => {
                     let offset = st.offset(r);
                     self.mark_writing(offset);
@@ -612,6 +634,7 @@ impl Pool {
             valid_len: m.valid_len,
             generation: m.generation,
             checksum: m.checksum,
+            layout: m.layout,
             class: m.repl,
         }
     }
@@ -807,9 +830,11 @@ impl Pool {
     ) {
         // Read every record first (one reused buffer per batch), then publish them together.
         let mut lens = Vec::with_capacity(keys.len());
+        let mut layouts = Vec::with_capacity(keys.len());
         let mut buf = Vec::new();
         let mut failed: Vec<Option<PoolError>> = Vec::with_capacity(keys.len());
         for k in keys {
+            layouts.push(Layout::NONE);
             if self.contains(*k) {
                 lens.push(0usize);
                 failed.push(None);
@@ -823,7 +848,8 @@ impl Pool {
             let start = buf.len();
             buf.resize(start + len as usize, 0);
             match disk.read(*k, &mut [&mut buf[start..]]) {
-                Ok(_) => {
+                Ok(h) => {
+                    *layouts.last_mut().expect("pushed above") = h.layout;
                     lens.push(len as usize);
                     failed.push(None);
                 }
@@ -843,10 +869,12 @@ impl Pool {
         let pages: Vec<PageWrite<'_>> = keys
             .iter()
             .zip(&segs)
-            .map(|(k, s)| PageWrite {
+            .zip(&layouts)
+            .map(|((k, s), &layout)| PageWrite {
                 key: *k,
                 segments: s,
                 valid_len: None,
+                layout,
             })
             .collect();
         let todo: Vec<PageWrite<'_>> = pages

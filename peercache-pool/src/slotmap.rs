@@ -10,15 +10,15 @@
 //! A header is 64 bytes, little-endian: `seq u64` (seqlock: odd while the slot is written),
 //! `magic u32 "PCSM"`, `version u16`, `flags u16`, `key u128`, `payload_len u32`, `reserved
 //! u32`, `checksum u64` (XXH3-64 of the payload), `stamp u64` (write order, for the way
-//! choice), 8 reserved bytes. Only the owner writes its region (under one lock), so two writers
+//! choice), `layout u64` (the page's layout fingerprint; 0 = none). Only the owner writes its region (under one lock), so two writers
 //! never race on a slot; readers — local or remote, one-sided — accept a slot only if its
-//! header is sound, matches the key and length, its seq is even and unchanged across the
+//! header is sound, matches the key, length and the reader's layout, its seq is even and unchanged across the
 //! payload read, and the payload's checksum matches. Anything else is a clean miss.
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use parking_lot::Mutex;
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 use crate::PoolError;
 use crate::mem::{Mapping, MmapAlloc, RegionAlloc};
@@ -126,6 +126,8 @@ pub struct SlotHeader {
     pub checksum: u64,
     /// Write order.
     pub stamp: u64,
+    /// Layout fingerprint of the payload.
+    pub layout: Layout,
 }
 
 impl SlotHeader {
@@ -146,6 +148,7 @@ impl SlotHeader {
             len: u32::from_le_bytes(b[32..36].try_into().expect("4")),
             checksum: u64_at(40),
             stamp: u64_at(48),
+            layout: Layout(u64_at(56)),
         })
     }
 
@@ -156,6 +159,7 @@ impl SlotHeader {
         b[32..36].copy_from_slice(&self.len.to_le_bytes());
         b[40..48].copy_from_slice(&self.checksum.to_le_bytes());
         b[48..56].copy_from_slice(&self.stamp.to_le_bytes());
+        b[56..64].copy_from_slice(&self.layout.0.to_le_bytes());
     }
 }
 
@@ -166,6 +170,8 @@ pub enum SlotMiss {
     Absent,
     /// A way held the key but was being written or changed under the read (torn): rejected.
     Torn,
+    /// A way held the key in another layout than the reader's: sound bytes of the wrong shape.
+    Layout,
 }
 
 /// The reader's decision, given the bucket's header block read first, then the chosen way's
@@ -176,12 +182,21 @@ pub fn accept(
     after: &[u8],
     key: PageKey,
     len: u32,
+    layout: Layout,
 ) -> Result<(), SlotMiss> {
     let Some(after) = SlotHeader::decode(after) else {
         return Err(SlotMiss::Torn);
     };
-    if before.seq & 1 == 1 || after.seq != before.seq || after.key != key || after.len != len {
+    if before.seq & 1 == 1
+        || after.seq != before.seq
+        || after.key != key
+        || after.len != len
+        || after.layout != before.layout
+    {
         return Err(SlotMiss::Torn);
+    }
+    if before.layout != layout {
+        return Err(SlotMiss::Layout);
     }
     if payload.len() != len as usize || crate::header::checksum(payload) != before.checksum {
         return Err(SlotMiss::Torn);
@@ -264,7 +279,12 @@ impl SlotMap {
 
     /// Writes a page (owner side): way = the key's own way, else an empty one, else the
     /// oldest. Returns the way, or an error for a page larger than a slot.
-    pub fn write(&self, key: PageKey, segments: &[&[u8]]) -> Result<u32, PoolError> {
+    pub fn write(
+        &self,
+        key: PageKey,
+        segments: &[&[u8]],
+        layout: Layout,
+    ) -> Result<u32, PoolError> {
         let len: usize = segments.iter().map(|s| s.len()).sum();
         if len == 0 {
             return Err(PoolError::EmptyPage(key));
@@ -308,6 +328,7 @@ impl SlotMap {
             len: len as u32,
             checksum,
             stamp: *stamp,
+            layout,
         };
         let mut buf = [0u8; HEADER];
         h.encode_fields(&mut buf);
@@ -325,12 +346,20 @@ impl SlotMap {
     }
 
     /// Reads `key` locally into `dst` (its length must be the page's), with the same checks a
-    /// remote reader makes.
-    pub fn read(&self, key: PageKey, dst: &mut [&mut [u8]]) -> Result<(), SlotMiss> {
+    /// remote reader makes, `layout` being the reader's.
+    pub fn read(
+        &self,
+        key: PageKey,
+        dst: &mut [&mut [u8]],
+        layout: Layout,
+    ) -> Result<(), SlotMiss> {
         let len: usize = dst.iter().map(|d| d.len()).sum();
         let b = self.geo.bucket_of(key);
         let block = self.bytes(self.geo.bucket_offset(b), self.geo.header_block() as usize);
         let (way, before) = find_way(block, key, Some(len as u32)).ok_or(SlotMiss::Absent)?;
+        if before.layout != layout {
+            return Err(SlotMiss::Layout);
+        }
         fence(Ordering::Acquire);
         let payload = self.bytes(self.geo.payload_offset(b, way), len);
         let mut at = 0;
@@ -342,7 +371,7 @@ impl SlotMap {
         let after = self.bytes(self.geo.header_offset(b, way), HEADER);
         // Validate what was copied: the destination holds exactly the bytes checked.
         if let [one] = dst {
-            return accept(&before, one, after, key, len as u32);
+            return accept(&before, one, after, key, len as u32, layout);
         }
         let mut h = twox_hash::XxHash3_64::with_seed(0);
         for d in dst.iter() {
@@ -355,6 +384,7 @@ impl SlotMap {
                     && a.seq == before.seq
                     && a.key == key
                     && a.len == len as u32
+                    && a.layout == before.layout
                     && sum == before.checksum =>
             {
                 Ok(())
@@ -395,29 +425,37 @@ mod tests {
         let m = SlotMap::new(4096, 4, 1, 4 * (64 + 4096)).unwrap();
         let pages: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i + 1; 3000]).collect();
         for (i, p) in pages.iter().enumerate().take(4) {
-            m.write(key(i as u64), &[p]).unwrap();
+            m.write(key(i as u64), &[p], Layout::NONE).unwrap();
         }
         for (i, p) in pages.iter().enumerate().take(4) {
             let mut out = vec![0u8; 3000];
-            m.read(key(i as u64), &mut [&mut out[..]]).unwrap();
+            m.read(key(i as u64), &mut [&mut out[..]], Layout::NONE)
+                .unwrap();
             assert_eq!(&out, p);
         }
         // Overwrite in place.
-        m.write(key(1), &[&[9u8; 3000]]).unwrap();
+        m.write(key(1), &[&[9u8; 3000]], Layout::NONE).unwrap();
         let mut out = vec![0u8; 3000];
-        m.read(key(1), &mut [&mut out[..]]).unwrap();
+        m.read(key(1), &mut [&mut out[..]], Layout::NONE).unwrap();
         assert_eq!(out, vec![9u8; 3000]);
         // Beyond the ways: the oldest (key 0) goes.
-        m.write(key(4), &[&pages[4]]).unwrap();
-        assert_eq!(m.read(key(0), &mut [&mut out[..]]), Err(SlotMiss::Absent));
+        m.write(key(4), &[&pages[4]], Layout::NONE).unwrap();
+        assert_eq!(
+            m.read(key(0), &mut [&mut out[..]], Layout::NONE),
+            Err(SlotMiss::Absent)
+        );
         assert!(m.contains(key(4)));
         // Into two segments (K and V halves).
         let (mut k, mut v) = (vec![0u8; 1000], vec![0u8; 2000]);
-        m.read(key(2), &mut [&mut k[..], &mut v[..]]).unwrap();
+        m.read(key(2), &mut [&mut k[..], &mut v[..]], Layout::NONE)
+            .unwrap();
         assert_eq!([k, v].concat(), pages[2]);
         // A different length is a miss, not a truncated page.
         let mut short = vec![0u8; 2999];
-        assert_eq!(m.read(key(2), &mut [&mut short[..]]), Err(SlotMiss::Absent));
-        assert!(m.write(key(9), &[&[0u8; 4097]]).is_err());
+        assert_eq!(
+            m.read(key(2), &mut [&mut short[..]], Layout::NONE),
+            Err(SlotMiss::Absent)
+        );
+        assert!(m.write(key(9), &[&[0u8; 4097]], Layout::NONE).is_err());
     }
 }

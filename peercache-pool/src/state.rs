@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 use crate::class;
 use crate::{Evicted, PoolError, ReplClass};
@@ -59,6 +59,7 @@ pub(crate) struct SlotMeta {
     pub(crate) len: u32,
     pub(crate) valid_len: u32,
     pub(crate) checksum: u64,
+    pub(crate) layout: Layout,
     pub(crate) state: SlotState,
     pub(crate) repl: ReplClass,
     pub(crate) leases: u32,
@@ -73,6 +74,7 @@ impl SlotMeta {
         len: 0,
         valid_len: 0,
         checksum: 0,
+        layout: Layout::NONE,
         state: SlotState::Free,
         repl: ReplClass::Retained,
         leases: 0,
@@ -263,6 +265,7 @@ impl State {
         key: PageKey,
         len: u32,
         valid_len: u32,
+        layout: Layout,
         repl: ReplClass,
         evicted: &mut Vec<Evicted>,
     ) -> Result<SlotRef, PoolError> {
@@ -278,6 +281,7 @@ impl State {
             len,
             valid_len,
             checksum: 0,
+            layout,
             state: SlotState::Writing,
             repl,
             leases: 0,

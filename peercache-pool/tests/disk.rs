@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use peercache_pool::disk::{DiskConfig, DiskError, DiskTier, RecordError};
-use peercache_wire::PageKey;
 use peercache_wire::testkit::pattern as page;
+use peercache_wire::{Layout, PageKey};
 
 fn key(i: u64) -> PageKey {
     PageKey::from_key(&format!("disk-{i}"))
@@ -43,7 +43,7 @@ fn pages_written_through_read_back_verified() {
     let t = open(dir.path(), 64 << 20, 64);
     for i in 0..50 {
         let p = page(i, 8192);
-        assert!(t.put(key(i), &[&p[..4096], &p[4096..]], 8192, i));
+        assert!(t.put(key(i), &[&p[..4096], &p[4096..]], 8192, i, Layout::NONE));
     }
     t.flush();
     assert_eq!(t.stats().writes, 50);
@@ -62,7 +62,10 @@ fn pages_written_through_read_back_verified() {
         read(&t, key(1), 100),
         Err(DiskError::LengthMismatch { .. })
     ));
-    assert!(!t.put(key(1000), &[], 0, 0), "an empty page is refused");
+    assert!(
+        !t.put(key(1000), &[], 0, 0, Layout::NONE),
+        "an empty page is refused"
+    );
 }
 
 #[test]
@@ -71,12 +74,12 @@ fn capacity_is_enforced_least_recently_used_first() {
     // Room for 10 records of 4 KiB + header, one record per segment.
     let t = open_seg(dir.path(), 10 * (4096 + 64), 64, 4096 + 64);
     for i in 0..10 {
-        t.put(key(i), &[&page(i, 4096)], 4096, 0);
+        t.put(key(i), &[&page(i, 4096)], 4096, 0, Layout::NONE);
     }
     t.flush();
     read(&t, key(0), 4096).unwrap(); // key 0 is now the most recent
     for i in 10..15 {
-        t.put(key(i), &[&page(i, 4096)], 4096, 0);
+        t.put(key(i), &[&page(i, 4096)], 4096, 0, Layout::NONE);
     }
     t.flush();
     let s = t.stats();
@@ -113,7 +116,7 @@ fn a_full_queue_skips_and_counts_instead_of_growing() {
     let p = page(1, 256 << 10);
     let mut accepted = 0;
     for i in 0..400 {
-        accepted += t.put(key(i), &[&p], p.len() as u32, 0) as u64;
+        accepted += t.put(key(i), &[&p], p.len() as u32, 0, Layout::NONE) as u64;
     }
     t.flush();
     let s = t.stats();
@@ -132,7 +135,7 @@ fn a_restart_recovers_every_record() {
     {
         let t = open(dir.path(), 64 << 20, 64);
         for i in 0..30 {
-            t.put(key(i), &[&page(i, 4096)], 4000, 9);
+            t.put(key(i), &[&page(i, 4096)], 4000, 9, Layout::NONE);
         }
         t.flush();
     }
@@ -159,7 +162,7 @@ fn torn_and_corrupt_records_are_skipped_never_served() {
     {
         let t = open_seg(dir.path(), 64 << 20, 64, rec);
         for i in 0..5 {
-            t.put(key(i), &[&page(i, 4096)], 4096, 0);
+            t.put(key(i), &[&page(i, 4096)], 4096, 0, Layout::NONE);
         }
         t.flush();
     }
@@ -208,7 +211,7 @@ fn child_writer_until_killed() {
     let t = open_seg(Path::new(&dir), 1 << 30, 16, 4 << 20);
     for i in 0.. {
         let p = page(i, 64 << 10);
-        while !t.put(key(i), &[&p], p.len() as u32, i) {
+        while !t.put(key(i), &[&p], p.len() as u32, i, Layout::NONE) {
             std::thread::yield_now();
         }
     }
@@ -278,17 +281,17 @@ fn a_full_disk_disables_the_tier_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let rec = 4096 + 64;
     let t = open_seg(dir.path(), 64 << 20, 8, rec);
-    assert!(t.put(key(0), &[&page(0, 4096)], 4096, 0));
+    assert!(t.put(key(0), &[&page(0, 4096)], 4096, 0, Layout::NONE));
     t.flush();
     // The next segment is /dev/full: every write to it fails with ENOSPC.
     std::os::unix::fs::symlink("/dev/full", seg(dir.path(), 2)).unwrap();
-    t.put(key(1), &[&page(1, 4096)], 4096, 0);
+    t.put(key(1), &[&page(1, 4096)], 4096, 0, Layout::NONE);
     t.flush();
     let s = t.stats();
     assert!(s.disabled, "a failing write disables the tier");
     assert!(!t.contains(key(1)));
     assert!(
-        !t.put(key(2), &[&page(2, 4096)], 4096, 0),
+        !t.put(key(2), &[&page(2, 4096)], 4096, 0, Layout::NONE),
         "no more writes once disabled"
     );
     assert_eq!(
@@ -304,7 +307,7 @@ fn promote_reads_pages_back_into_the_pool_as_retained() {
     let dir = tempfile::tempdir().unwrap();
     let t = open(dir.path(), 64 << 20, 64);
     for i in 0..8 {
-        t.put(key(i), &[&page(i, 16384)], 16384, 0);
+        t.put(key(i), &[&page(i, 16384)], 16384, 0, Layout::NONE);
     }
     t.flush();
     let pool = Pool::new(PoolConfig::new(8 << 20)).unwrap();
@@ -347,7 +350,7 @@ fn the_tier_is_private_to_its_user_folders_0700_files_0600() {
     let dir = tmp.path().join("root/node-a");
     let t = open(&dir, 8 << 20, 16);
     let p = page(1, 4096);
-    assert!(t.put(key(1), &[&p], 4096, 1));
+    assert!(t.put(key(1), &[&p], 4096, 1, Layout::NONE));
     t.flush();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700);
@@ -369,7 +372,7 @@ fn a_folder_someone_else_controls_is_refused_and_never_read() {
     let planted = tmp.path().join("planted");
     {
         let t = open(&planted, 8 << 20, 16);
-        assert!(t.put(key(9), &[&page(9, 4096)], 4096, 1));
+        assert!(t.put(key(9), &[&page(9, 4096)], 4096, 1, Layout::NONE));
         t.flush();
     }
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -6,7 +6,7 @@ use peercache_pool::{
     Evicted, PageWrite, Pool, PoolConfig, PoolError, PublishScratch, Published, ReplClass,
     VerifyError,
 };
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 fn key(i: u64) -> PageKey {
     PageKey::from_key(&format!("page-{i}"))
@@ -48,6 +48,7 @@ impl Harness {
                 key: *k,
                 segments: s,
                 valid_len: None,
+                layout: Layout::NONE,
             })
             .collect();
         self.pool.publish_batch(
@@ -101,6 +102,7 @@ fn published_pages_read_back_byte_exact_including_multi_segment() {
         key: k,
         segments: &segs,
         valid_len: None,
+        layout: Layout::NONE,
     }]);
     let leases = h.pool.lease_batch(&[k]);
     let (mut a, mut b) = (vec![0u8; 3000], vec![0u8; 5000]);
@@ -256,16 +258,19 @@ fn bad_pages_get_typed_errors() {
             key: key(1),
             segments: &empty,
             valid_len: None,
+            layout: Layout::NONE,
         },
         PageWrite {
             key: key(2),
             segments: &one,
             valid_len: None,
+            layout: Layout::NONE,
         },
         PageWrite {
             key: key(3),
             segments: &s,
             valid_len: Some(11),
+            layout: Layout::NONE,
         },
     ]);
     assert!(matches!(out[0], Published::Failed(PoolError::EmptyPage(_))));
@@ -333,6 +338,7 @@ fn reserved_slots_are_written_in_place_then_committed_or_aborted() {
     let mut evicted = Vec::new();
     pool.reserve_batch(
         &[(a, len, None), (b, len, Some(1000)), (c, 0, None)],
+        Layout::NONE,
         ReplClass::Retained,
         &mut out,
         &mut evicted,
@@ -364,6 +370,7 @@ fn reserved_slots_are_written_in_place_then_committed_or_aborted() {
     // Re-reserving a resident page answers with its location.
     pool.reserve_batch(
         &[(a, len, None)],
+        Layout::NONE,
         ReplClass::Retained,
         &mut out,
         &mut evicted,
@@ -379,6 +386,7 @@ fn reserved_slots_are_written_in_place_then_committed_or_aborted() {
     // The freed slot is reusable.
     pool.reserve_batch(
         &[(b, len, None)],
+        Layout::NONE,
         ReplClass::Retained,
         &mut out,
         &mut evicted,
@@ -396,6 +404,7 @@ fn a_verified_commit_refuses_a_payload_that_differs_from_the_writers() {
     let mut evicted = Vec::new();
     pool.reserve_batch(
         &[(a, len, None), (b, len, None)],
+        Layout::NONE,
         ReplClass::Retained,
         &mut out,
         &mut evicted,
@@ -424,10 +433,93 @@ fn a_verified_commit_refuses_a_payload_that_differs_from_the_writers() {
     // The refused slot was released: the key can be reserved again.
     pool.reserve_batch(
         &[(b, len, None)],
+        Layout::NONE,
         ReplClass::Retained,
         &mut out,
         &mut evicted,
     );
     assert!(matches!(out[0], peercache_pool::Reserved::Slot(_)));
     pool.check_invariants();
+}
+
+/// A key written again in another layout replaces the resident page (the old copy is reported
+/// evicted, so the directory forgets it); in the same layout it stays a duplicate; a leased
+/// page is never pulled from under its reader.
+#[test]
+fn a_key_rewritten_in_another_layout_replaces_the_page_and_a_same_layout_write_is_a_duplicate() {
+    let pool = Pool::new(PoolConfig::new(8 << 20)).unwrap();
+    let k = key(1);
+    let (a, b) = (vec![1u8; 4096], vec![2u8; 4096]);
+    let (bf16, fp8) = (Layout(0xb16), Layout(0xf8));
+    let (mut scratch, mut out, mut evicted) = (PublishScratch::default(), Vec::new(), Vec::new());
+    let mut publish = |bytes: &[u8], layout, out: &mut Vec<Published>, ev: &mut Vec<Evicted>| {
+        let segs = [bytes];
+        pool.publish_batch(
+            &[PageWrite {
+                key: k,
+                segments: &segs,
+                valid_len: None,
+                layout,
+            }],
+            ReplClass::Retained,
+            &mut scratch,
+            out,
+            ev,
+        );
+    };
+    publish(&a, bf16, &mut out, &mut evicted);
+    let Published::New(first) = out[0] else {
+        panic!("{:?}", out[0])
+    };
+    assert_eq!(first.layout, bf16);
+    publish(&a, bf16, &mut out, &mut evicted);
+    assert!(matches!(out[0], Published::Duplicate(_)));
+    assert!(evicted.is_empty());
+
+    publish(&b, fp8, &mut out, &mut evicted);
+    let Published::New(second) = out[0] else {
+        panic!("{:?}", out[0])
+    };
+    assert_eq!(second.layout, fp8);
+    assert_eq!(evicted.len(), 1);
+    assert_eq!(
+        (evicted[0].key, evicted[0].generation),
+        (k, first.generation)
+    );
+    let mut page = vec![0u8; 4096];
+    // The copy a remote reader of the old layout fetches is refused; the new layout's verifies.
+    let stale = peercache_pool::PageLocation {
+        layout: bf16,
+        ..second
+    };
+    assert!(matches!(
+        pool.read_unleased(&stale, k, &mut page),
+        Err(PoolError::Verify {
+            reason: VerifyError::Layout,
+            ..
+        })
+    ));
+    pool.read_unleased(&second, k, &mut page).unwrap();
+    assert_eq!(page, b);
+
+    // While a reader holds a lease, another layout's write does not replace the page.
+    let leases = pool.lease_batch(&[k]);
+    evicted.clear();
+    let segs: [&[u8]; 1] = [&a];
+    let mut scratch = PublishScratch::default();
+    pool.publish_batch(
+        &[PageWrite {
+            key: k,
+            segments: &segs,
+            valid_len: None,
+            layout: bf16,
+        }],
+        ReplClass::Retained,
+        &mut scratch,
+        &mut out,
+        &mut evicted,
+    );
+    assert!(matches!(out[0], Published::Duplicate(l) if l.layout == fp8));
+    assert!(evicted.is_empty());
+    drop(leases);
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, ReplClass};
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 use proptest::prelude::*;
 
 fn bytes(key: u64, len: usize) -> Vec<u8> {
@@ -27,7 +27,7 @@ proptest! {
                     let data = bytes(k, len);
                     let segs = [data.as_slice()];
                     let class = if op == 0 { ReplClass::Retained } else { ReplClass::Reclaimable };
-                    pool.publish_batch(&[PageWrite { key, segments: &segs, valid_len: None }], class, &mut scratch, &mut out, &mut evicted);
+                    pool.publish_batch(&[PageWrite { key, segments: &segs, valid_len: None, layout: Layout::NONE }], class, &mut scratch, &mut out, &mut evicted);
                     if let Published::New(_) = out[0] {
                         lens.insert(k, len);
                     }

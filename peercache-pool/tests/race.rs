@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use peercache_pool::{
     PageWrite, Pool, PoolConfig, PoolError, PublishScratch, Published, ReplClass,
 };
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 use rand::{Rng, SeedableRng};
 
 const PAGE: usize = 512;
@@ -86,6 +86,7 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
                             key: *k,
                             segments: s,
                             valid_len: None,
+                            layout: Layout::NONE,
                         })
                         .collect();
                     pool.publish_batch(

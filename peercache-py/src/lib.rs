@@ -152,6 +152,15 @@ impl Node {
         unsafe { self.store.register_host_buffer(ptr as *mut u8, length) }.map_err(to_py)
     }
 
+    /// Declares the shape of this node's pages from a layout spec (JSON: model, kv_dtype,
+    /// pp_rank, tp, pools); returns the fingerprint as 16 hex digits. A malformed spec is a
+    /// `ValueError` naming the field.
+    fn set_layout(&self, spec_json: &str) -> PyResult<String> {
+        let spec = peercache_store::page_layout::LayoutSpec::from_json(spec_json)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(self.store.set_layout(&spec).to_string())
+    }
+
     /// Publishes pages from raw segments: `counts[i]` segments (from `ptrs`/`sizes`) for key `i`.
     fn batch_set_ptrs(
         &self,
@@ -317,6 +326,8 @@ impl Node {
             "members": s.members, "primed": s.primed,
             "verify_rejects": s.verify_rejects, "staged_reads": s.staged_reads,
             "rdma_read_bytes": s.rdma_read_bytes, "rdma_fallbacks": s.rdma_fallbacks,
+            "layout_mismatches": s.layout_mismatches,
+            "layout": self.store.layout().to_string(),
         })
         .to_string()
     }

@@ -54,9 +54,23 @@ pub(crate) struct Core {
     pub(crate) metrics_endpoint: Option<SocketAddr>,
     /// The deployment mode and the state only it has (matched once per operation).
     pub(crate) mode: crate::mode_state::ModeState,
+    /// The layout fingerprint pages are written with and readers expect (0: none declared).
+    pub(crate) layout: std::sync::atomic::AtomicU64,
 }
 
 impl Core {
+    /// The layout this node writes and expects, loaded once per batch.
+    pub(crate) fn layout(&self) -> peercache_wire::Layout {
+        peercache_wire::Layout(self.layout.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The envelope extension that carries this node's layout to an owner it writes to.
+    pub(crate) fn layout_extension(&self) -> Vec<peercache_wire::Extension> {
+        peercache_wire::Extension::of(crate::control::EXT_LAYOUT, &self.layout().0)
+            .into_iter()
+            .collect()
+    }
+
     /// The page keys of `keys` in this node's keyspace (`prefix`).
     pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
         keys.iter()

@@ -71,6 +71,7 @@ impl Core {
         &self,
         writer: &NodeId,
         pages: &[(PageKey, u32, u32)],
+        layout: peercache_wire::Layout,
     ) -> Vec<PrepareOutcome> {
         let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
             return pages
@@ -83,7 +84,7 @@ impl Core {
             pages.iter().map(|&(k, l, v)| (k, l, Some(v))).collect();
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
         self.pool
-            .reserve_batch(&want, ReplClass::Retained, &mut out, &mut evicted);
+            .reserve_batch(&want, layout, ReplClass::Retained, &mut out, &mut evicted);
         if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
@@ -243,7 +244,7 @@ impl Core {
                 .read_leased(&leases, i, *k, &mut [&mut buf[..]])
                 .is_ok()
             {
-                disk.put(*k, &[&buf[..]], loc.valid_len, loc.generation);
+                disk.put(*k, &[&buf[..]], loc.valid_len, loc.generation, loc.layout);
             }
         }
     }
@@ -259,7 +260,11 @@ impl Core {
     }
 
     /// Serves an ingest: publishes pages whose bytes came inside the request.
-    pub(crate) fn ingest(&self, pages: &[(PageKey, u32, Vec<u8>)]) -> Vec<Option<Location>> {
+    pub(crate) fn ingest(
+        &self,
+        pages: &[(PageKey, u32, Vec<u8>)],
+        layout: peercache_wire::Layout,
+    ) -> Vec<Option<Location>> {
         if self.mode.storage().is_none_or(|s| s.reservations.is_none()) {
             return vec![None; pages.len()];
         }
@@ -271,6 +276,7 @@ impl Core {
                 key: *k,
                 segments: s,
                 valid_len: (*valid as usize != bytes.len()).then_some(*valid),
+                layout,
             })
             .collect();
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
@@ -290,7 +296,7 @@ impl Core {
             .map(|(p, w)| match p {
                 Published::New(loc) => {
                     if let Some(d) = &self.disk {
-                        d.put(w.key, w.segments, loc.valid_len, loc.generation);
+                        d.put(w.key, w.segments, loc.valid_len, loc.generation, w.layout);
                     }
                     Some(self.resident_location(loc))
                 }
@@ -335,6 +341,7 @@ impl Core {
             return None;
         };
         st.no_storage_logged.store(false, Ordering::Relaxed);
+        let layout_ext = inner.layout_extension();
         let mut starts = Vec::with_capacity(keys.len());
         let mut lens = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -379,7 +386,7 @@ impl Core {
                         writer: inner.me.clone(),
                         pages,
                     },
-                    &[],
+                    &layout_ext,
                 )
                 .unwrap_or_default()
             })
@@ -424,6 +431,7 @@ impl Core {
     ) {
         let inner = self;
         let timeout = inner.cfg.op_timeout();
+        let layout_ext = inner.layout_extension();
         let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
         for (&i, o) in w.pages.iter().zip(outcomes) {
             match o {
@@ -558,7 +566,9 @@ impl Core {
                     (keys[i], lens[i] as u32, bytes)
                 })
                 .collect();
-            calls.push(envelope::encode(&StoreRequest::Ingest(pages), &[]).unwrap_or_default());
+            calls.push(
+                envelope::encode(&StoreRequest::Ingest(pages), &layout_ext).unwrap_or_default(),
+            );
             inner.metrics.storage_ingests.add(fallback.len() as u64);
         }
         let rc: Vec<(std::net::SocketAddr, &[u8])> =

@@ -17,6 +17,13 @@ pub const MAX_PROMOTE_KEYS: usize = 4096;
 /// Most pages in one prepare or ingest request.
 pub const MAX_WRITE_PAGES: usize = 16384;
 
+/// Extension of a [`StoreRequest::Prepare`], [`StoreRequest::Ingest`] or
+/// [`StoreRequest::SlotWrite`] (not critical): the writer's layout fingerprint, which the
+/// owner writes into each page's header. An owner of an earlier release ignores it and stores
+/// the pages with no layout, which readers that declared one then refuse as misses. Payload:
+/// a postcard `u64`.
+pub const EXT_LAYOUT: u16 = 0x0301;
+
 /// A request to a page owner.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreRequest {

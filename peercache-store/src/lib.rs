@@ -35,6 +35,7 @@ pub mod metrics;
 mod mode_state;
 mod node;
 pub mod observe;
+pub mod page_layout;
 mod parts;
 mod prime;
 mod promote;

@@ -48,6 +48,9 @@ peercache_wire::metric_names! {
     pub const READ_FAILURES: &str = "peercache_read_failures_total";
     /// Remote pages rejected by verification (stale slot, torn copy, wrong key or checksum).
     pub const VERIFY_REJECTS: &str = "peercache_verify_rejects_total";
+    /// Pages found but refused because their layout fingerprint (model, KV dtype, geometry,
+    /// ranks) is not the reader's: a counted miss, never bytes of the wrong shape.
+    pub const LAYOUT_MISMATCHES: &str = "peercache_layout_mismatch_total";
     /// Pages read through staging memory and copied to the caller (destination not registered).
     pub const STAGED_READS: &str = "peercache_read_staged_pages_total";
     /// `batch_set` calls.
@@ -132,6 +135,7 @@ pub(crate) struct Handles {
     pub(crate) read_remote_hits: Tally,
     pub(crate) read_failures: Tally,
     pub(crate) verify_rejects: Tally,
+    pub(crate) layout_mismatches: Tally,
     pub(crate) staged_reads: Tally,
     pub(crate) write_requests: Tally,
     pub(crate) bytes_read: Tally,
@@ -197,6 +201,7 @@ impl Handles {
             read_remote_hits: c(READ_REMOTE_HITS),
             read_failures: c(READ_FAILURES),
             verify_rejects: c(VERIFY_REJECTS),
+            layout_mismatches: c(LAYOUT_MISMATCHES),
             staged_reads: c(STAGED_READS),
             write_requests: c(WRITE_REQUESTS),
             bytes_read: c(BYTES_READ),

@@ -108,6 +108,7 @@ impl Core {
                 leased
             };
             let mut local_hits = 0u64;
+            let layout = inner.layout();
             for (j, &i) in local.iter().enumerate() {
                 let (ls, at) = match (promoted_at[j], &promoted) {
                     (Some(p), Some(ls)) => (ls, p),
@@ -116,6 +117,12 @@ impl Core {
                 let Some(at_loc) = ls.location(at) else {
                     continue;
                 };
+                // This node's own copy (or its disk tier's) of another layout: kept pages of
+                // an earlier layout are misses, not bytes of the wrong shape.
+                if at_loc.layout != layout {
+                    m.layout_mismatches.add(1);
+                    continue;
+                }
                 let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
                     .iter()
                     // SAFETY: the caller guarantees each segment is valid and unaliased.
@@ -261,6 +268,8 @@ impl Core {
             .collect();
         let mut pages = Vec::with_capacity(idx.len());
         let mut at = 0;
+        // The copies were verified against this node's layout on the way in.
+        let layout = inner.layout();
         for &i in idx {
             let len: usize = segs[starts[i]..starts[i] + counts[i]]
                 .iter()
@@ -270,6 +279,7 @@ impl Core {
                 key: keys[i],
                 segments: &slices[at..at + counts[i]],
                 valid_len: (valid[i] as usize != len).then_some(valid[i]),
+                layout,
             });
             at += counts[i];
         }
@@ -437,6 +447,7 @@ impl Core {
             unsafe { batch.allow_unregistered() };
         }
         stage.end(|s| &mut s.prepare);
+        let layout = inner.layout();
         // A page that landed directly but is not served (failed op, rejected by verification,
         // broken batch) is scrubbed: a miss never leaves another key's bytes behind.
         let scrub = |i: usize| {
@@ -453,6 +464,7 @@ impl Core {
                 key: keys[*i],
                 generation: loc.generation,
                 len: loc.len,
+                layout,
             };
             let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
             let verdict = if staging_off[j] == usize::MAX {
@@ -485,7 +497,11 @@ impl Core {
                     if staging_off[j] == usize::MAX {
                         scrub(*i);
                     }
-                    inner.metrics.verify_rejects.add(1);
+                    if reason == peercache_pool::VerifyError::Layout {
+                        inner.metrics.layout_mismatches.add(1);
+                    } else {
+                        inner.metrics.verify_rejects.add(1);
+                    }
                     tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
                     None
                 }

@@ -29,11 +29,16 @@ pub(crate) use crate::slot_layout::{LAYOUT_ATTR, encode_layout, layouts};
 
 impl Core {
     /// Serves a `SlotWrite`: writes each page into this node's region.
-    pub(crate) fn slot_write(&self, slots: &SlotMode, pages: &[(PageKey, Vec<u8>)]) -> Vec<bool> {
+    pub(crate) fn slot_write(
+        &self,
+        slots: &SlotMode,
+        pages: &[(PageKey, Vec<u8>)],
+        layout: peercache_wire::Layout,
+    ) -> Vec<bool> {
         let map = &slots.map;
         pages
             .iter()
-            .map(|(k, bytes)| map.write(*k, &[bytes.as_slice()]).is_ok())
+            .map(|(k, bytes)| map.write(*k, &[bytes.as_slice()], layout).is_ok())
             .collect()
     }
 }
@@ -77,11 +82,13 @@ impl Core {
         let owners = inner.dir.primaries(keys);
         let (local, remote) = group(&owners, &inner.me);
         let mut done = vec![false; keys.len()];
+        let layout = inner.layout();
         for i in local {
             done[i] = map
-                .write(keys[i], &slices[starts[i]..starts[i] + counts[i]])
+                .write(keys[i], &slices[starts[i]..starts[i] + counts[i]], layout)
                 .is_ok();
         }
+        let layout_ext = inner.layout_extension();
         let layouts = slots.layouts.read().clone();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, &Vec<usize>)> = Vec::new();
         for (node, idx) in &remote {
@@ -90,7 +97,7 @@ impl Core {
                 .iter()
                 .map(|&i| (keys[i], slices[starts[i]..starts[i] + counts[i]].concat()))
                 .collect();
-            if let Ok(f) = envelope::encode(&StoreRequest::SlotWrite(pages), &[]) {
+            if let Ok(f) = envelope::encode(&StoreRequest::SlotWrite(pages), &layout_ext) {
                 reqs.push((l.control, f, idx));
             }
         }
@@ -216,14 +223,18 @@ impl Core {
                 .collect()
         };
         let mut hit: Vec<Option<u32>> = vec![None; n];
+        let layout = inner.layout();
         let owners = inner.dir.primaries(keys);
         let (local, remote) = group(&owners, &inner.me);
         if let Some(map) = Some(&slots.map) {
             for i in local {
-                match map.read(keys[i], &mut dst(i)) {
+                match map.read(keys[i], &mut dst(i), layout) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
                     Err(slotmap::SlotMiss::Torn) => {
                         inner.metrics.verify_rejects.add(1);
+                    }
+                    Err(slotmap::SlotMiss::Layout) => {
+                        inner.metrics.layout_mismatches.add(1);
                     }
                     Err(slotmap::SlotMiss::Absent) => {}
                 }
@@ -297,7 +308,8 @@ impl Core {
                     }
                     let staged = scratch.staging_mut(offs[j], lens[i] + HEADER);
                     let (payload, after) = staged.split_at(lens[i]);
-                    match slotmap::accept(&before, payload, after, keys[i], lens[i] as u32) {
+                    match slotmap::accept(&before, payload, after, keys[i], lens[i] as u32, layout)
+                    {
                         Ok(()) => {
                             let mut at = 0;
                             for d in dst(i).iter_mut() {
@@ -305,6 +317,9 @@ impl Core {
                                 at += d.len();
                             }
                             hit[i] = Some(lens[i] as u32);
+                        }
+                        Err(slotmap::SlotMiss::Layout) => {
+                            inner.metrics.layout_mismatches.add(1);
                         }
                         Err(_) => {
                             inner.metrics.verify_rejects.add(1);

@@ -578,6 +578,7 @@ impl Core {
             stopping: AtomicBool::new(false),
             metrics_endpoint,
             mode,
+            layout: std::sync::atomic::AtomicU64::new(0),
         });
         let _ = inner.tasks.promoter.set(crate::promote::Promoter::start({
             let node = Arc::downgrade(&inner);

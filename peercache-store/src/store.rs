@@ -44,6 +44,9 @@ pub struct StoreStats {
     pub primed: u64,
     /// Remote pages rejected by verification (stale, torn, wrong key or checksum).
     pub verify_rejects: u64,
+    /// Pages found but refused because their layout fingerprint is not this node's (another
+    /// deployment's pages under the same keys, or pages written before layouts existed).
+    pub layout_mismatches: u64,
     /// Pages read through registered staging memory and then copied to the caller, because
     /// the caller's destination lies outside every registered host buffer (or the mode reads
     /// into staging to verify first, as slotmap does). 0 on the zero-copy paths.
@@ -173,6 +176,44 @@ impl Store {
     pub fn sync_membership(&self) {
         self.inner.sync_membership();
         crate::republish::start(&self.inner);
+    }
+
+    /// Declares the shape of the pages this node writes and reads (model, KV dtype, ranks,
+    /// every registered pool's geometry). From now on every page it writes carries the
+    /// spec's fingerprint, and every read path — local pool, same-host copy, TCP, RDMA, disk
+    /// tier, slot regions, storage servers — refuses a page carrying another one as a miss,
+    /// counted in [`StoreStats::layout_mismatches`]. A node that never declares a layout
+    /// writes and reads [`Layout::NONE`](peercache_wire::Layout::NONE) pages only.
+    ///
+    /// Pages this node holds under another layout are replaced when the same key is written
+    /// again. Returns the fingerprint.
+    ///
+    /// ```no_run
+    /// # fn run(store: &peercache_store::Store) -> Result<(), Box<dyn std::error::Error>> {
+    /// use peercache_store::page_layout::LayoutSpec;
+    /// let spec = LayoutSpec::from_json(r#"{"model": "m", "kv_dtype": "bfloat16",
+    ///     "pools": [{"name": "kv", "tokens_per_page": 64, "host_layout": "layer_first",
+    ///                "bytes_per_page": 4096}]}"#)?;
+    /// let layout = store.set_layout(&spec);
+    /// assert_eq!(store.layout(), layout);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_layout(&self, spec: &crate::page_layout::LayoutSpec) -> peercache_wire::Layout {
+        let l = spec.fingerprint();
+        let old = self
+            .inner
+            .layout
+            .swap(l.0, std::sync::atomic::Ordering::AcqRel);
+        if old != l.0 {
+            tracing::info!(layout = %l, model = %spec.model, kv_dtype = %spec.kv_dtype,
+                pools = spec.pools.len(), "page layout declared");
+        }
+        l
+    }
+
+    /// The layout fingerprint this node writes and expects ([`Store::set_layout`]).
+    pub fn layout(&self) -> peercache_wire::Layout {
+        self.inner.layout()
     }
 
     /// Registers the caller's KV host memory as a read destination (local-only: peers can
@@ -530,6 +571,7 @@ impl Store {
             members: inner.discovery.members().len() as u64,
             primed: inner.reads.primed.lock().len() as u64,
             verify_rejects: inner.metrics.verify_rejects.get(),
+            layout_mismatches: inner.metrics.layout_mismatches.get(),
             staged_reads: inner.metrics.staged_reads.get(),
             identity_refused: inner.metrics.identity_refused.get()
                 + inner.dir_service.refusals().identity.get(),

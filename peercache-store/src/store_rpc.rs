@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use peercache_wire::envelope::{self};
 use peercache_wire::rpc::{self, Peer, Reply, RpcError};
 
-use crate::control::{MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
+use crate::control::{EXT_LAYOUT, MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};
 
 /// Serves a store-level control request (kinds `0x03xx`).
 pub(crate) fn serve_store(
@@ -21,6 +21,12 @@ pub(crate) fn serve_store(
     };
     let req: StoreRequest = match env.decode() {
         Ok(r) => r,
+        Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
+    };
+    // The writer's layout rides as an extension; a malformed one is refused, an absent one
+    // (an earlier writer) is no layout.
+    let layout = match env.extension_value::<u64>(EXT_LAYOUT) {
+        Ok(l) => peercache_wire::Layout(l.unwrap_or(0)),
         Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
     };
     let Some(inner) = cell.get().and_then(|w| w.upgrade()) else {
@@ -63,7 +69,7 @@ pub(crate) fn serve_store(
                 tracing::warn!(peer = %peer.label(), claimed = %claimed, "refused a prepare for another writer");
                 return rpc::forbidden(peer, &format!("prepare for writer {claimed}"));
             }
-            frame(StoreReply::Prepared(inner.prepare(me, &pages)))
+            frame(StoreReply::Prepared(inner.prepare(me, &pages, layout)))
         }
         StoreRequest::Commit(_) => refuse(
             RpcError::CODE_REFUSED,
@@ -86,7 +92,7 @@ pub(crate) fn serve_store(
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
             frame(StoreReply::SlotWritten(match inner.mode.slots() {
-                Some(slots) => inner.slot_write(slots, &pages),
+                Some(slots) => inner.slot_write(slots, &pages, layout),
                 None => vec![false; pages.len()],
             }))
         }
@@ -103,7 +109,7 @@ pub(crate) fn serve_store(
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
-            frame(StoreReply::Ingested(inner.ingest(&pages)))
+            frame(StoreReply::Ingested(inner.ingest(&pages, layout)))
         }
         StoreRequest::Promote(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
             RpcError::CODE_REFUSED,

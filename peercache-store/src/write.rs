@@ -86,11 +86,13 @@ impl Core {
         m.write_requests.add(1);
         let mut pages = Vec::with_capacity(keys.len());
         let mut at = 0;
+        let layout = inner.layout();
         for (j, (k, &c)) in keys.iter().zip(counts).enumerate() {
             pages.push(PageWrite {
                 key: *k,
                 segments: &slices[at..at + c],
                 valid_len: valid_lens.map(|v| v[j]),
+                layout,
             });
             at += c;
         }
@@ -112,12 +114,20 @@ impl Core {
                 Published::New(loc) => {
                     written += loc.len as u64;
                     if let Some(d) = &inner.disk {
-                        d.put(keys[i], pages[i].segments, loc.valid_len, loc.generation);
+                        d.put(
+                            keys[i],
+                            pages[i].segments,
+                            loc.valid_len,
+                            loc.generation,
+                            loc.layout,
+                        );
                     }
                     entries.push((keys[i], inner.resident_location(loc)));
                     entry_of.push(i);
                 }
-                Published::Duplicate(_) => results[i] = true,
+                // Resident already; in another layout only while a reader holds it (the
+                // write could not replace it): not stored.
+                Published::Duplicate(loc) => results[i] = loc.layout == layout,
                 Published::Failed(e) => tracing::debug!(error = %e, "page not published"),
             }
         }

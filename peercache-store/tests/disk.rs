@@ -180,7 +180,13 @@ fn a_restarted_node_republishes_a_hundred_thousand_small_disk_pages() {
                 tier.flush();
             }
             let p = small_page(i, LEN);
-            assert!(tier.put(PageKey::from_key(&key(i)), &[&p], LEN as u32, 1));
+            assert!(tier.put(
+                PageKey::from_key(&key(i)),
+                &[&p],
+                LEN as u32,
+                1,
+                peercache_wire::Layout::NONE
+            ));
         }
         tier.flush();
         assert_eq!(tier.stats().keys, PAGES);

@@ -130,6 +130,54 @@ impl PageKey {
     }
 }
 
+/// The layout fingerprint of a page: a 64-bit digest of the shape its bytes have (model, KV
+/// dtype, pool, tokens per page, host layout, ranks, bytes per page), kept in every slot
+/// header and checked by every reader exactly like the key.
+///
+/// [`Layout::NONE`] (0) is what pages written without a layout carry, including every page of
+/// a release before layouts existed: a reader that expects a layout treats them as misses.
+///
+/// ```
+/// use peercache_wire::Layout;
+/// let bf16 = Layout::from_canonical(b"model=m;dtype=bfloat16");
+/// let fp8 = Layout::from_canonical(b"model=m;dtype=float8_e4m3fn");
+/// assert_ne!(bf16, fp8);
+/// assert!(!bf16.is_none());
+/// assert_eq!(bf16, Layout::from_canonical(b"model=m;dtype=bfloat16"));
+/// ```
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Layout(pub u64);
+
+impl Layout {
+    /// No layout: pages written by a caller that declared none, and every older page.
+    pub const NONE: Layout = Layout(0);
+
+    /// The fingerprint of a layout's canonical description (xxh3-64; never [`Layout::NONE`]).
+    pub fn from_canonical(bytes: &[u8]) -> Layout {
+        match xxhash_rust::xxh3::xxh3_64(bytes) {
+            0 => Layout(1),
+            h => Layout(h),
+        }
+    }
+
+    /// Whether this is [`Layout::NONE`].
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Layout({:016x})", self.0)
+    }
+}
+
 impl fmt::Display for PageKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:032x}", self.0)

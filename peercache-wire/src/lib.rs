@@ -34,7 +34,7 @@ pub mod testkit;
 pub use auth::Auth;
 pub use envelope::{Envelope, Extension, Message, WIRE_VERSION};
 pub use error::WireError;
-pub use ids::{Incarnation, NodeId, PageKey};
+pub use ids::{Incarnation, Layout, NodeId, PageKey};
 
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

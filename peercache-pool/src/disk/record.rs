@@ -10,11 +10,14 @@
 //!  28    4 valid length
 //!  32    8 XXH3-64 of the payload
 //!  40    8 generation of the pool copy it was written from (informational)
-//!  48    8 XXH3-64 of bytes 0..48 (header checksum)
-//!  56    8 reserved
+//!  48    8 header checksum: XXH3-64 of bytes 0..48, seeded with the layout
+//!  56    8 layout fingerprint (0: none; every record before layouts existed)
 //! ```
+//!
+//! Seeding the header checksum with the layout keeps records without one readable unchanged
+//! (seed 0 is plain XXH3-64) and makes a flipped layout word a header-checksum failure.
 
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 
 /// Header size.
 pub const RECORD_HEADER: usize = 64;
@@ -36,6 +39,8 @@ pub struct RecordHeader {
     pub checksum: u64,
     /// Pool generation when written.
     pub generation: u64,
+    /// Layout fingerprint of the payload.
+    pub layout: Layout,
 }
 
 /// Why a record was refused.
@@ -62,8 +67,9 @@ impl RecordHeader {
         b[28..32].copy_from_slice(&self.valid_len.to_le_bytes());
         b[32..40].copy_from_slice(&self.checksum.to_le_bytes());
         b[40..48].copy_from_slice(&self.generation.to_le_bytes());
-        let hc = xxhash_rust::xxh3::xxh3_64(&b[..48]);
+        let hc = xxhash_rust::xxh3::xxh3_64_with_seed(&b[..48], self.layout.0);
         b[48..56].copy_from_slice(&hc.to_le_bytes());
+        b[56..64].copy_from_slice(&self.layout.0.to_le_bytes());
         b
     }
 
@@ -76,7 +82,8 @@ impl RecordHeader {
             return Err(RecordError::BadHeader);
         }
         let hc = u64::from_le_bytes(b[48..56].try_into().expect("8 bytes"));
-        if hc != xxhash_rust::xxh3::xxh3_64(&b[..48]) {
+        let layout = Layout(u64::from_le_bytes(b[56..64].try_into().expect("8 bytes")));
+        if hc != xxhash_rust::xxh3::xxh3_64_with_seed(&b[..48], layout.0) {
             return Err(RecordError::HeaderChecksum);
         }
         let h = RecordHeader {
@@ -85,6 +92,7 @@ impl RecordHeader {
             valid_len: u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")),
             checksum: u64::from_le_bytes(b[32..40].try_into().expect("8 bytes")),
             generation: u64::from_le_bytes(b[40..48].try_into().expect("8 bytes")),
+            layout,
         };
         if h.valid_len > h.len {
             return Err(RecordError::BadHeader);
@@ -117,14 +125,12 @@ mod tests {
             valid_len: 4000,
             checksum: crate::header::checksum(&payload),
             generation: 7,
+            layout: Layout(0xfeed),
         };
         let b = h.encode();
         assert_eq!(RecordHeader::decode(&b).unwrap(), h);
         assert!(h.verify_payload(&payload).is_ok());
         for i in 0..RECORD_HEADER {
-            if (56..64).contains(&i) {
-                continue; // reserved bytes are not covered
-            }
             let mut c = b;
             c[i] ^= 0x40;
             assert!(
@@ -140,5 +146,21 @@ mod tests {
             h.verify_payload(&payload[..10]),
             Err(RecordError::Truncated)
         );
+    }
+
+    #[test]
+    fn a_record_written_before_layouts_existed_reads_with_no_layout() {
+        // Version-1 records had zeros in bytes 56..64 and a plain XXH3-64 header checksum.
+        let mut b = [0u8; RECORD_HEADER];
+        b[0..4].copy_from_slice(&RECORD_MAGIC);
+        b[4..6].copy_from_slice(&RECORD_VERSION.to_le_bytes());
+        b[8..24].copy_from_slice(&7u128.to_le_bytes());
+        b[24..28].copy_from_slice(&10u32.to_le_bytes());
+        b[28..32].copy_from_slice(&10u32.to_le_bytes());
+        let hc = xxhash_rust::xxh3::xxh3_64(&b[..48]);
+        b[48..56].copy_from_slice(&hc.to_le_bytes());
+        let h = RecordHeader::decode(&b).unwrap();
+        assert_eq!(h.layout, Layout::NONE);
+        assert_eq!(h.key, PageKey(7));
     }
 }

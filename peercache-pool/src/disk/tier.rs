@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 
 use parking_lot::Mutex;
-use peercache_wire::PageKey;
+use peercache_wire::{Layout, PageKey};
 use thiserror::Error;
 
 use super::private::{self, UnsafeFolder};
@@ -269,7 +269,14 @@ impl DiskTier {
 
     /// Queues a page for write-through. Returns false (and counts a drop) when the queue is
     /// full, the page does not fit a segment, or the tier is disabled.
-    pub fn put(&self, key: PageKey, segments: &[&[u8]], valid_len: u32, generation: u64) -> bool {
+    pub fn put(
+        &self,
+        key: PageKey,
+        segments: &[&[u8]],
+        valid_len: u32,
+        generation: u64,
+        layout: Layout,
+    ) -> bool {
         let len: usize = segments.iter().map(|s| s.len()).sum();
         let fits = (len as u64 + RECORD_HEADER as u64)
             <= self.shared.cfg.segment_size().min(self.shared.cfg.capacity);
@@ -277,7 +284,15 @@ impl DiskTier {
             self.shared.counters.dropped.add(1);
             return false;
         }
-        if self.contains(key) {
+        // The same page is already on disk; the same key in another layout is replaced.
+        if self
+            .shared
+            .index
+            .lock()
+            .map
+            .get(&key)
+            .is_some_and(|e| e.header.layout == layout)
+        {
             return true;
         }
         let mut buf = self.shared.free_bufs.lock().pop().unwrap_or_default();
@@ -291,6 +306,7 @@ impl DiskTier {
             valid_len: valid_len.min(len as u32),
             checksum: crate::header::checksum(&buf),
             generation,
+            layout,
         };
         let Some(tx) = &self.tx else { return false };
         self.shared.pending.lock().insert(key);

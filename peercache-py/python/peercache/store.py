@@ -204,6 +204,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self.is_mla = _as_bool(get("is_mla_model", False), "is_mla_model")
         self.model = str(get("model_name", None) or extra.get("model_name") or "model")
         self.interface_v1 = _as_bool(extra.get("interface_v1", False), "interface_v1")
+        self._kv_cache_dtype = extra.get("kv_cache_dtype")
         # Decode context parallelism (MLA only): each DCP rank holds its shard of every page;
         # equivalent shards of different DCP groups share one key, written by the first group.
         self.dcp_rank = int(get("dcp_rank", 0) or 0)
@@ -212,7 +213,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         computed_writer = (not self.is_mla) or self.tp_rank == self.dcp_rank
         self.is_storage_writer = bool(getattr(storage_config, "is_storage_writer", computed_writer)) \
             if storage_config is not None else computed_writer
-        cfg = {k: v for k, v in extra.items() if k not in ("interface_v1",)}
+        cfg = {k: v for k, v in extra.items() if k not in ("interface_v1", "kv_cache_dtype")}
         cfg.update({"tp_rank": self.tp_rank, "tp_size": self.tp_size, "pp_rank": self.pp_rank, "pp_size": self.pp_size})
         cfg.setdefault("dp_rank", int(get("dp_rank", 0) or 0))
         self._node = _peercache.Node(json.dumps(cfg))
@@ -274,6 +275,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._kv_page_bytes = self._page_bytes()
         if registered == 0:
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
+        self._declare_layout()
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Registers one more host pool (Mamba, SWA, DSA indexer, draft, DeepSeek-V4
@@ -281,6 +283,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self.registered_pools[host_pool_name] = host_pool
         self._pools_by_name[_pool_name(host_pool_name)] = host_pool
         self._register_buffers(host_pool)
+        self._declare_layout()
 
     def on_host_pools_registered(self) -> None:
         """Validates every registered pool once, so a bad registration fails the attach rather
@@ -319,6 +322,53 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError(f"peercache: host pool {name!r}: {len(outside)} of {len(ptrs)} page buffers "
                                  f"lie outside every registered host buffer (first at {outside[0][0]:#x}, "
                                  f"{outside[0][1]} bytes): register the pool before the attach completes")
+        self._declare_layout()
+
+    def layout_spec(self) -> Optional[Dict[str, Any]]:
+        """The layout spec of this rank's pages, from the registered pools: model, KV dtype,
+        PP rank, the TP shard for MHA (none for MLA, whose latent every TP rank shares) and each
+        pool's name, tokens per page, host layout and bytes per page. None before a pool with
+        page buffers is registered."""
+        pools: List[Dict[str, Any]] = []
+        named: List[Tuple[str, Any]] = []
+        if self._page_pool is not None:
+            named.append(("kv", self._page_pool))
+        named.extend((n, p) for n, p in self._pools_by_name.items() if p is not self._page_pool)
+        dtype = None
+        for name, pool in named:
+            if getattr(pool, "kv_buffer", None) is None and name == "kv":
+                continue  # a logical anchor carries no bytes of its own
+            page_size = int(getattr(pool, "page_size", 0) or 0)
+            per_token = int(getattr(pool, "size_per_token", 0) or 0)
+            if page_size <= 0 or per_token <= 0:
+                continue
+            host_layout = str(getattr(pool, "layout", "layer_first") or "layer_first")
+            tag = getattr(pool, "storage_format_tag", None)  # the pool's own page byte format
+            if tag:
+                host_layout += f"+{tag}"
+            pools.append({"name": str(name), "tokens_per_page": page_size, "host_layout": host_layout,
+                          "bytes_per_page": per_token * page_size})
+            if dtype is None and getattr(pool, "dtype", None) is not None:
+                dtype = str(pool.dtype)
+        if not pools:
+            return None
+        # Host pools keep the storage dtype (fp8 caches are stored as uint8): the deployment's
+        # `kv_cache_dtype`, when given in the extra config, names the cache dtype exactly.
+        dtype = str(self._kv_cache_dtype or dtype or "unknown")
+        return {"model": self.model, "kv_dtype": dtype, "pp_rank": self.pp_rank,
+                "tp": None if self.is_mla else [self.tp_rank, self.tp_size], "pools": pools}
+
+    def _declare_layout(self) -> None:
+        """Tells the node the shape of this rank's pages: every page it writes carries the
+        fingerprint, and pages of another shape under the same keys (another dtype, TP split,
+        page size or host layout of the same model) are misses, never wrong bytes."""
+        spec = self.layout_spec()
+        if spec is None:
+            return
+        fp = self._node.set_layout(json.dumps(spec))
+        if fp != getattr(self, "_layout", None):
+            self._layout = fp
+            logger.info("peercache: page layout %s (%s, %d pool(s))", fp, spec["kv_dtype"], len(spec["pools"]))
 
     @staticmethod
     def _one_page_indices(pool: Any, name: str, page_size: int) -> Any:
