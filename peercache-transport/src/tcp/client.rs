@@ -457,12 +457,15 @@ fn exchange(
         let code = c.status[proto::HDR_LEN + j];
         if code != 0 {
             results[i as usize] = Err(from_code(code, op, cfg.max_op_bytes));
-        } else if let Kind::Read(_) = kind {
+        } else if let Kind::Read(landed) = kind {
             for s in batch.op_segments(op) {
                 c.iov.push(iov::iovec(s.addr, s.len as usize));
             }
-            c.ends.push(c.iov.len());
-            c.landing.push(i);
+            // Where each op ends is kept only when someone is told as each one lands.
+            if landed.is_some() {
+                c.ends.push(c.iov.len());
+                c.landing.push(i);
+            }
         }
     }
     if !c.iov.is_empty() {
