@@ -47,6 +47,7 @@ fn location(node: &NodeId, i: u64) -> Location {
         checksum: i,
         resident: true,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }
 

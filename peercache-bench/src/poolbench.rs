@@ -186,8 +186,9 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
         while a.t0.elapsed() < dur {
             keys.clear();
             for _ in 0..batch {
-                // Walk back over the most recent 30,000 keys: all resident.
-                k = if k + 30_000 <= next_key {
+                // Walk back over the most recent 30,000 keys (fewer after a short publish
+                // phase): all resident.
+                k = if k == 0 || k + 30_000 <= next_key {
                     next_key
                 } else {
                     k - 1

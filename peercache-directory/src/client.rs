@@ -14,7 +14,9 @@ use peercache_wire::{Incarnation, NodeId, PageKey};
 use crate::DirError;
 use crate::handoff;
 use crate::location::{Location, Owners};
-use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, Moving, OwnerRef};
+use crate::msg::{
+    DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, LayoutRuns, Moving, OwnerRef,
+};
 use crate::ring::Ring;
 use crate::service::DirectoryService;
 use crate::shard::InsertOutcome;
@@ -128,7 +130,7 @@ pub struct ClientStats {
 /// };
 /// use peercache_wire::handshake::{Hello, Plane};
 /// use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
-/// use peercache_wire::{Auth, Incarnation, NodeId, PageKey};
+/// use peercache_wire::{Auth, Incarnation, Layout, NodeId, PageKey};
 ///
 /// /// One node: its shard behind an RPC server, and a routing client.
 /// fn node(name: &str) -> (NodeId, RpcServer, DirectoryClient) {
@@ -189,6 +191,9 @@ pub struct ClientStats {
 ///     checksum: 0xfeed,
 ///     resident: true,
 ///     class: CopyClass::Retained,
+///     // What the page's bytes mean (model, KV dtype, shard, geometry): readers of another
+///     // layout skip this copy.
+///     layout: Layout::from_canonical(b"model=demo;dtype=bfloat16"),
 /// };
 /// dir_a.insert(&[(key, here.clone())])?;
 ///
@@ -372,7 +377,9 @@ impl DirectoryClient {
                 ));
                 continue;
             };
-            match envelope::encode(&req, &[]) {
+            let frame =
+                LayoutRuns::extension(&req).and_then(|ext| envelope::encode(&req, ext.as_slice()));
+            match frame {
                 Ok(f) => {
                     frames.push((addr, f));
                     remote.push(ci);
@@ -789,8 +796,12 @@ impl DirectoryClient {
                         .filter_map(|k| sh.peek(*k).map(|o| (*k, o)))
                         .collect()
                 });
-                let frame = Extension::of(EXT_HANDOFF_MORE, &more)
-                    .and_then(|ext| envelope::encode(&DirRequest::Handoff(entries.into()), &[ext]));
+                let req = DirRequest::Handoff(entries.into());
+                let frame = Extension::of(EXT_HANDOFF_MORE, &more).and_then(|more| {
+                    let layouts = LayoutRuns::extension(&req)?;
+                    let ext: Vec<Extension> = std::iter::once(more).chain(layouts).collect();
+                    envelope::encode(&req, &ext)
+                });
                 match frame {
                     Ok(f) => {
                         bytes += f.len() as u64;
@@ -956,7 +967,8 @@ fn decode_hinted(frame: &[u8]) -> Result<(DirReply, Moving), peercache_wire::Wir
             message: e.message,
         });
     }
-    let reply: DirReply = env.decode()?;
+    let mut reply: DirReply = env.decode()?;
+    LayoutRuns::read(&env, &mut reply)?;
     let moving = env
         .extension_value::<Moving>(EXT_MOVING)?
         .unwrap_or_default();

@@ -6,7 +6,9 @@
 //!
 //! * [`ring`] — our own ring on `xxh3_64`, with committed test vectors.
 //! * [`shard`] — the sans-IO shard: insert (with the "≥3 live owners" reclaimable hint),
-//!   lookup, exists, owner-conditional remove, mark non-resident, bounded memory.
+//!   lookup, exists, owner-conditional remove, mark non-resident, bounded memory; each owner's
+//!   node, incarnation, rails and page layout are kept once per owner, not per entry.
+//! * [`msg`] — the wire messages and their non-critical extensions (hand-off hints, layouts).
 //! * [`handoff`] — which entries move when the ring changes (only those whose owners changed).
 //! * [`service`] and [`client`] — the thin RPC shell on `peercache-wire`: the client groups
 //!   keys by shard, sends one request per shard per batch to all shards at once, splits large

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use peercache_wire::{Incarnation, NodeId};
+use peercache_wire::{Incarnation, Layout, NodeId};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -47,6 +47,12 @@ pub struct Location {
     pub resident: bool,
     /// Replacement class of this copy.
     pub class: CopyClass,
+    /// Layout fingerprint of the owner's page ([`Layout::NONE`] when the owner declared none
+    /// or is of a release before layouts). Not in the version-1 message body: it travels in
+    /// the [`EXT_LAYOUTS`](crate::msg::EXT_LAYOUTS) extension, so older members decode the
+    /// same messages and see no layout.
+    #[serde(skip)]
+    pub layout: Layout,
 }
 
 /// Owners of one key.

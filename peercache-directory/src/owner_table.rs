@@ -1,12 +1,12 @@
 //! The shard's owner table: what is the same for every page one owner publishes — its node id,
-//! incarnation and rails (endpoint and region key per rail) — is kept here once, and each
-//! (key, owner) copy in the shard names it by a 4-byte id.
+//! incarnation, rails (endpoint and region key per rail) and page layout fingerprint — is kept
+//! here once, and each (key, owner) copy in the shard names it by a 4-byte id.
 //!
 //! Records are reference counted by the copies that name them, so an owner that re-registers
 //! its region (new key) or restarts (new incarnation) does not leave its old record behind once
 //! its last old copy is gone.
 
-use peercache_wire::{Incarnation, NodeId};
+use peercache_wire::{Incarnation, Layout, NodeId};
 use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -22,6 +22,9 @@ pub(crate) struct OwnerRecord {
     pub(crate) node: NodeId,
     pub(crate) incarnation: Incarnation,
     pub(crate) rails: SmallVec<[Rail; 1]>,
+    /// The layout fingerprint of the owner's pages (one per record, not per copy: an owner
+    /// writes one layout at a time).
+    pub(crate) layout: Layout,
     /// Copies naming this record.
     refs: u32,
     /// Whether `node` is in the shard's live member set.
@@ -42,16 +45,20 @@ pub(crate) struct OwnerTable {
 }
 
 impl OwnerTable {
-    fn hash_of(&self, node: &NodeId, incarnation: Incarnation, rails: &[Rail]) -> u64 {
+    fn hash_of(&self, loc: &Location) -> u64 {
         let mut h = self.state.build_hasher();
-        node.hash(&mut h);
-        incarnation.hash(&mut h);
-        rails.hash(&mut h);
+        loc.node.hash(&mut h);
+        loc.incarnation.hash(&mut h);
+        loc.rails.hash(&mut h);
+        loc.layout.hash(&mut h);
         h.finish()
     }
 
     fn same(r: &OwnerRecord, loc: &Location) -> bool {
-        r.incarnation == loc.incarnation && r.rails[..] == loc.rails[..] && r.node == loc.node
+        r.incarnation == loc.incarnation
+            && r.layout == loc.layout
+            && r.rails[..] == loc.rails[..]
+            && r.node == loc.node
     }
 
     /// The id of `loc`'s owner record, created if new; one more reference to it. `None` when the
@@ -64,7 +71,7 @@ impl OwnerTable {
             r.refs += 1;
             return Some(id);
         }
-        let hash = self.hash_of(&loc.node, loc.incarnation, &loc.rails);
+        let hash = self.hash_of(loc);
         let records = &self.records;
         let found = self.index.get(&hash).and_then(|ids| {
             ids.iter().copied().find(|&id| {
@@ -84,6 +91,7 @@ impl OwnerTable {
             node: loc.node.clone(),
             incarnation: loc.incarnation,
             rails: loc.rails.clone(),
+            layout: loc.layout,
             refs: 1,
             live,
             hash,
@@ -180,6 +188,7 @@ mod tests {
             checksum: 0,
             resident: true,
             class: CopyClass::Retained,
+            layout: Layout::NONE,
         }
     }
 
@@ -194,6 +203,14 @@ mod tests {
         // Another incarnation or region is another record.
         let a2 = t.intern(&loc("a", 2, 7), true).unwrap();
         let a3 = t.intern(&loc("a", 1, 8), true).unwrap();
+        // So is another layout: the fingerprint is the owner's, kept once per record.
+        let mut fp8 = loc("a", 1, 7);
+        fp8.layout = Layout(0xf8);
+        let a4 = t.intern(&fp8, true).unwrap();
+        assert_ne!(a4, a);
+        assert_eq!(t.get(a4).layout, Layout(0xf8));
+        assert_eq!(t.get(a).layout, Layout::NONE);
+        t.release(a4);
         assert_eq!(t.len(), 4);
         assert!(t.has_other_incarnation(&NodeId::new("a").unwrap(), Incarnation(1)));
         t.release(a2);

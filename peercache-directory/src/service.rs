@@ -15,7 +15,7 @@ use peercache_wire::tally::Tally;
 
 use crate::admission::{self, Holders, Refusal};
 use crate::location::Owners;
-use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, Moving};
+use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, LayoutRuns, Moving};
 use crate::receiving::Receiving;
 use crate::ring::Ring;
 use crate::shard::{Millis, Shard, ShardConfig};
@@ -310,7 +310,11 @@ impl DirectoryService {
         if env.kind != DirRequest::KIND {
             return None;
         }
-        let req: DirRequest<'static> = match env.decode() {
+        let decoded = env.decode::<DirRequest<'static>>().and_then(|mut r| {
+            LayoutRuns::read(&env, &mut r)?;
+            Ok(r)
+        });
+        let req = match decoded {
             Ok(r) => r,
             Err(e) => {
                 self.malformed.increment(1);
@@ -359,11 +363,11 @@ impl DirectoryService {
             self.receiving.lock().announced(node, more);
         }
         let moving = self.moving(&req, &reply);
-        let ext = if moving.keys.is_empty() {
-            Vec::new()
-        } else {
-            Extension::of(EXT_MOVING, &moving).into_iter().collect()
-        };
+        let mut ext = Vec::new();
+        if !moving.keys.is_empty() {
+            ext.extend(Extension::of(EXT_MOVING, &moving));
+        }
+        ext.extend(LayoutRuns::extension(&reply).ok().flatten());
         Some(match envelope::encode(&reply, &ext) {
             Ok(f) => Reply::Frame(f),
             Err(e) => Reply::Error {

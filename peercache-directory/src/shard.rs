@@ -256,6 +256,7 @@ impl Shard {
             } else {
                 CopyClass::Retained
             },
+            layout: r.layout,
         }
     }
 

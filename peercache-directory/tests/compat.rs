@@ -179,3 +179,90 @@ fn a_shard_serves_the_previous_release_and_refuses_a_later_one_by_version() {
         Err(WireError::UnsupportedVersion { got, .. }) if got == WIRE_VERSION + 1
     ));
 }
+
+/// Layout fingerprints ride as the non-critical [`EXT_LAYOUTS`] extension on inserts, hand-offs
+/// and lookup answers: the previous release decodes the same message (its locations have no
+/// layout), this one reads each location's layout back.
+///
+/// [`EXT_LAYOUTS`]: peercache_directory::msg::EXT_LAYOUTS
+#[test]
+fn layout_runs_are_skipped_by_older_readers_and_read_by_this_one() {
+    use peercache_directory::Location;
+    use peercache_directory::msg::{LayoutRuns, Locations};
+    use peercache_wire::Layout;
+    use peercache_wire::envelope::{self, Envelope};
+
+    let a = node(1);
+    let with = |generation: u64, layout: u64| Location {
+        layout: Layout(layout),
+        ..loc(&a, generation)
+    };
+    /// A fixture's name and how to make its frame, with layouts or without.
+    type Case<'a> = (&'static str, Box<dyn Fn(bool) -> Vec<u8> + 'a>);
+    let cases: [Case<'_>; 3] = [
+        (
+            "dir_insert_layouts.bin",
+            Box::new(|laid| {
+                let l = |g, x| if laid { with(g, x) } else { loc(&a, g) };
+                let m =
+                    DirRequest::Insert(vec![(key(1), l(1, 0xbf16)), (key(2), l(2, 0xbf16))].into());
+                check_layouts(&m, laid)
+            }),
+        ),
+        (
+            "dir_handoff_layouts.bin",
+            Box::new(|laid| {
+                let l = |g, x| if laid { with(g, x) } else { loc(&a, g) };
+                let m = DirRequest::Handoff(
+                    vec![(key(5), smallvec::smallvec![l(1, 0xf8), l(3, 0)])].into(),
+                );
+                check_layouts(&m, laid)
+            }),
+        ),
+        (
+            "dir_found_layouts.bin",
+            Box::new(|laid| {
+                let l = |g, x| if laid { with(g, x) } else { loc(&a, g) };
+                let m = DirReply::Found(vec![
+                    Some(smallvec::smallvec![l(1, 0xbf16), l(2, 0xf8)]),
+                    None,
+                ]);
+                check_layouts(&m, laid)
+            }),
+        ),
+    ];
+
+    /// Encodes `m` with its layouts, checks what an older reader and this one decode, and
+    /// returns the frame.
+    fn check_layouts<M>(m: &M, laid: bool) -> Vec<u8>
+    where
+        M: peercache_wire::Message + Locations + Clone + PartialEq + std::fmt::Debug,
+    {
+        let ext: Vec<_> = LayoutRuns::extension(m).unwrap().into_iter().collect();
+        assert_eq!(
+            ext.len(),
+            usize::from(laid),
+            "sent only when some page has a layout"
+        );
+        let frame = envelope::encode(m, &ext).unwrap();
+        let env = Envelope::parse(&frame).unwrap();
+        let mut older: M = env.decode().unwrap();
+        assert!(older.locations().iter().all(|l| l.layout.is_none()));
+        LayoutRuns::read(&env, &mut older).unwrap();
+        assert_eq!(&older, m, "this release reads every layout back");
+        frame
+    }
+
+    for (name, make) in cases {
+        let frame = make(true);
+        let bytes = committed_frame(name, &frame);
+        // Without layouts the message is the version-1 message, byte for byte.
+        let plain = make(false);
+        let older = Envelope::parse(&bytes).unwrap();
+        assert_eq!(
+            older.body,
+            Envelope::parse(&plain).unwrap().body,
+            "{name}: same body"
+        );
+    }
+}

@@ -27,6 +27,7 @@ fn loc(node: &NodeId, generation: u64) -> Location {
         checksum: 0,
         resident: true,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }
 

@@ -34,6 +34,7 @@ fn location(n: u8, inc: u8, region: u8, generation: u8, resident: bool) -> Locat
         checksum: u64::from(generation) ^ (u64::from(n) << 32),
         resident,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }
 

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use peercache_directory::msg::{EXT_LAYOUTS, LayoutRuns};
 use peercache_wire::envelope::{self, Envelope, Message};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError};
@@ -184,7 +185,15 @@ pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
             )
         }),
     };
-    match result.and_then(|r| envelope::encode(&r, &[]).map_err(StoreError::from)) {
+    let encoded = result.and_then(|r| {
+        // Each location's layout fingerprint rides beside the reply, as on directory answers.
+        let ext = match &r {
+            ClientReply::Located(l) => LayoutRuns::extension_of(l.iter().flatten())?,
+            _ => None,
+        };
+        envelope::encode(&r, ext.as_slice()).map_err(StoreError::from)
+    });
+    match encoded {
         Ok(f) => Reply::Frame(f),
         Err(StoreError::Shutdown) => {
             refuse(RpcError::CODE_SHUTDOWN, "node is stopping".into(), false)
@@ -278,7 +287,13 @@ impl Client {
                 message: e.message,
             });
         }
-        Ok(env.decode()?)
+        let mut reply: ClientReply = env.decode()?;
+        if let ClientReply::Located(l) = &mut reply
+            && let Some(runs) = env.extension_value::<LayoutRuns>(EXT_LAYOUTS)?
+        {
+            runs.apply(l.iter_mut().flatten())?;
+        }
+        Ok(reply)
     }
 
     /// Keys per request for pages of `page_bytes`.

@@ -56,13 +56,16 @@ impl Core {
                 .add(p.iter().filter(|p| **p).count() as u64);
             return p;
         }
-        let Ok(found) = inner.dir.lookup(keys) else {
+        let Ok(mut found) = inner.dir.lookup(keys) else {
             return if leading {
                 Vec::new()
             } else {
                 vec![false; keys.len()]
             };
         };
+        // Copies of another layout are not present for this node (the get that follows counts
+        // them as layout mismatches).
+        self.keep_my_layout(&mut found);
         let mut present: Vec<bool> = found
             .iter()
             .map(|o| o.as_ref().is_some_and(|o| !o.is_empty()))

@@ -31,13 +31,15 @@ pub struct LocateArgs {
     pub keys: Vec<String>,
 }
 
-/// One owner's entry as JSON: node, resident, class, generation, lengths, data endpoint.
+/// One owner's entry as JSON: node, resident, class, generation, lengths, data endpoint and
+/// page layout fingerprint (`null` when the owner declared none).
 pub fn location_json(l: &peercache_directory::Location) -> serde_json::Value {
     serde_json::json!({
         "node": l.node.as_str(), "resident": l.resident,
         "class": format!("{:?}", l.class).to_lowercase(),
         "generation": l.generation, "len": l.len, "valid_len": l.valid_len,
         "data": l.rails.first().map(|r| r.endpoint.to_string()),
+        "layout": (!l.layout.is_none()).then(|| l.layout.to_string()),
     })
 }
 
@@ -86,13 +88,18 @@ pub fn run(args: LocateArgs) -> Result<()> {
         }
         for l in owners {
             println!(
-                "{k}: {} {} {:?} generation={} len={} valid={}",
+                "{k}: {} {} {:?} generation={} len={} valid={} layout={}",
                 l.node,
                 if l.resident { "resident" } else { "disk-only" },
                 l.class,
                 l.generation,
                 l.len,
-                l.valid_len
+                l.valid_len,
+                if l.layout.is_none() {
+                    "none".to_string()
+                } else {
+                    l.layout.to_string()
+                }
             );
         }
     }

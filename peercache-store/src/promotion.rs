@@ -157,6 +157,7 @@ impl Core {
                     peercache_directory::CopyClass::Reclaimable
                 }
             },
+            layout: loc.layout,
         }
     }
 }

@@ -40,6 +40,27 @@ impl Core {
         Ok(r)
     }
 
+    /// Drops from `found` the copies of another layout than this node's (the directory keeps
+    /// each owner's layout fingerprint): reading them would only be refused by the slot-header
+    /// check. Returns how many keys had copies, all of another layout — now misses. One compare
+    /// per copy when every copy is of this node's layout.
+    pub(crate) fn keep_my_layout(&self, found: &mut [Option<Owners>]) -> usize {
+        let layout = self.layout();
+        let mut refused = 0;
+        for o in found.iter_mut() {
+            let Some(owners) = o else { continue };
+            if owners.iter().all(|l| l.layout == layout) {
+                continue;
+            }
+            owners.retain(|l| l.layout == layout);
+            if owners.is_empty() {
+                *o = None;
+                refused += 1;
+            }
+        }
+        refused
+    }
+
     /// Where the directory says `keys` live.
     pub(crate) fn locate(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, StoreError> {
         self.dir
@@ -228,7 +249,11 @@ impl Core {
             return;
         }
         let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-        if let Ok(found) = inner.dir.lookup(&ks) {
+        if let Ok(mut found) = inner.dir.lookup(&ks) {
+            // Each page present only in another layout is counted once, here: it is never
+            // fetched.
+            let refused = self.keep_my_layout(&mut found);
+            inner.metrics.layout_mismatches.add(refused as u64);
             if !cache_ttl.is_zero() {
                 let now = Instant::now();
                 let mut cache = inner.reads.read_cache.lock();

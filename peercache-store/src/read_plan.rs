@@ -203,6 +203,7 @@ mod tests {
             checksum: 0,
             resident,
             class: CopyClass::Retained,
+            layout: peercache_wire::Layout::NONE,
         }
     }
 

@@ -63,6 +63,7 @@ impl Core {
             checksum: 0,
             resident: false,
             class: CopyClass::Retained,
+            layout: peercache_wire::Layout::NONE,
         };
         let mut entries = Vec::with_capacity(BATCH.min(inventory.len()));
         let mut done = 0usize;
@@ -72,10 +73,11 @@ impl Core {
                 return;
             }
             entries.clear();
-            entries.extend(chunk.iter().map(|&(k, len)| {
+            entries.extend(chunk.iter().map(|&(k, len, layout)| {
                 let mut loc = template.clone();
                 loc.len = len;
                 loc.valid_len = len;
+                loc.layout = layout;
                 (k, loc)
             }));
             match self.dir.insert(&entries) {

@@ -372,9 +372,10 @@ impl Store {
     pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {
         self.check_open()?;
         let pkeys = self.page_keys(keys);
-        let Ok(found) = self.inner.dir.lookup(&pkeys) else {
+        let Ok(mut found) = self.inner.dir.lookup(&pkeys) else {
             return Ok(Vec::new());
         };
+        self.inner.keep_my_layout(&mut found);
         Ok(found
             .iter()
             .map_while(|o| o.as_ref().and_then(|o| o.first()).map(|l| l.valid_len))

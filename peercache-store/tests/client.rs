@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use peercache_store::StoreError;
 use peercache_store::client::{Client, ClientRequest, MAX_CLIENT_KEYS};
+use peercache_store::page_layout::{LayoutSpec, PoolShape};
 use peercache_wire::rpc::{self, RpcClient, RpcError};
 use peercache_wire::{Auth, Incarnation, WireError, envelope};
 use serde_json::json;
@@ -26,6 +27,21 @@ fn put_on_one_node_get_through_another_and_bad_requests_are_refused() {
     let timeout = Duration::from_secs(5);
     let ca = Client::new(a.client_endpoint().unwrap(), auth(), timeout);
     let cb = Client::new(b.client_endpoint().unwrap(), auth(), timeout);
+    // Both nodes run one deployment: its layout fingerprint travels with each location.
+    let spec = LayoutSpec {
+        model: "client-api".into(),
+        kv_dtype: "bfloat16".into(),
+        pp_rank: 0,
+        tp: None,
+        pools: vec![PoolShape {
+            name: "kv".into(),
+            tokens_per_page: 64,
+            host_layout: "layer_first".into(),
+            bytes_per_page: 48 << 10,
+        }],
+    };
+    a.set_layout(&spec);
+    b.set_layout(&spec);
     // The endpoints are advertised in discovery.
     let attrs: Vec<_> = b.members().into_iter().flat_map(|m| m.attrs).collect();
     assert!(
@@ -64,6 +80,7 @@ fn put_on_one_node_get_through_another_and_bad_requests_are_refused() {
     assert_eq!(located[0][0].node, *a.node_id());
     assert!(located[0][0].resident);
     assert_eq!(located[0][0].len as usize, len);
+    assert_eq!(located[0][0].layout, spec.fingerprint());
     assert!(located[1].is_empty(), "an unknown key has no owner");
 
     // Bad input: typed errors, never a panic or a truncated page.

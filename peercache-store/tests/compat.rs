@@ -31,6 +31,7 @@ fn loc() -> Location {
         checksum: 0xfeed,
         resident: true,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }
 

@@ -90,8 +90,13 @@ fn bf16_and_fp8_deployments_share_a_cluster_and_never_read_each_others_pages() {
     // bf16 writes; its other rank hits every page; neither fp8 node gets one byte of them.
     write(&a1, &keys, &bf16_pages);
     let want_bf16: Vec<Option<Vec<u8>>> = bf16_pages.iter().cloned().map(Some).collect();
+    assert_eq!(a2.batch_exists(&keys).unwrap(), keys.len());
     assert_eq!(read(&a2, &keys, len), want_bf16);
     for s in [&b1, &b2] {
+        // The directory knows each copy's layout: exists does not count bf16 pages for an
+        // fp8 reader (no prefetch that the get would then refuse).
+        assert_eq!(s.batch_exists(&keys).unwrap(), 0);
+        assert_eq!(s.batch_exists_valid(&keys).unwrap(), Vec::<u32>::new());
         let before = s.stats().layout_mismatches;
         assert!(read(s, &keys, len).iter().all(|p| p.is_none()));
         assert_eq!(
@@ -105,6 +110,9 @@ fn bf16_and_fp8_deployments_share_a_cluster_and_never_read_each_others_pages() {
     // directory lists first.
     write(&b1, &keys, &fp8_pages);
     let want_fp8: Vec<Option<Vec<u8>>> = fp8_pages.iter().cloned().map(Some).collect();
+    for s in [&a1, &a2, &b1, &b2] {
+        assert_eq!(s.batch_exists(&keys).unwrap(), keys.len());
+    }
     for _ in 0..2 {
         assert_eq!(read(&b2, &keys, len), want_fp8);
         assert_eq!(read(&a2, &keys, len), want_bf16);
@@ -210,11 +218,23 @@ fn a_restart_with_the_same_layout_hits_its_disk_pages_and_another_layout_does_no
     // same keys replace them.
     let s = disk_node(port, dir.path());
     s.set_layout(&spec("float8_e4m3fn", None, len as u64));
-    // Wait until the disk pages are re-published, so the reads below find them.
+    // Wait until the disk pages are re-published (the directory names this node for each),
+    // so the reads below find them.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while s.batch_exists(&keys).unwrap() < keys.len() && std::time::Instant::now() < deadline {
+    let listed = |s: &Store| s.locate(&keys).unwrap().iter().flatten().count();
+    while listed(&s) < keys.len() && std::time::Instant::now() < deadline {
         s.sync_membership();
     }
+    // Re-published with the layout each record carries on disk.
+    let found = s.locate(&keys).unwrap();
+    assert!(
+        found.iter().all(|o| o
+            .as_ref()
+            .is_some_and(|o| o[0].layout == bf16.fingerprint())),
+        "{found:?}"
+    );
+    // Present in the cluster, but not in this node's layout: not counted by exists.
+    assert_eq!(s.batch_exists(&keys).unwrap(), 0);
     assert!(read(&s, &keys, len).iter().all(|p| p.is_none()));
     assert!(s.stats().layout_mismatches >= keys.len() as u64);
     let fp8_pages: Vec<Vec<u8>> = (0..24).map(|i| page(700 + i, len)).collect();

@@ -214,6 +214,7 @@ pub fn published(owner: usize, life: Incarnation, i: u64, addr: u64) -> Location
         checksum: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         resident: true,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }
 

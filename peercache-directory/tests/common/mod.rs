@@ -30,5 +30,6 @@ pub(crate) fn loc(owner: &NodeId, generation: u64) -> Location {
         checksum: generation * 31,
         resident: true,
         class: CopyClass::Retained,
+        layout: peercache_wire::Layout::NONE,
     }
 }

@@ -353,11 +353,14 @@ impl DiskTier {
         self.shared.index.lock().map.keys().copied().collect()
     }
 
-    /// Every record on disk as (key, payload bytes), taken under one lock: what a restarted
+    /// Every record on disk as (key, payload bytes, layout), taken under one lock: what a restarted
     /// node re-publishes.
-    pub fn inventory(&self) -> Vec<(PageKey, u32)> {
+    pub fn inventory(&self) -> Vec<(PageKey, u32, Layout)> {
         let idx = self.shared.index.lock();
-        idx.map.iter().map(|(k, e)| (*k, e.header.len)).collect()
+        idx.map
+            .iter()
+            .map(|(k, e)| (*k, e.header.len, e.header.layout))
+            .collect()
     }
 
     /// Reads a page into `dst` segments and verifies it against its checksum.

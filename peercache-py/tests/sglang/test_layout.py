@@ -63,8 +63,12 @@ def test_bf16_fp16_and_fp8_deployments_never_read_each_others_pages():
         fill(hosts[2], 2)
         keys = [f"shared-prompt-{i}" for i in range(4)]
         src, dst = torch.arange(0, 4 * PAGE), torch.arange(16 * PAGE, 20 * PAGE)
-        # bf16 writes; fp16 and fp8 see the keys but get no page, their pools untouched.
+        # bf16 writes; fp16 and fp8 get no page, their pools untouched. The directory keeps
+        # each owner's layout, so their batch_exists does not count bf16 pages either (no
+        # prefetch SGLang would plan and the get refuse).
         assert bf16_w.batch_set_v1(keys, src) == [True] * 4
+        assert bf16_r.batch_exists(keys) == 4
+        assert fp16_r.batch_exists(keys) == 0 and fp8_r.batch_exists(keys) == 0
         for s, h in ((fp16_r, hosts[3]), (fp8_r, hosts[4])):
             before = [page_bytes(h, 16 * PAGE + i * PAGE) for i in range(4)]
             assert s.batch_get_v1(keys, dst) == [False] * 4
@@ -72,6 +76,7 @@ def test_bf16_fp16_and_fp8_deployments_never_read_each_others_pages():
         assert fp16_r.stats()["layout_mismatches"] == 4, "same size: the layout refused each"
         # fp16 writes the same keys; each deployment reads its own bytes.
         assert fp16_w.batch_set_v1(keys, src) == [True] * 4
+        assert fp16_r.batch_exists(keys) == 4 and fp8_r.batch_exists(keys) == 0
         assert fp16_r.batch_get_v1(keys, dst) == [True] * 4
         assert bf16_r.batch_get_v1(keys, dst) == [True] * 4
         for i in range(4):
