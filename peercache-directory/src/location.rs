@@ -57,3 +57,25 @@ pub struct Location {
 
 /// Owners of one key.
 pub type Owners = SmallVec<[Location; 2]>;
+
+/// A location for unit tests: `node` in life `incarnation`, one rail naming `region`, a
+/// one-byte resident retained page of no layout.
+#[cfg(test)]
+pub(crate) fn sample(node: &str, incarnation: u64, region: u64) -> Location {
+    Location {
+        node: NodeId::new(node).unwrap(),
+        incarnation: Incarnation(incarnation),
+        rails: smallvec::smallvec![Rail {
+            endpoint: "127.0.0.1:9".parse().unwrap(),
+            region,
+        }],
+        addr: 0,
+        len: 1,
+        valid_len: 1,
+        generation: 1,
+        checksum: 0,
+        resident: true,
+        class: CopyClass::Retained,
+        layout: Layout::NONE,
+    }
+}

@@ -213,25 +213,11 @@ impl Locations for DirReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::location::{CopyClass, Rail};
-    use peercache_wire::Incarnation;
 
     fn at(layout: u64) -> Location {
         Location {
-            node: NodeId::new("n").unwrap(),
-            incarnation: Incarnation(1),
-            rails: smallvec::smallvec![Rail {
-                endpoint: "127.0.0.1:9".parse().unwrap(),
-                region: 1,
-            }],
-            addr: 0,
-            len: 1,
-            valid_len: 1,
-            generation: 1,
-            checksum: 0,
-            resident: true,
-            class: CopyClass::Retained,
             layout: Layout(layout),
+            ..crate::location::sample("n", 1, 1)
         }
     }
 

@@ -171,25 +171,9 @@ impl OwnerTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::location::CopyClass;
 
     fn loc(node: &str, inc: u64, region: u64) -> Location {
-        Location {
-            node: NodeId::new(node).unwrap(),
-            incarnation: Incarnation(inc),
-            rails: smallvec::smallvec![Rail {
-                endpoint: "127.0.0.1:9".parse().unwrap(),
-                region,
-            }],
-            addr: 0,
-            len: 1,
-            valid_len: 1,
-            generation: 1,
-            checksum: 0,
-            resident: true,
-            class: CopyClass::Retained,
-            layout: Layout::NONE,
-        }
+        crate::location::sample(node, inc, region)
     }
 
     #[test]

@@ -241,7 +241,8 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
         "rdma": inner.transport.rdma_stats().map(|r| serde_json::json!({
             "read_ops": r.read_ops, "read_bytes": r.read_bytes, "fallbacks": r.fallbacks,
             "write_ops": r.write_ops, "write_bytes": r.write_bytes,
-            "lazy_registrations": r.lazy_registrations,
+            "lazy_registrations": r.lazy_registrations, "lazy_mr_hits": r.lazy_mr_hits,
+            "lazy_mrs": r.lazy_mrs,
             "op_errors": r.op_errors, "wc_errors": r.wc_errors, "last_wc_status": r.last_wc_status,
             "timeouts": r.timeouts, "channel_discards": r.channel_discards,
             "post_failures": r.post_failures, "lease_failures": r.lease_failures, "table_fetches": r.table_fetches,

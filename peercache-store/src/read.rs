@@ -521,6 +521,14 @@ impl Core {
                 Err(reason) => {
                     if staging_off[j] == usize::MAX {
                         scrub(*i);
+                        if lazy {
+                            // A cached RDMA registration of this memory may predate a
+                            // remapping (it pins the pages it was made on, so the bytes went
+                            // elsewhere): the next read registers the memory afresh.
+                            for s in page_segs {
+                                inner.transport.forget_local(s.ptr, s.len);
+                            }
+                        }
                     }
                     if reason == peercache_pool::VerifyError::Layout {
                         inner.metrics.layout_mismatches.add(1);

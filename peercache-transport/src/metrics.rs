@@ -48,8 +48,11 @@ pub mod rdma {
         pub const WRITE_BYTES: &str = "peercache_rdma_write_bytes_total";
         /// Ops that failed over RDMA.
         pub const OP_ERRORS: &str = "peercache_rdma_op_errors_total";
-        /// Caller buffers registered for one batch (lazy registration).
+        /// Caller memory registered because no cached registration covered it (lazy
+        /// registration; kept in the lazy-MR cache afterwards).
         pub const LAZY: &str = "peercache_rdma_lazy_registrations_total";
+        /// Caller ranges served by a cached lazy registration (no registration needed).
+        pub const LAZY_HITS: &str = "peercache_rdma_lazy_mr_hits_total";
         /// Read batches handed to TCP.
         pub const FALLBACKS: &str = "peercache_rdma_fallbacks_total";
         /// Region tables fetched from peers.
@@ -104,7 +107,7 @@ pub mod rdma {
             /// Caller ranges outside every registered region, registered for a batch
             /// (`peercache_rdma_lazy_registrations_total`).
             pub const LOCAL_REG_MISSES: &str = "peercache_rdma_local_reg_misses";
-            /// Lazily registered memory regions held right now.
+            /// Lazily registered memory regions held right now (the lazy-MR cache's size).
             pub const LAZY_LOCAL_MRS: &str = "peercache_rdma_lazy_local_mrs";
         }
     }
@@ -229,6 +232,7 @@ pub(crate) struct RdmaCounters {
     pub(crate) write_ops: Tally,
     pub(crate) write_bytes: Tally,
     pub(crate) lazy_registrations: Tally,
+    pub(crate) lazy_hits: Tally,
     /// Lazily registered regions held right now.
     pub(crate) lazy_mrs: metrics::Gauge,
     pub(crate) unavailable: Tally,
@@ -246,6 +250,7 @@ impl RdmaCounters {
             write_bytes: tally(rdma::WRITE_BYTES),
             lazy_registrations: tally(rdma::LAZY)
                 .mirrored(metrics::gauge!(rdma::compat::LOCAL_REG_MISSES)),
+            lazy_hits: tally(rdma::LAZY_HITS),
             lazy_mrs: metrics::gauge!(rdma::compat::LAZY_LOCAL_MRS),
             unavailable: tally(rdma::PEERS_UNAVAILABLE),
         }

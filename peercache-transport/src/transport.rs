@@ -395,6 +395,20 @@ impl Transport {
         self.paths.iter().for_each(|p| p.forget_peer(peer));
     }
 
+    /// Tells the transport that memory it may have read into or written from without
+    /// registration ([`Batch::allow_unregistered`]) is about to be unmapped or reused: the RDMA
+    /// path drops its cached registrations overlapping `[ptr, ptr+len)` (at once, or when the
+    /// batch using one ends). Call it before freeing such a buffer; a cached registration
+    /// pins the pages it was made on, so memory mapped again at the same address would
+    /// otherwise not receive RDMA reads. No-op without an RDMA path.
+    ///
+    /// [`Batch::allow_unregistered`]: crate::Batch::allow_unregistered
+    pub fn forget_local(&self, ptr: *const u8, len: usize) {
+        if let Some(r) = &self.rdma {
+            r.plane.forget_local(ptr as u64, len as u64);
+        }
+    }
+
     /// Per-peer counters of this node's client.
     pub fn peer_stats(&self) -> Vec<crate::PeerStats> {
         self.tcp.peer_stats()

@@ -1,6 +1,7 @@
 //! Caller memory outside registered regions (`RegionKey::UNREGISTERED`, allowed per batch by
 //! the unsafe `Batch::allow_unregistered`): read into and written from directly over TCP, and
-//! registered lazily for one batch on the RDMA path; refused when the batch did not allow it.
+//! registered lazily on the RDMA path and kept in a bounded cache for the batches that reuse
+//! it (dropped when the caller says the memory goes); refused when the batch did not allow it.
 // Every unsafe block registers a test buffer that outlives its handle, or allows unregistered
 // segments in buffers that outlive the batch.
 #![allow(clippy::undocumented_unsafe_blocks)]
@@ -121,12 +122,33 @@ fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
         s.lazy_registrations, 1,
         "32 segments of one buffer: one registration"
     );
-    // The registration lived for that batch only: the next batch registers again.
+    assert_eq!(
+        fabric.local_registrations_at(dst.as_ptr() as u64),
+        2,
+        "one per rail"
+    );
+    // The registration is cached: the next batch into the same buffer registers nothing.
     dst.fill(0);
     let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
     assert!(r.iter().all(|x| x.is_ok()));
     assert!(dst == src);
-    assert_eq!(reader.rdma_stats().unwrap().lazy_registrations, 2);
+    let s = reader.rdma_stats().unwrap();
+    assert_eq!(
+        (s.lazy_registrations, s.lazy_mr_hits, s.lazy_mrs),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    // The caller says the buffer goes: its registration is released, and a later batch
+    // into that memory registers it afresh.
+    reader.forget_local(dst.as_ptr(), dst.len());
+    assert_eq!(reader.rdma_stats().unwrap().lazy_mrs, 0);
+    assert_eq!(fabric.local_registrations_at(dst.as_ptr() as u64), 0);
+    dst.fill(0);
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()));
+    assert!(dst == src);
+    let s = reader.rdma_stats().unwrap();
+    assert_eq!((s.lazy_registrations, s.lazy_mrs), (2, 1));
 
     // A reader whose devices have implicit on-demand paging registers nothing at all.
     let odp = t(&fabric, true);
@@ -136,5 +158,57 @@ fn the_rdma_path_registers_caller_memory_for_the_batch_merging_pages() {
     assert!(dst == src);
     let s = odp.rdma_stats().unwrap();
     assert_eq!((s.read_bytes, s.lazy_registrations), (1 << 20, 0));
+    drop(sh);
+}
+
+#[test]
+fn the_lazy_registration_cache_is_bounded_and_its_oldest_entries_go_first() {
+    let fabric = Fabric::new();
+    let (owner, reader) = (
+        soft_transport(&fabric, Soft::default()),
+        soft_transport(&fabric, Soft::default()),
+    );
+    let mut src = pattern(5, 8192);
+    let sh = unsafe { owner.register(src.as_mut_ptr(), src.len(), Access::RemoteRead) }.unwrap();
+    // More separate caller buffers than the cache keeps, each read into once.
+    let n = peercache_transport::rdma::mr_cache::MAX_ENTRIES + 44;
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 8192]).collect();
+    let read_into = |buf: &mut Vec<u8>| {
+        let mut b = Batch::new();
+        let seg = unreg(buf, 0, 8192);
+        b.push(
+            RemoteRange {
+                region: sh.key(),
+                addr: sh.addr(0),
+                len: 8192,
+            },
+            &[seg],
+        );
+        unsafe { b.allow_unregistered() };
+        let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+        assert!(r[0].is_ok(), "{r:?}");
+        assert!(buf[..] == src[..]);
+    };
+    for buf in bufs.iter_mut() {
+        read_into(buf);
+    }
+    let s = reader.rdma_stats().unwrap();
+    assert_eq!(s.lazy_registrations, n as u64);
+    assert_eq!(
+        s.lazy_mrs,
+        peercache_transport::rdma::mr_cache::MAX_ENTRIES as u64
+    );
+    // The first buffers were the least recently used: released, on the fabric too.
+    assert_eq!(fabric.local_registrations_at(bufs[0].as_ptr() as u64), 0);
+    assert_eq!(
+        fabric.local_registrations_at(bufs[n - 1].as_ptr() as u64),
+        2,
+        "one per rail"
+    );
+    // The newest is still cached: reading into it again registers nothing.
+    bufs[n - 1].fill(0);
+    read_into(&mut bufs[n - 1]);
+    let s = reader.rdma_stats().unwrap();
+    assert_eq!((s.lazy_registrations, s.lazy_mr_hits), (n as u64, 1));
     drop(sh);
 }

@@ -19,6 +19,8 @@
 //!   flags mapped from the region's access, RC queue pairs with private completion queues
 //!   (INIT → RTR → RTS), posting with SGE lists, polling, moving to the error state.
 //!
+//! * [`mr_cache`] — the bounded cache of lazily registered caller memory (page-aligned
+//!   ranges, least recently used out, pinned while a batch uses them, invalidated on request).
 //! * [`path`] — puts these together behind the TCP transport's API: regions registered on every
 //!   rail, the bootstrap plane served on the data port, reads carried one-sided, TCP for peers
 //!   without RDMA. Callers use [`probe`] (and [`memlock_shortfall`]) to log why they run on TCP.
@@ -93,6 +95,7 @@ impl RdmaError {
 pub mod bootstrap;
 pub mod engine;
 pub mod holder;
+pub mod mr_cache;
 pub mod path;
 pub(crate) mod route;
 pub mod soft;

@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 
 use super::bootstrap::{self, RegionRkeys, Responder};
 use super::engine::{Engine, EngineOp, LocalSge, MAX_RAILS, RdmaOp, RdmaOpError, Verbs};
+use super::mr_cache::{self, MrCache, Pin};
 use crate::{Access, Batch, OpError, OpResults, RegionKey};
 
 /// Keys of one registration on every rail.
@@ -95,6 +96,11 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
     ) -> Result<(), RdmaError>;
     /// Forgets a region (its handle was dropped).
     fn deregister(&self, key: RegionKey);
+    /// Drops cached lazy registrations of caller memory overlapping `[addr, addr+len)`: the
+    /// caller is about to unmap or reuse it.
+    fn forget_local(&self, addr: u64, len: u64) {
+        let _ = (addr, len);
+    }
     /// Reads the batch over RDMA, or `None` when it must go over TCP.
     fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults>;
     /// Writes the batch over RDMA, or `None` when it must go over TCP (a region the peer did
@@ -125,8 +131,13 @@ pub struct RdmaStats {
     pub write_ops: u64,
     /// Bytes written over RDMA.
     pub write_bytes: u64,
-    /// Caller buffers registered for one batch (segments outside registered regions).
+    /// Caller memory registered because no cached registration covered it (segments outside
+    /// registered regions).
     pub lazy_registrations: u64,
+    /// Caller ranges a cached lazy registration covered (nothing registered).
+    pub lazy_mr_hits: u64,
+    /// Lazy registrations cached now (`peercache_rdma_lazy_local_mrs`).
+    pub lazy_mrs: u64,
     /// Region tables fetched from peers.
     pub table_fetches: u64,
     /// Work completions with an error status.
@@ -191,6 +202,8 @@ pub struct RdmaPath<V: Verbs + Registrar + Responder> {
     auth: Auth,
     timeout: Duration,
     counters: RdmaCounters,
+    /// Caller memory registered lazily, kept for the batches that reuse it.
+    mrs: Mutex<MrCache<RailKeys>>,
     /// Peers' queue pairs served by this host (None: the thread could not start).
     holder: Option<Holder<<V as Responder>::Held>>,
 }
@@ -236,7 +249,16 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             auth,
             timeout,
             counters: RdmaCounters::register(),
+            mrs: Mutex::new(MrCache::new(mr_cache::MAX_ENTRIES, mr_cache::MAX_BYTES)),
         })
+    }
+
+    /// Deregisters what the lazy-MR cache let go, and updates its gauge.
+    fn release_mrs(&self, keys: Vec<RailKeys>, held: usize) {
+        for k in &keys {
+            Registrar::deregister(self.engine.verbs(), k);
+        }
+        self.counters.lazy_mrs.set(held as f64);
     }
 
     /// The engine (its counters).
@@ -348,31 +370,25 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         Some(ops)
     }
 
-    /// Registers the batch's [`RegionKey::UNREGISTERED`] segments: their page-aligned ranges,
-    /// merged, one registration each (so the many segments of one caller buffer cost one).
-    /// None when a registration fails (the batch then goes over TCP, which needs none).
+    /// Covers the batch's [`RegionKey::UNREGISTERED`] segments with registrations: their
+    /// page-aligned ranges, merged (so the many segments of one caller buffer cost one), each
+    /// taken from the lazy-MR cache or registered and cached. None when a registration fails
+    /// (the batch then goes over TCP, which needs none).
     fn lazy_register(&self, batch: &Batch) -> Option<LazyRegs<'_, V>> {
         let mut regs = LazyRegs {
-            verbs: self.engine.verbs(),
-            regs: Vec::new(),
+            path: self,
+            regs: SmallVec::new(),
+            pins: SmallVec::new(),
             any: Registrar::local_any(self.engine.verbs()),
-            held: &self.counters.lazy_mrs,
         };
         if !batch.allows_unregistered() || regs.any.is_some() {
             return Some(regs);
         }
-        const PAGE: u64 = 4096;
         let mut ranges: Vec<(u64, u64)> = batch
             .segments()
             .iter()
             .filter(|s| s.region == RegionKey::UNREGISTERED && s.len > 0)
-            .filter_map(|s| {
-                let end = s
-                    .addr
-                    .checked_add(u64::from(s.len))?
-                    .checked_add(PAGE - 1)?;
-                Some((s.addr & !(PAGE - 1), end & !(PAGE - 1)))
-            })
+            .filter_map(|s| page_range(s.addr, u64::from(s.len)))
             .collect();
         if ranges.is_empty() {
             return Some(regs);
@@ -385,10 +401,28 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 _ => merged.push((a, b)),
             }
         }
-        for (a, b) in merged {
+        let mut missed = Vec::new();
+        {
+            let mut cache = self.mrs.lock();
+            for (a, b) in merged {
+                match cache.get(a, b) {
+                    Some((pin, keys)) => {
+                        regs.pins.push(pin);
+                        regs.regs.push((a, b, keys.lkeys));
+                    }
+                    None => missed.push((a, b)),
+                }
+            }
+        }
+        let hits = regs.pins.len();
+        if hits > 0 {
+            self.counters.lazy_hits.add(hits as u64);
+        }
+        for (a, b) in missed {
             // SAFETY: the range covers segments the caller promised valid for the batch
             // (`Batch::allow_unregistered`), rounded out to whole pages, which stay mapped as
-            // long as any byte of them is; `LazyRegs` deregisters after the engine drained.
+            // long as any byte of them is. Cached afterwards: the cache keeps it pinned while
+            // any batch uses it and deregisters it only after that batch's engine drained.
             let keys = unsafe {
                 Registrar::register(
                     self.engine.verbs(),
@@ -399,8 +433,15 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             };
             match keys {
                 Ok(keys) => {
-                    regs.regs.push((a, b, keys));
-                    regs.held.increment(1.0);
+                    self.counters.lazy_registrations.add(1);
+                    regs.regs.push((a, b, keys.lkeys));
+                    let (pin, out, held) = {
+                        let mut cache = self.mrs.lock();
+                        let (pin, out) = cache.insert(a, b, keys);
+                        (pin, out, cache.len())
+                    };
+                    regs.pins.push(pin);
+                    self.release_mrs(out, held);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "lazy registration failed; this batch goes over TCP");
@@ -408,7 +449,6 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 }
             }
         }
-        self.counters.lazy_registrations.add(regs.regs.len() as u64);
         Some(regs)
     }
 
@@ -447,8 +487,8 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         let mut results: OpResults = (0..batch.len())
             .map(|i| check_op(batch, i, &remote))
             .collect();
-        // Caller memory outside registered regions: registered now, for this batch only
-        // (released after the engine has drained every request that targets it).
+        // Caller memory outside registered regions: covered by cached registrations or
+        // registered now (pinned until the engine has drained every request that targets it).
         let Some(lazy) = self.lazy_register(batch) else {
             return fallback();
         };
@@ -492,18 +532,19 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     }
 }
 
-/// Caller memory registered for one batch (deregistered when dropped), or the implicit
-/// on-demand-paging keys that cover it without registering.
-struct LazyRegs<'a, V: Registrar> {
-    verbs: &'a V,
-    regs: Vec<(u64, u64, RailKeys)>,
+/// The registrations covering one batch's caller memory, pinned in the lazy-MR cache until
+/// dropped (after the engine drained), or the implicit on-demand-paging keys that cover it
+/// without registering.
+struct LazyRegs<'a, V: Verbs + Registrar + Responder> {
+    path: &'a RdmaPath<V>,
+    /// (start, end, local keys) of each page-aligned range.
+    regs: SmallVec<[(u64, u64, [u32; MAX_RAILS]); 2]>,
+    pins: SmallVec<[Pin; 2]>,
     /// Keys of an implicit on-demand-paging registration (covers every address).
     any: Option<[u32; MAX_RAILS]>,
-    /// The gauge of lazily registered regions held (`peercache_rdma_lazy_local_mrs`).
-    held: &'a metrics::Gauge,
 }
 
-impl<V: Registrar> LazyRegs<'_, V> {
+impl<V: Verbs + Registrar + Responder> LazyRegs<'_, V> {
     /// The local keys of the registration holding `[addr, addr+len)`.
     fn keys_for(&self, addr: u64, len: u64) -> Option<[u32; MAX_RAILS]> {
         let end = addr.checked_add(len)?;
@@ -513,19 +554,29 @@ impl<V: Registrar> LazyRegs<'_, V> {
         self.regs
             .iter()
             .find(|(a, b, _)| addr >= *a && end <= *b)
-            .map(|(_, _, k)| k.lkeys)
+            .map(|(_, _, k)| *k)
     }
 }
 
-impl<V: Registrar> Drop for LazyRegs<'_, V> {
+impl<V: Verbs + Registrar + Responder> Drop for LazyRegs<'_, V> {
     fn drop(&mut self) {
-        for (_, _, k) in &self.regs {
-            self.verbs.deregister(k);
+        if self.pins.is_empty() {
+            return;
         }
-        if !self.regs.is_empty() {
-            self.held.decrement(self.regs.len() as f64);
-        }
+        let (out, held) = {
+            let mut cache = self.path.mrs.lock();
+            let out = cache.release(&self.pins);
+            (out, cache.len())
+        };
+        self.path.release_mrs(out, held);
     }
+}
+
+/// `[addr, addr+len)` rounded out to whole 4 KiB pages; None if it wraps.
+fn page_range(addr: u64, len: u64) -> Option<(u64, u64)> {
+    const PAGE: u64 = 4096;
+    let end = addr.checked_add(len)?.checked_add(PAGE - 1)?;
+    Some((addr & !(PAGE - 1), end & !(PAGE - 1)))
 }
 
 /// The per-op checks the TCP server would make, done here against the peer's table (the NIC
@@ -581,9 +632,24 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
     }
 
     fn deregister(&self, key: RegionKey) {
-        if let Some(r) = self.local.write().remove(&key.0) {
+        let removed = self.local.write().remove(&key.0);
+        if let Some(r) = removed {
             Registrar::deregister(self.engine.verbs(), &r.keys);
+            // The caller may free the region's memory now: no lazy registration outlives it.
+            self.forget_local(r.base, r.len);
         }
+    }
+
+    fn forget_local(&self, addr: u64, len: u64) {
+        let Some((a, b)) = page_range(addr, len) else {
+            return;
+        };
+        let (out, held) = {
+            let mut cache = self.mrs.lock();
+            let out = cache.invalidate(a, b);
+            (out, cache.len())
+        };
+        self.release_mrs(out, held);
     }
 
     fn read_batch(&self, peer: SocketAddr, batch: &Batch) -> Option<OpResults> {
@@ -623,6 +689,8 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
             write_ops: c.write_ops.get(),
             write_bytes: c.write_bytes.get(),
             lazy_registrations: c.lazy_registrations.get(),
+            lazy_mr_hits: c.lazy_hits.get(),
+            lazy_mrs: self.mrs.lock().len() as u64,
             wc_errors: e.wc_errors_total(),
             last_wc_status: e.last_wc_status.load(Ordering::Relaxed),
             timeouts: e.timeouts_total(),

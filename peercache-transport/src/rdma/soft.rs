@@ -109,6 +109,12 @@ impl Fabric {
         self.register_local_at(base as u64, base as u64, len, rails)
     }
 
+    /// Local registrations (one per rail) whose range starts at the page holding `addr`.
+    pub fn local_registrations_at(&self, addr: u64) -> usize {
+        let page = addr & !4095;
+        self.lmrs.lock().values().filter(|m| m.base == page).count()
+    }
+
     fn register_local_at(&self, base: u64, host: u64, len: usize, rails: usize) -> Vec<u32> {
         let mut lmrs = self.lmrs.lock();
         (0..rails)
