@@ -152,6 +152,9 @@ impl LayoutRuns {
     /// The [`EXT_LAYOUTS`] extension for `msg`'s locations, or none when no location has a
     /// layout.
     pub fn extension(msg: &impl Locations) -> Result<Option<Extension>, WireError> {
+        if !msg.any_layout() {
+            return Ok(None);
+        }
         Self::extension_of(msg.locations())
     }
 
@@ -168,11 +171,22 @@ impl LayoutRuns {
 pub trait Locations {
     /// The locations, in order.
     fn locations(&self) -> Vec<&Location>;
+    /// Whether some location has a layout (no allocation: the common case of none sends
+    /// nothing).
+    fn any_layout(&self) -> bool;
     /// The locations, in order, to set their layouts.
     fn locations_mut(&mut self) -> Vec<&mut Location>;
 }
 
 impl Locations for DirRequest<'_> {
+    fn any_layout(&self) -> bool {
+        match self {
+            DirRequest::Insert(e) => e.iter().any(|(_, l)| !l.layout.is_none()),
+            DirRequest::Handoff(e) => e.iter().any(|(_, o)| o.iter().any(|l| !l.layout.is_none())),
+            _ => false,
+        }
+    }
+
     fn locations(&self) -> Vec<&Location> {
         match self {
             DirRequest::Insert(e) => e.iter().map(|(_, l)| l).collect(),
@@ -195,6 +209,16 @@ impl Locations for DirRequest<'_> {
 }
 
 impl Locations for DirReply {
+    fn any_layout(&self) -> bool {
+        match self {
+            DirReply::Found(v) => v
+                .iter()
+                .flatten()
+                .any(|o| o.iter().any(|l| !l.layout.is_none())),
+            _ => false,
+        }
+    }
+
     fn locations(&self) -> Vec<&Location> {
         match self {
             DirReply::Found(v) => v.iter().flatten().flat_map(|o| o.iter()).collect(),
