@@ -121,6 +121,10 @@ struct StepResult {
     /// Payload bytes this reader's node read over RDMA during the step.
     #[serde(default)]
     rdma_bytes: u64,
+    /// Directory requests this reader's node sent over the network during the step (0 when
+    /// its own shard answered every lookup).
+    #[serde(default)]
+    directory_rpcs: u64,
     /// (µs, count) of every recorded latency bucket.
     hist: Vec<(u64, u64)>,
 }
@@ -236,9 +240,9 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             pools.push(p);
         }
         let wrong0 = checks.wrong.load(Ordering::Relaxed);
-        let (staged0, rdma0) = {
+        let (staged0, rdma0, rpcs0) = {
             let s = store.stats();
-            (s.staged_reads, s.rdma_read_bytes)
+            (s.staged_reads, s.rdma_read_bytes, s.directory_rpcs)
         };
         let (_, counts) = run_row_counts(
             "prefetch",
@@ -270,6 +274,7 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             wrong: checks.wrong.load(Ordering::Relaxed) - wrong0,
             staged: store.stats().staged_reads - staged0,
             rdma_bytes: store.stats().rdma_read_bytes - rdma0,
+            directory_rpcs: store.stats().directory_rpcs - rpcs0,
             hist: counts
                 .hist
                 .iter_recorded()
@@ -441,6 +446,8 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     let step_wait = Duration::from_secs_f64(args.warmup + args.duration + 60.0);
     let mut rows = Vec::new();
     let (mut wrong, mut staged, mut rdma_bytes) = (0u64, 0u64, 0u64);
+    // Per step: directory requests the readers sent over the network, per call.
+    let mut rpcs_per_call: Vec<(u64, f64)> = Vec::new();
     let mut progress =
         crate::progress::Progress::new("drive", (args.rounds as usize) * args.concurrencies.len());
     for round in 0..args.rounds {
@@ -455,10 +462,12 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 errors: 0,
                 elapsed: Duration::ZERO,
             };
+            let mut step_rpcs = 0u64;
             for r in &readers {
                 let l = r.line(step_wait)?;
                 let s: StepResult = serde_json::from_str(&l)
                     .with_context(|| format!("{}: bad step line {l:?}", r.name))?;
+                step_rpcs += s.directory_rpcs;
                 for (v, n) in s.hist {
                     merged.hist.record_n(v.clamp(1, 60_000_000), n)?;
                 }
@@ -479,6 +488,11 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 &merged,
             );
             row.tokens_per_s = row.pages_per_s * tokens;
+            let calls = (merged.pages + merged.misses).div_ceil(c.batch_size.max(1) as u64);
+            rpcs_per_call.push((
+                threads * args.processes as u64,
+                step_rpcs as f64 / calls.max(1) as f64,
+            ));
             if c.op == Op::Exists {
                 row.gb_per_s = 0.0; // no payload moves
             }
@@ -548,6 +562,22 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 );
             }
         }
+    }
+    // Whether the readers' lookups were answered by their own shards (0) or crossed the
+    // network: what tells a reader's two speeds apart.
+    for &t in &args.concurrencies {
+        let c_all = t * args.processes as u64;
+        let per = report::median(
+            rpcs_per_call
+                .iter()
+                .filter(|(c, _)| *c == c_all)
+                .map(|(_, r)| *r)
+                .collect(),
+        );
+        summary.insert(
+            format!("directory_rpcs_per_call/c{c_all}"),
+            json!((per * 1000.0).round() / 1000.0),
+        );
     }
     summary.insert("wrong_pages".into(), json!(wrong));
     summary.insert("staged_reads".into(), json!(staged));
