@@ -1,0 +1,303 @@
+"""SGLang's direct linker (``peercache.linker.PeerCacheLinker``) against SGLang 0.5.23's own
+classes on CPU: built by SGLang's linker factory over real ``MHATokenToKVPool``,
+``MLATokenToKVPool`` and ``DSATokenToKVPool`` device pools (CPU tensors), two nodes on loopback,
+offload → lookup → layer-wise load byte-exact on both transfer paths (in place and staged through
+the host arena, as CUDA pools are), pages shared with ``PeerCacheStore`` over a ``layer_first``
+host pool both ways, cancellation and failure reporting.
+
+Run by scripts/sglang-contract.sh (and scripts/sglang-linker-gpu.sh on a CUDA device).
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the SGLang contract venv (scripts/sglang-contract.sh)")
+pytest.importorskip("sglang", reason="the SGLang contract venv (scripts/sglang-contract.sh)")
+
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cache_linker  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker  # noqa: E402
+from sglang.srt.runtime_context import SpawnRanks, publish, reset_context  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+from peercache.linker import PeerCacheLinker  # noqa: E402
+from test_contract import LAYERS, PAGE, TOKENS, free_port, make, mha_host, page_bytes  # noqa: E402
+
+DEVICE = os.environ.get("PEERCACHE_LINKER_DEVICE", "cpu")
+MODEL = "toy-model"  # the model name test_contract's PeerCacheStore keys on
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sglang_context(tmp_path_factory):
+    """SGLang's process context, published from a local model config (no hub access)."""
+    model = tmp_path_factory.mktemp("model")
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 2, "num_hidden_layers": LAYERS,
+        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,
+        "torch_dtype": "float16"}))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = ServerArgs(model_path=str(model), skip_tokenizer_init=True, device=DEVICE)
+    reset_context()
+    publish(args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+    yield args
+    reset_context()
+
+
+def linker_extra(n: int, seed: int, port: int, **kw) -> dict:
+    host = f"127.0.0.{n}"
+    cfg = {"discovery_addr": f"127.0.0.{seed}:{port}", "protocol": "tcp", "local_hostname": host,
+           "rdma_bind_host": host, "control_bind_host": host, "meta_bind_host": host,
+           "global_segment_size": "32mb", "heartbeat_interval": 0.2, "member_ttl": 0.6, "op_timeout": 1.0,
+           "metrics_enabled": False, "startup_timeout": 10, "model_name": MODEL}
+    cfg.update(kw)
+    return cfg
+
+
+def mha_pool(size=TOKENS, page=PAGE):
+    return MHATokenToKVPool(size=size, page_size=page, dtype=torch.float16, head_num=2, head_dim=8,
+                            layer_num=LAYERS, device=DEVICE, enable_memory_saver=False)
+
+
+def mla_pool():
+    return MLATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=32,
+                            qk_rope_head_dim=16, layer_num=LAYERS, device=DEVICE, enable_memory_saver=False)
+
+
+DSA_PAGE = 64  # DSA's indexer buffer holds whole 64-token pages
+
+
+def dsa_pool():
+    return DSATokenToKVPool(size=4 * DSA_PAGE, page_size=DSA_PAGE, kv_lora_rank=32, dtype=torch.bfloat16,
+                            qk_rope_head_dim=16, layer_num=2, device=DEVICE, index_head_dim=128,
+                            enable_memory_saver=False, kv_cache_dim=48)
+
+
+def build(args, kvcache, n, seed, port, **kw):
+    page = int(kvcache.page_size)
+    alloc = PagedTokenToKVPoolAllocator(int(kvcache.size), page, kvcache.dtype, DEVICE, kvcache, False)
+    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=page)
+    config = {"linker": "PeerCacheLinker", "linker_module_path": "peercache.linker",
+              "linker_extra_config": linker_extra(n, seed, port, **kw)}
+    return create_unified_cache_linker(args, params, backend="dynamic", config=config,
+                                       components={ComponentType.FULL})
+
+
+def buffers(kvcache):
+    if isinstance(kvcache, DSATokenToKVPool):
+        return [*kvcache.kv_buffer, *kvcache.index_k_with_scale_buffer]
+    if isinstance(kvcache, MHATokenToKVPool):
+        return [*kvcache.k_buffer, *kvcache.v_buffer]
+    return list(kvcache.kv_buffer)
+
+
+def randomize(kvcache, seed):
+    g = torch.Generator().manual_seed(seed)
+    for t in buffers(kvcache):
+        flat = t.view(torch.uint8).reshape(-1)
+        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=g).to(flat.device))
+
+
+def slots(first_page, pages, page=PAGE):
+    return torch.arange(first_page * page, (first_page + pages) * page, device=DEVICE)
+
+
+def rows(kvcache, t, idx):
+    """What buffer ``t`` of ``kvcache`` holds for the token slots ``idx``: one row per token, or
+    one row per page for page-row buffers (DSA's indexer)."""
+    page = int(kvcache.page_size)
+    if t.shape[0] <= int(kvcache.size) // page + 1:
+        return t[idx[::page].div(page, rounding_mode="floor")]
+    return t[idx]
+
+
+def same_pages(a, a_idx, b, b_idx):
+    # As bytes: random bits make NaNs, which never compare equal as floats.
+    return all(torch.equal(rows(a, x, a_idx).cpu().view(torch.uint8), rows(b, y, b_idx).cpu().view(torch.uint8))
+               for x, y in zip(buffers(a), buffers(b)))
+
+
+def wait_offloads(linker, count, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while linker.num_completed_offloads() < count:
+        assert time.monotonic() < deadline, "offload did not complete in time"
+        time.sleep(0.005)
+    return [linker.pop_completed_offload() for _ in range(count)]
+
+
+def kv(keys, idx=None):
+    return [PoolTransfer(name=PoolName.KV, keys=list(keys), device_indices=idx)]
+
+
+def load_all(linker, rid, keys, idx):
+    """Queues, starts and finishes one load as SGLang's forward does, waiting on each layer."""
+    assert linker.load(rid, kv(keys, idx))
+    index = linker.start_layer_wise_loading()
+    assert index >= 0
+    linker.layer_done_counter.set_consumer(index)
+    for layer in range(linker.num_layers):
+        linker.layer_done_counter.wait_until(layer)
+    return linker.finish_layer_wise_loading(index)
+
+
+@pytest.fixture
+def pair(sglang_context):
+    made = []
+
+    def _pair(pool, n, **kw):
+        port = free_port()
+        a_kv, b_kv = pool(), pool()
+        a = build(sglang_context, a_kv, n, n, port, **kw)
+        made.append(a)
+        b = build(sglang_context, b_kv, n + 1, n, port, **kw)
+        made.append(b)
+        assert a.store._node.wait_members(2, 10) and b.store._node.wait_members(2, 10)
+        return a_kv, a, b_kv, b
+
+    yield _pair
+    for linker in made:
+        linker.close()
+
+
+def test_the_factory_builds_the_linker_by_module_path(pair):
+    _, a, _, _ = pair(mha_pool, 80)
+    assert isinstance(a, PeerCacheLinker) and isinstance(a, UnifiedCacheLinker)
+    assert not PeerCacheLinker.__abstractmethods__
+    assert a.num_layers == LAYERS and set(a.pools) == {PoolName.KV}
+    assert a.store.layout_spec()["pools"][0]["host_layout"] == "layer_first"
+
+
+@pytest.mark.parametrize("staging", ["auto", "always"])
+@pytest.mark.parametrize("pool", [mha_pool, mla_pool], ids=["mha", "mla"])
+def test_offload_lookup_load_is_byte_exact_across_nodes(pair, pool, staging):
+    kw = {"linker_staging": staging}
+    if staging == "always":  # 3 pages of arena per direction: the 5-page batch moves in two chunks
+        kw["linker_staging_bytes"] = 3 * sum(b[0:PAGE].nbytes for b in buffers(pool()))
+    a_kv, a, b_kv, b = pair(pool, 82 if pool is mha_pool else 84, **kw)
+    assert a.staging == (staging == "always" or DEVICE != "cpu")  # device pools always stage
+    randomize(a_kv, 1)
+    keys = [f"h{i}" for i in range(5)]
+    src = slots(2, 5)
+    assert a.offload(kv(keys, src), "session-1")
+    assert wait_offloads(a, 1) == [True]
+    # Every prefix length is restorable; a hole at page 3 leaves only lengths 1 and 2.
+    assert b.lookup("r1", kv(keys)) == [1, 2, 3, 4, 5]
+    assert b.lookup("r1", kv(keys[:2] + ["absent"] + keys[3:])) == [1, 2]
+    dst = slots(20, 5)
+    assert load_all(b, "r1", keys, dst) is True
+    assert same_pages(a_kv, src, b_kv, dst)
+
+
+def test_a_two_pool_dsa_group_round_trips_and_the_indexer_gates_lookup(pair):
+    a_kv, a, b_kv, b = pair(dsa_pool, 86)
+    assert set(a.pools) == {PoolName.KV, PoolName.INDEXER}
+    assert a.store.layout_spec()["pools"][0]["host_layout"] == "linker"
+    randomize(a_kv, 2)
+    keys = ["d0", "d1"]
+    src = slots(0, 2, DSA_PAGE)
+    assert a.offload(kv(keys, src)) and wait_offloads(a, 1) == [True]
+    # A third page whose KV is stored but whose indexer page is not: the lookup stops before it.
+    kv_only = a.pool_group.resolve_transfers(kv(["d2"], slots(2, 1, DSA_PAGE)))
+    assert a.store.batch_set_v2([t for t in kv_only if t.name == PoolName.KV])[PoolName.KV] == [True]
+    assert b.lookup("r", kv(keys + ["d2"])) == [1, 2]
+    dst = slots(1, 2, DSA_PAGE)
+    assert load_all(b, "r", keys, dst) is True
+    assert same_pages(a_kv, src, b_kv, dst)
+
+
+def test_linker_pages_and_hicache_pages_are_one_format(sglang_context):
+    port = free_port()
+    dev = mha_pool()
+    linker = build(sglang_context, dev, 88, 88, port)
+    store = make(89, 88, port, page_first=False)
+    try:
+        host = mha_host("layer_first")
+        store.register_mem_pool_host(host)
+        assert linker.store._layout == store._layout  # one layout fingerprint
+        assert linker.store._node.wait_members(2, 10) and store._node.wait_members(2, 10)
+        randomize(dev, 3)
+        # Linker → HiCache: pages offloaded from the device pool read into a host pool.
+        keys = ["x0", "x1", "x2"]
+        src = slots(1, 3)
+        assert linker.offload(kv(keys, src)) and wait_offloads(linker, 1) == [True]
+        host_idx = torch.arange(0, 3 * PAGE)
+        assert store.batch_get_v1(keys, host_idx) == [True] * 3
+        for p in range(3):
+            device_page = b"".join(
+                t[(1 + p) * PAGE:(2 + p) * PAGE].cpu().numpy().tobytes()
+                for layer in range(LAYERS) for t in (dev.k_buffer[layer], dev.v_buffer[layer]))
+            assert page_bytes(host, p * PAGE) == device_page
+        # HiCache → linker: host pages written by PeerCacheStore load into the device pool.
+        g = torch.Generator().manual_seed(4)
+        flat = host.kv_buffer.view(torch.uint8).reshape(-1)
+        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=g))
+        assert store.batch_set_v1(["y0", "y1"], torch.arange(4 * PAGE, 6 * PAGE)) == [True, True]
+        assert linker.lookup("r", kv(["y0", "y1"])) == [1, 2]
+        dst = slots(10, 2)
+        assert load_all(linker, "r", ["y0", "y1"], dst) is True
+        for p in range(2):
+            device_page = b"".join(
+                t[(10 + p) * PAGE:(11 + p) * PAGE].cpu().numpy().tobytes()
+                for layer in range(LAYERS) for t in (dev.k_buffer[layer], dev.v_buffer[layer]))
+            assert page_bytes(host, (4 + p) * PAGE) == device_page
+    finally:
+        linker.close()
+        store.close()
+
+
+def test_a_cancelled_load_never_touches_its_slots(pair):
+    a_kv, a, b_kv, b = pair(mha_pool, 90)
+    randomize(a_kv, 5)
+    assert a.offload(kv(["c0"], slots(0, 1))) and wait_offloads(a, 1) == [True]
+    dst = slots(7, 1)
+    for t in buffers(b_kv):
+        t.view(torch.uint8).fill_(0x5A)
+    assert b.load("rc", kv(["c0"], dst))
+    assert b.cancel_queued_load("rc") is True
+    assert b.cancel_queued_load("rc") is False
+    assert b.start_layer_wise_loading() == -1  # nothing left to start
+    assert all(bool((rows(b_kv, t, dst).view(torch.uint8) == 0x5A).all()) for t in buffers(b_kv))
+
+
+def test_pages_that_do_not_land_fail_the_batch_and_bad_slots_are_refused(pair):
+    a_kv, a, b_kv, b = pair(mha_pool, 92, op_timeout=0.5)
+    randomize(a_kv, 6)
+    # Never written: the load runs, every layer resolves (the forward is not blocked) and the
+    # batch reports failure.
+    assert load_all(b, "rm", ["never-written"], slots(3, 1)) is False
+    # Misaligned or out-of-range slots: the load and the offload are refused up front.
+    assert b.load("rx", kv(["m0"], slots(3, 1) + 1)) is False
+    assert b.load("ry", kv(["m0"], slots(10_000, 1))) is False
+    assert a.offload(kv(["m0"], slots(3, 1) + 2)) is False
+    assert "rx" not in b.pending_loads and b.start_layer_wise_loading() == -1
+    # A duplicate rid in the same batch is a caller bug SGLang never makes: it is an error.
+    assert b.load("rd", kv(["m0"], slots(4, 1)))
+    with pytest.raises(RuntimeError, match="already queued"):
+        b.load("rd", kv(["m0"], slots(5, 1)))
+    b.reset()
+    assert b.start_layer_wise_loading() == -1
+
+
+def test_bad_linker_settings_are_refused(sglang_context):
+    for bad in ({"linker_staging": "sometimes"}, {"linker_staging_bytes": 0}, {"linker_staging_bytes": "big"}):
+        with pytest.raises(ValueError, match="peercache linker"):
+            build(sglang_context, mha_pool(), 94, 94, free_port(), **bad)
+
+
+def test_reset_and_close_quiesce(pair):
+    a_kv, a, _, _ = pair(mha_pool, 96)
+    randomize(a_kv, 7)
+    for i in range(4):
+        assert a.offload(kv([f"q{i}"], slots(i, 1)))
+    a.reset()  # waits for the four offloads, then forgets their results
+    assert a.num_completed_offloads() == 0
+    a.close()
+    a.close()  # idempotent
+    assert not a._load_thread.is_alive() and not a._offload_thread.is_alive()
