@@ -49,8 +49,8 @@ pub struct Location {
     pub class: CopyClass,
     /// Layout fingerprint of the owner's page ([`Layout::NONE`] when the owner declared none
     /// or is of a release before layouts). Not in the version-1 message body: it travels in
-    /// the [`EXT_LAYOUTS`](crate::msg::EXT_LAYOUTS) extension, so older members decode the
-    /// same messages and see no layout.
+    /// the messages' `EXT_LAYOUTS` extension (written and read by the `msg` module, which
+    /// depends on this one), so older members decode the same messages and see no layout.
     #[serde(skip)]
     pub layout: Layout,
 }
