@@ -301,3 +301,76 @@ def test_reset_and_close_quiesce(pair):
     a.close()
     a.close()  # idempotent
     assert not a._load_thread.is_alive() and not a._offload_thread.is_alive()
+
+
+def mamba_hybrid(args, n, seed, port, staging):
+    """A FULL (MLA) + MAMBA hybrid as SGLang builds it: ``HybridLinearKVPool`` over a
+    ``HybridReqToTokenPool``'s Mamba pool (full attention on layers 0 and 2, Mamba on 1 and 3)."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: PLC0415
+    from sglang.srt.environ import envs  # noqa: PLC0415
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: PLC0415
+
+    with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=64, n_groups=1, num_heads=2,
+                                        head_dim=16, state_size=8, conv_kernel=4)
+        cache_params = Mamba2CacheParams(shape=shape, layers=[1, 3])
+    req = HybridReqToTokenPool(size=4, mamba_size=8, mamba_spec_state_size=4, max_context_len=256, device=DEVICE,
+                               enable_memory_saver=False, cache_params=cache_params, mamba_layer_ids=[1, 3],
+                               enable_mamba_extra_buffer=False, speculative_num_draft_tokens=3)
+    kvcache = HybridLinearKVPool(size=TOKENS, dtype=torch.bfloat16, page_size=PAGE, head_num=1, head_dim=48,
+                                 full_attention_layer_ids=[0, 2], device=DEVICE, mamba_pool=req.mamba_pool,
+                                 use_mla=True, kv_lora_rank=32, qk_rope_head_dim=16)
+    alloc = PagedTokenToKVPoolAllocator(TOKENS, PAGE, torch.bfloat16, DEVICE, kvcache, False)
+    params = CacheInitParams(disable=False, req_to_token_pool=req, token_to_kv_pool_allocator=alloc, page_size=PAGE)
+    config = {"linker": "PeerCacheLinker", "linker_module_path": "peercache.linker",
+              "linker_extra_config": linker_extra(n, seed, port, linker_staging=staging)}
+    linker = create_unified_cache_linker(args, params, backend="dynamic", config=config,
+                                         components={ComponentType.FULL, ComponentType.MAMBA})
+    cache = req.mamba_pool.mamba_cache
+    states = [cache.temporal, *cache.conv]  # each [layer, slot, ...]
+    return kvcache, states, linker
+
+
+@pytest.mark.parametrize("staging", ["auto", "always"])
+def test_a_mamba_hybrid_restores_only_at_offloaded_state_boundaries(sglang_context, staging):
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy  # noqa: PLC0415
+
+    port = free_port()
+    a_kv, a_states, a = mamba_hybrid(sglang_context, 74, 74, port, staging)
+    b_kv, b_states, b = mamba_hybrid(sglang_context, 75, 74, port, staging)
+    try:
+        assert set(a.pools) == {PoolName.KV, PoolName.MAMBA}
+        assert a.store._node.wait_members(2, 10) and b.store._node.wait_members(2, 10)
+        g = torch.Generator().manual_seed(8)
+        for t in [*a_kv.full_kv_pool.kv_buffer, *a_states]:
+            flat = t.view(torch.uint8).reshape(-1)
+            flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=g).to(flat.device))
+
+        def mamba(keys, slot=None):
+            idx = None if slot is None else torch.tensor([slot], device=DEVICE)
+            return PoolTransfer(name=PoolName.MAMBA, keys=keys, device_indices=idx,
+                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+        keys = [f"m{i}" for i in range(4)]
+        # Two tree nodes, as SGLang offloads them: pages 0-1 with the state after page 1 (slot 2),
+        # pages 2-3 with the state after page 3 (slot 5).
+        assert a.offload([kv(keys[:2], slots(0, 2))[0], mamba([keys[1]], 2)])
+        assert a.offload([kv(keys[2:], slots(2, 2))[0], mamba([keys[3]], 5)])
+        assert wait_offloads(a, 2) == [True, True]
+        # A Mamba state exists only at node ends: prefixes of 2 and 4 pages restore, 1 and 3 do not.
+        assert b.lookup("r", [kv(keys)[0], mamba([keys[-1]])]) == [2, 4]
+        dst = slots(8, 4)
+        assert b.load("r", [kv(keys, dst)[0], mamba([keys[-1]], 6)])
+        index = b.start_layer_wise_loading()
+        b.layer_done_counter.set_consumer(index)
+        for layer in range(b.num_layers):
+            b.layer_done_counter.wait_until(layer)
+        assert b.finish_layer_wise_loading(index) is True
+        src = slots(0, 4)
+        for x, y in zip(a_kv.full_kv_pool.kv_buffer, b_kv.full_kv_pool.kv_buffer):
+            assert torch.equal(x[src].view(torch.uint8), y[dst].view(torch.uint8))
+        for x, y in zip(a_states, b_states):
+            assert torch.equal(x[:, 5].contiguous().view(torch.uint8), y[:, 6].contiguous().view(torch.uint8))
+    finally:
+        a.close()
+        b.close()
