@@ -359,9 +359,9 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     if c.gpu {
         bail!(
-            "--gpu: reading into GPU memory (GPUDirect RDMA) is not supported yet: the transport \
-             registers device memory (docs/rdma.md, \"GPUDirect: device memory\") but the store \
-             and this bench read into host memory only"
+            "--gpu: this bench has no CUDA allocator to read into; the store reads remote pages \
+             into registered GPU memory over RDMA (GPUDirect: Store::batch_get_device, \
+             docs/rdma.md \"GPUDirect: device memory\")"
         );
     }
     if args.owner_only {

@@ -222,6 +222,27 @@ pub fn verify_segments(
     Ok(h)
 }
 
+/// Verifies a page whose payload this process cannot read: device (GPU) memory the NIC wrote
+/// straight into (GPUDirect RDMA). `header` was fetched with the payload and `after` is the same
+/// slot's header read again once the payload had landed. The first must pass every header
+/// check (seq even, generation, key, layout, length) and the second must be identical: a
+/// writer bumps the seqlock word before it touches the payload and again after, and gives the
+/// slot a new generation, so equal headers around the payload read mean no writer touched it.
+/// The payload's checksum is not checked (the CPU never sees those bytes): integrity on the
+/// wire rests on the RDMA link's own CRC, as it does for every GPUDirect reader.
+pub fn verify_unseen(
+    header: &[u8; HEADER_LEN],
+    after: &[u8; HEADER_LEN],
+    payload_len: usize,
+    expect: &Expect,
+) -> Result<SlotHeader, VerifyError> {
+    let h = check_header(header, payload_len, expect)?;
+    if header != after {
+        return Err(VerifyError::Torn);
+    }
+    Ok(h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +358,32 @@ mod tests {
         );
         assert_eq!(SlotHeader::decode(&b).unwrap().layout, Layout(0xb16));
         assert_eq!(VerifyError::Layout.label(), "layout");
+    }
+
+    #[test]
+    fn an_unseen_payload_is_served_only_between_two_equal_sound_headers() {
+        let payload = vec![7u8; 256];
+        let (h, expect) = sample(&payload);
+        assert!(verify_unseen(&h, &h, payload.len(), &expect).is_ok());
+        // A writer moved the seqlock word (or reused the slot) between the two reads.
+        let mut after = h;
+        after[0] ^= 2;
+        assert_eq!(
+            verify_unseen(&h, &after, payload.len(), &expect).unwrap_err(),
+            VerifyError::Torn
+        );
+        // The first header itself must be sound: a wrong generation is stale, whatever follows.
+        let stale = Expect {
+            generation: 78,
+            ..expect
+        };
+        assert_eq!(
+            verify_unseen(&h, &h, payload.len(), &stale).unwrap_err(),
+            VerifyError::Stale
+        );
+        assert_eq!(
+            verify_unseen(&h, &h, payload.len() - 1, &expect).unwrap_err(),
+            VerifyError::WrongLength
+        );
     }
 }

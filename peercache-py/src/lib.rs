@@ -152,6 +152,69 @@ impl Node {
         unsafe { self.store.register_host_buffer(ptr as *mut u8, length) }.map_err(to_py)
     }
 
+    /// Registers device (GPU) memory exported as a dma-buf (`fd`, `offset`, `length`) as a
+    /// destination of `batch_get_device_ptrs`, addressed by `iova` (the device address).
+    /// Only RDMA reaches device memory: a node without an RDMA path raises `RuntimeError`
+    /// saying what is missing.
+    ///
+    /// The memory and the fd must stay valid until the node is closed.
+    fn register_device_dmabuf(
+        &self,
+        fd: i32,
+        offset: u64,
+        length: usize,
+        iova: u64,
+    ) -> PyResult<()> {
+        if fd < 0 || length == 0 || iova == 0 {
+            return Err(PyValueError::new_err(
+                "register_device_dmabuf needs an open fd, a length and a non-zero iova",
+            ));
+        }
+        let mem = peercache_store::DeviceMemory::Dmabuf {
+            fd,
+            offset,
+            len: length,
+            iova,
+        };
+        // SAFETY: the caller keeps the device memory and its fd alive while the node runs, as
+        // documented.
+        unsafe { self.store.register_device_buffer(mem) }.map_err(to_py)
+    }
+
+    /// Registers device memory at device address `addr` (needs the `nvidia-peermem` module) as
+    /// a destination of `batch_get_device_ptrs`.
+    ///
+    /// The memory must stay valid until the node is closed.
+    fn register_device_peermem(&self, addr: u64, length: usize) -> PyResult<()> {
+        if addr == 0 || length == 0 {
+            return Err(PyValueError::new_err(
+                "register_device_peermem needs a non-null device address and a length",
+            ));
+        }
+        let mem = peercache_store::DeviceMemory::PeerMem { addr, len: length };
+        // SAFETY: as register_device_dmabuf.
+        unsafe { self.store.register_device_buffer(mem) }.map_err(to_py)
+    }
+
+    /// Reads pages straight into registered device memory over RDMA (GPUDirect); `True` = the
+    /// segments hold the page. Pages this node holds and pages of peers reached without RDMA
+    /// are `False` here: read those into host memory.
+    fn batch_get_device_ptrs(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        counts: Vec<usize>,
+    ) -> PyResult<Vec<bool>> {
+        let segs = SendSegs(raw(&ptrs, &sizes)?);
+        // SAFETY: the segments lie in registered device memory (checked by the store) that the
+        // caller keeps alive and does not use during the call.
+        py.detach(|| unsafe { self.store.batch_get_device(&keys, &segs.0, &counts) })
+            .map(|r| r.iter().map(Option::is_some).collect())
+            .map_err(to_py)
+    }
+
     /// Declares the shape of this node's pages from a layout spec (JSON: model, kv_dtype,
     /// pp_rank, tp, pools); returns the fingerprint as 16 hex digits. A malformed spec is a
     /// `ValueError` naming the field.

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod control;
+mod device_read;
 pub mod drive;
 mod error;
 mod evict;
@@ -60,6 +61,7 @@ pub use config::{
 };
 pub use error::StoreError;
 pub use keys::Keyspace;
+pub use peercache_transport::DeviceMemory;
 pub use scratch::RawSeg;
 pub use store::{Store, StoreStats};
 

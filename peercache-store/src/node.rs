@@ -231,6 +231,7 @@ impl Core {
         }
         self.transport.shutdown();
         self.reads.host_buffers.write().clear();
+        self.reads.device_buffers.write().clear();
         self.reads.scratch.lock().clear();
         self.pool_region.lock().take();
         if let Some(slots) = self.mode.slots() {

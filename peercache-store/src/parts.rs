@@ -31,6 +31,10 @@ pub(crate) struct ReadState {
     pub(crate) host_buffers: RwLock<Vec<RegionHandle>>,
     /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
     pub(crate) inflight: Mutex<HashMap<SocketAddr, usize>>,
+    /// Registered device (GPU) memory: destinations of device reads only.
+    pub(crate) device_buffers: RwLock<Vec<RegionHandle>>,
+    /// Whether any device region was ever registered (the host paths check segments then).
+    pub(crate) has_device: std::sync::atomic::AtomicBool,
 }
 
 impl ReadState {
@@ -42,7 +46,14 @@ impl ReadState {
             scratch: Mutex::new(Vec::new()),
             host_buffers: RwLock::new(Vec::new()),
             inflight: Mutex::new(HashMap::new()),
+            device_buffers: RwLock::new(Vec::new()),
+            has_device: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether device memory was ever registered (one relaxed load on the host paths).
+    pub(crate) fn any_device(&self) -> bool {
+        self.has_device.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -31,6 +31,7 @@ impl Core {
     ) -> Result<Vec<Option<u32>>, StoreError> {
         self.check_open()?;
         crate::base::check_counts(keys.len(), segs.len(), counts)?;
+        self.touches_device(segs)?;
         let t0 = std::time::Instant::now();
         let whole = Stage::start();
         // SAFETY: forwarded from the caller.

@@ -228,7 +228,7 @@ impl Store {
         Ok(())
     }
 
-    fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
+    pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
         self.inner.page_keys(keys)
     }
 
@@ -270,6 +270,8 @@ impl Store {
         segs: &[RawSeg],
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
+        // Device memory is a read destination only: publishing copies with the CPU.
+        self.inner.touches_device(segs)?;
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
         let slices: Vec<&[u8]> = segs
