@@ -19,6 +19,12 @@ plus the linker's own keys, which never reach the node:
     exercised on any machine).
 ``linker_staging_bytes``
     Size of each direction's staging arena (default 64 MiB); larger batches move in chunks.
+``linker_gpudirect``
+    ``off`` (default) or ``peermem``: register the pools' device buffers with the node
+    (``nvidia-peermem`` addresses) so loads of pages other nodes hold land in the pools over
+    RDMA with no host copy (GPUDirect); the node's own pages and peers without RDMA still come
+    through the staging arena. Where the node cannot (TCP, no peermem) one warning says so and
+    loads stage.
 ``model_name``
     The model name pages are keyed on (default: SGLang's ``model_path``). Servers that should
     share pages must agree on it, including HiCache servers running ``PeerCacheStore``.
@@ -62,6 +68,7 @@ from .store import PeerCacheStore, _pool_name
 logger = logging.getLogger(__name__)
 
 _STAGING_MODES = ("auto", "always")
+_GPUDIRECT_MODES = ("off", "peermem")
 _DEFAULT_STAGING_BYTES = 64 << 20
 
 
@@ -235,6 +242,9 @@ class PeerCacheLinker(UnifiedCacheLinker):
         staging = str(extra.pop("linker_staging", "auto"))
         if staging not in _STAGING_MODES:
             raise ValueError(f"peercache linker: linker_staging = {staging!r}: expected one of {_STAGING_MODES}")
+        gpudirect = str(extra.pop("linker_gpudirect", "off"))
+        if gpudirect not in _GPUDIRECT_MODES:
+            raise ValueError(f"peercache linker: linker_gpudirect = {gpudirect!r}: expected one of {_GPUDIRECT_MODES}")
         budget = extra.pop("linker_staging_bytes", _DEFAULT_STAGING_BYTES)
         if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
             raise ValueError(f"peercache linker: linker_staging_bytes = {budget!r}: expected a positive integer")
@@ -255,7 +265,9 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 name: _PoolView(entry, interleave, "layer_first" if plain else "linker", self.num_layers)
                 for name, entry in self.pools.items()}
             on_device = any(v.on_device for v in self.views.values())
-            self.staging = staging == "always" or on_device
+            # GPUDirect needs the staged path beside it: pages it cannot land (this node's own,
+            # peers without RDMA) come through the arena.
+            self.staging = staging == "always" or on_device or gpudirect != "off"
             for name, view in self.views.items():
                 if not self.staging:
                     view.kv_buffer = view.buffers  # zero copy: the node reads and writes them in place
@@ -269,6 +281,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
                             self._load_arena.capacity, "device" if on_device else "host")
             else:
                 self.store.on_host_pools_registered()
+            self.gpudirect = gpudirect == "peermem" and self._register_device_pools()
         except BaseException:
             self.store.close()
             raise
@@ -287,6 +300,24 @@ class PeerCacheLinker(UnifiedCacheLinker):
                                                 name=f"peercache-offload-tp{tp_rank}")
         self._load_thread.start()
         self._offload_thread.start()
+
+    def _register_device_pools(self) -> bool:
+        """Registers every pool buffer with the node as device memory (``nvidia-peermem``
+        addresses), so loads from other nodes land in the pools over RDMA; False, with one
+        warning, where the node cannot (no RDMA path, no peermem)."""
+        seen: Dict[int, int] = {}
+        for view in self.views.values():
+            for b in view.buffers:
+                seen.setdefault(int(b.data_ptr()), int(b.numel() * b.element_size()))
+        try:
+            for ptr, nbytes in seen.items():
+                self.store._node.register_device_peermem(ptr, nbytes)
+        except (RuntimeError, ValueError) as e:
+            logger.warning("peercache linker: GPUDirect unavailable (%s); loads stage through host memory", e)
+            return False
+        logger.info("peercache linker: GPUDirect on: %d pool buffers registered; pages of other nodes land "
+                    "in the pools over RDMA", len(seen))
+        return True
 
     # ----- lookup -----
     def lookup(self, rid: str, transfers: List[Any]) -> List[int]:
@@ -369,13 +400,14 @@ class PeerCacheLinker(UnifiedCacheLinker):
         for layer in range(self.num_layers):
             self.layer_done_counter.complete(index, layer)
 
-    def _chunks(self, transfers: List[Any], capacity: int) -> List[List[Tuple[Any, List[str], List[int]]]]:
-        """The batch's (pool, keys, page numbers) in chunks of at most ``capacity`` pages per
-        pool, so each chunk fits the arena."""
-        per_pool: List[Tuple[Any, List[str], List[int]]] = []
-        for t in transfers:
-            if t.keys:
-                per_pool.append((t.name, list(t.keys), self.views[t.name].pages(t.host_indices)))
+    def _per_pool(self, transfers: List[Any]) -> List[Tuple[Any, List[str], List[int]]]:
+        """The batch as (pool, keys, page numbers), one entry per transfer with keys."""
+        return [(t.name, list(t.keys), self.views[t.name].pages(t.host_indices)) for t in transfers if t.keys]
+
+    @staticmethod
+    def _chunks(per_pool: List[Tuple[Any, List[str], List[int]]], capacity: int
+                ) -> List[List[Tuple[Any, List[str], List[int]]]]:
+        """``per_pool`` in chunks of at most ``capacity`` pages per pool, so each fits the arena."""
         chunks: List[List[Tuple[Any, List[str], List[int]]]] = []
         start = 0
         longest = max((len(k) for _, k, _ in per_pool), default=0)
@@ -405,7 +437,14 @@ class PeerCacheLinker(UnifiedCacheLinker):
         """Device pools: verified pages land in the load arena, then each layer's segments are
         copied into the device pools and the layer is reported once its copy finished."""
         arena = self._load_arena
-        chunks = self._chunks(transfers, arena.capacity)
+        per_pool = self._per_pool(transfers)
+        if self.gpudirect:
+            per_pool = self._load_device(per_pool)
+            if not per_pool:  # every page landed in the pools over RDMA
+                for layer in range(self.num_layers):
+                    self.layer_done_counter.complete(index, layer)
+                return
+        chunks = self._chunks(per_pool, arena.capacity)
         for c, chunk in enumerate(chunks):
             keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
             res = self.store._node.batch_get_ptrs(keys, ptrs, sizes, counts)
@@ -418,6 +457,35 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 self._scatter_layer(arena, chunk, slots, layer)
                 if last:
                     self.layer_done_counter.complete(index, layer)
+
+    def _load_device(self, per_pool: List[Tuple[Any, List[str], List[int]]]
+                     ) -> List[Tuple[Any, List[str], List[int]]]:
+        """GPUDirect: one node call lands every page other nodes hold straight in the pools over
+        RDMA (each checked by its header before and after); returns the pages it could not land
+        (this node's own, peers reached without RDMA, misses) for the staged path."""
+        keys: List[str] = []
+        ptrs: List[int] = []
+        sizes: List[int] = []
+        counts: List[int] = []
+        for name, hashes, pages in per_pool:
+            view = self.views[name]
+            for h, page in zip(hashes, pages):
+                keys.append(self.store._pool_key(_pool_name(name), view, h))
+                for i in view.order:
+                    base, stride, size = view._meta[i]
+                    ptrs.append(base + page * view.row_span * stride)
+                    sizes.append(size)
+                counts.append(len(view.order))
+        landed = self.store._node.batch_get_device_ptrs(keys, ptrs, sizes, counts)
+        rest: List[Tuple[Any, List[str], List[int]]] = []
+        at = 0
+        for name, hashes, pages in per_pool:
+            flags = landed[at:at + len(hashes)]
+            at += len(hashes)
+            left = [(h, p) for h, p, ok in zip(hashes, pages, flags) if not ok]
+            if left:
+                rest.append((name, [h for h, _ in left], [p for _, p in left]))
+        return rest
 
     def _slots(self, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> Dict[Any, Any]:
         """Each pool's page numbers of the chunk as an index tensor on the pool's device."""
@@ -481,7 +549,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
     def _offload_staged(self, expanded: List[Any]) -> bool:
         arena = self._offload_arena
         ok = True
-        for chunk in self._chunks(expanded, arena.capacity):
+        for chunk in self._chunks(self._per_pool(expanded), arena.capacity):
             self._gather(arena, chunk)
             keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
             ok &= all(self.store._node.batch_set_ptrs(keys, ptrs, sizes, counts))

@@ -286,7 +286,8 @@ def test_pages_that_do_not_land_fail_the_batch_and_bad_slots_are_refused(pair):
 
 
 def test_bad_linker_settings_are_refused(sglang_context):
-    for bad in ({"linker_staging": "sometimes"}, {"linker_staging_bytes": 0}, {"linker_staging_bytes": "big"}):
+    for bad in ({"linker_staging": "sometimes"}, {"linker_staging_bytes": 0}, {"linker_staging_bytes": "big"},
+                {"linker_gpudirect": "dmabuf"}):
         with pytest.raises(ValueError, match="peercache linker"):
             build(sglang_context, mha_pool(), 94, 94, free_port(), **bad)
 
@@ -374,3 +375,35 @@ def test_a_mamba_hybrid_restores_only_at_offloaded_state_boundaries(sglang_conte
     finally:
         a.close()
         b.close()
+
+
+def test_gpudirect_lands_other_nodes_pages_in_the_pools_and_stages_the_rest(pair, caplog):
+    """``linker_gpudirect=peermem`` on the software RDMA fabric, which takes a registered
+    address as device-visible memory: other nodes' pages land in the pools one-sided (checked by
+    header before and after), this node's own pages come through the arena; byte-exact both."""
+    a_kv, a, b_kv, b = pair(mha_pool, 76, protocol="rdma", rdma_backend="soft", host_local=False,
+                            linker_gpudirect="peermem")
+    assert a.gpudirect and b.gpudirect and b.staging
+    randomize(a_kv, 9)
+    randomize(b_kv, 10)
+    theirs, mine = [f"g{i}" for i in range(4)], ["own0", "own1"]
+    assert a.offload(kv(theirs, slots(0, 4))) and wait_offloads(a, 1) == [True]
+    assert b.offload(kv(mine, slots(4, 2))) and wait_offloads(b, 1) == [True]
+    before = b.store.stats()["rdma_read_bytes"]
+    dst = slots(12, 6)
+    assert load_all(b, "rg", theirs + mine, dst) is True
+    assert same_pages(a_kv, slots(0, 4), b_kv, dst[:4 * PAGE])
+    assert same_pages(b_kv, slots(4, 2), b_kv, dst[4 * PAGE:])
+    page_bytes_ = sum(t[0:PAGE].nbytes for t in buffers(b_kv))
+    assert b.store.stats()["rdma_read_bytes"] - before >= 4 * page_bytes_
+
+
+def test_gpudirect_where_the_node_cannot_is_one_warning_and_staged_loads(pair, caplog):
+    a_kv, a, b_kv, b = pair(mha_pool, 78, linker_gpudirect="peermem")  # TCP nodes
+    assert not b.gpudirect and b.staging
+    assert any("GPUDirect unavailable" in r.getMessage() for r in caplog.records)
+    randomize(a_kv, 11)
+    assert a.offload(kv(["t0", "t1"], slots(0, 2))) and wait_offloads(a, 1) == [True]
+    dst = slots(9, 2)
+    assert load_all(b, "rt", ["t0", "t1"], dst) is True
+    assert same_pages(a_kv, slots(0, 2), b_kv, dst)
