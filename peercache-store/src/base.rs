@@ -19,6 +19,7 @@ use crate::config::PeerCacheConfig;
 use crate::keys::Keyspace;
 use crate::metrics::Handles;
 use crate::parts::{ReadState, Servers, Tasks};
+use crate::scratch::RawSeg;
 
 /// Where request handlers that start before the node exists find it once it does.
 pub(crate) type NodeCell = Arc<OnceLock<Weak<Core>>>;
@@ -86,6 +87,20 @@ impl Core {
             Ok(())
         }
     }
+}
+
+/// Where each page's segments start in `segs` (page `i` has `counts[i]` of them) and each
+/// page's length in bytes; `counts` already checked by [`check_counts`].
+pub(crate) fn page_spans(segs: &[RawSeg], counts: &[usize]) -> (Vec<usize>, Vec<u64>) {
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut lens = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
+        at += c;
+    }
+    (starts, lens)
 }
 
 /// Checks that `counts` (segments per page) fit `n` pages and `segs` segments.

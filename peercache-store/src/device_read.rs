@@ -139,14 +139,7 @@ impl Core {
         let m = &self.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
-        let mut starts = Vec::with_capacity(n);
-        let mut lens = Vec::with_capacity(n);
-        let mut at = 0usize;
-        for &c in counts {
-            starts.push(at);
-            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
-            at += c;
-        }
+        let (starts, lens) = crate::base::page_spans(segs, counts);
         let dest = DeviceDest {
             segs,
             regions,

@@ -89,14 +89,7 @@ impl Core {
             m.read_misses.add(n as u64 - hits);
             return hit;
         }
-        let mut starts = Vec::with_capacity(n);
-        let mut lens = Vec::with_capacity(n);
-        let mut at = 0usize;
-        for &c in counts {
-            starts.push(at);
-            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
-            at += c;
-        }
+        let (starts, lens) = crate::base::page_spans(segs, counts);
         let me = inner.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
         let stage = Stage::start();
