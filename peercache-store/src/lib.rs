@@ -11,7 +11,10 @@
 //!   the next get;
 //! * **read** — local owner: copy under a lease; remote owner: one transport batch per owner
 //!   straight into the destination, then verification of generation, key and checksum (a
-//!   mismatch is a counted miss, never wrong bytes).
+//!   mismatch is a counted miss, never wrong bytes);
+//! * **device read** — [`Store::batch_get_device`]: remote pages one-sided over RDMA straight
+//!   into registered GPU memory (GPUDirect), verified by their slot header read before and
+//!   after the payload.
 //!
 //! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
 //! [`cli`] (with the [`status`], [`drive`] and [`locate`] tools). [`client`] lets a process that does not

@@ -487,6 +487,18 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 rest.append((name, [h for h, _ in left], [p for _, p in left]))
         return rest
 
+    @contextlib.contextmanager
+    def _copies(self) -> Any:
+        """Runs the copies issued inside on the side stream (CUDA pools) and returns once they
+        finished; plain CPU copies otherwise."""
+        stream = self._copy_stream
+        if stream is None:
+            yield
+            return
+        with torch.cuda.stream(stream):
+            yield
+        stream.synchronize()
+
     def _slots(self, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> Dict[Any, Any]:
         """Each pool's page numbers of the chunk as an index tensor on the pool's device."""
         return {name: torch.tensor(pages, dtype=torch.int64).to(self.views[name].device, non_blocking=True)
@@ -494,17 +506,13 @@ class PeerCacheLinker(UnifiedCacheLinker):
 
     def _scatter_layer(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]],
                        slots: Dict[Any, Any], layer: int) -> None:
-        stream = self._copy_stream
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
+        with self._copies():
             for name, hashes, _ in chunk:
                 view = self.views[name]
                 n = len(hashes)
                 for i in view.layer_members[layer]:
                     src = arena.blocks[name][view.segment_of[i]][:n].to(view.device, non_blocking=True)
                     view.page_rows(i).index_copy_(0, slots[name], src)
-        if stream is not None:
-            stream.synchronize()
 
     # ----- offload -----
     def offload(self, transfers: List[Any], session_id: Optional[str] = None) -> bool:
@@ -556,18 +564,14 @@ class PeerCacheLinker(UnifiedCacheLinker):
         return ok
 
     def _gather(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> None:
-        stream = self._copy_stream
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         slots = self._slots(chunk)
-        with ctx:
+        with self._copies():
             for name, hashes, _ in chunk:
                 view = self.views[name]
                 n = len(hashes)
                 for seg, i in enumerate(view.order):
                     arena.blocks[name][seg][:n].copy_(view.page_rows(i).index_select(0, slots[name]),
-                                                      non_blocking=stream is not None)
-        if stream is not None:
-            stream.synchronize()
+                                                      non_blocking=self._copy_stream is not None)
 
     def num_completed_offloads(self) -> int:
         return self.offload_results.qsize()
