@@ -174,6 +174,13 @@ impl Core {
                 }
             }
         }
+        if self.cfg.directory_read_cache_ttl > 0.0 {
+            // A cached location that did not serve (slot reused, owner gone) is dropped.
+            let mut cache = self.reads.read_cache.lock();
+            for i in plan.missed_with_owners() {
+                cache.remove(keys[i]);
+            }
+        }
         m.read_remote_hits.add(hits);
         m.read_hits.add(hits);
         m.read_misses.add(n as u64 - hits);

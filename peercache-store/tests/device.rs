@@ -172,3 +172,48 @@ fn a_tcp_node_refuses_device_memory_and_says_why() {
         other => panic!("device memory on a TCP node: {other:?}"),
     }
 }
+
+#[test]
+fn a_cached_location_of_a_reused_slot_is_a_miss_on_the_device_path() {
+    let port = free_port();
+    let rdma = json!({"protocol": "rdma", "rdma_backend": "soft", "host_local": false});
+    // A 4 MiB pool of 1 MiB pages: the third page reuses the first page's slot.
+    let mut wcfg = rdma.clone();
+    wcfg["global_segment_size"] = json!("4mb");
+    let mut rcfg = rdma;
+    rcfg["directory_read_cache_ttl"] = json!(30.0);
+    let w = node(205, 205, port, wcfg);
+    let r = node(206, 205, port, rcfg);
+    for s in [&w, &r] {
+        assert!(s.wait_members(2, Duration::from_secs(10)));
+        s.sync_membership();
+    }
+    let big = |i: u8| vec![i; 1 << 20];
+    assert!(w.batch_set(&["X"], &[big(1).as_slice()]).unwrap()[0]);
+    let fd = memfd();
+    unsafe { r.register_device_buffer(dmabuf(&fd)) }.unwrap();
+    let seg = [RawSeg {
+        ptr: IOVA as *mut u8,
+        len: 1 << 20,
+    }];
+    assert_eq!(
+        unsafe { r.batch_get_device(&["X"], &seg, &[1]) }.unwrap(),
+        vec![Some(1 << 20)]
+    );
+    assert_eq!(read_back(&fd, 0, 1 << 20), big(1));
+    // X's location is cached on r; Z lands in X's old slot.
+    assert!(w.batch_set(&["Y"], &[big(2).as_slice()]).unwrap()[0]);
+    assert!(w.batch_set(&["Z"], &[big(3).as_slice()]).unwrap()[0]);
+    assert!(w.flush_evictions(Duration::from_secs(5)));
+    // The stale location is read (the NIC lands whatever the slot holds) but never served:
+    // the header fetched with it names another key.
+    let got = unsafe { r.batch_get_device(&["X"], &seg, &[1]) }.unwrap();
+    assert_eq!(got, vec![None], "a reused slot must be a miss");
+    assert_eq!(r.stats().verify_rejects, 1, "caught by the header check");
+    // The stale entry left the cache: the next read asks the directory, where X is gone.
+    assert_eq!(
+        unsafe { r.batch_get_device(&["X"], &seg, &[1]) }.unwrap(),
+        vec![None]
+    );
+    assert_eq!(r.stats().verify_rejects, 1);
+}
