@@ -249,18 +249,16 @@ impl Core {
                 }],
             );
         }
-        let landed = match self.transport.read_batch(ep, &first) {
+        // The payloads first, then the same headers again: the second batch starts only once
+        // the first has completed.
+        let read = self
+            .transport
+            .read_batch(ep, &first)
+            .and_then(|landed| Ok((landed, self.transport.read_batch(ep, &again)?)));
+        let (landed, confirmed) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(peer = %ep, error = %e, "device read batch failed");
-                self.reads.scratch.lock().push(scratch);
-                return miss();
-            }
-        };
-        let confirmed = match self.transport.read_batch(ep, &again) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(peer = %ep, error = %e, "device read: header re-read failed");
                 self.reads.scratch.lock().push(scratch);
                 return miss();
             }

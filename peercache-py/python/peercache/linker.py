@@ -159,9 +159,13 @@ class _PoolView:
         return [row // self.row_span for row in self.entry.prepare_locations(indices)]
 
     def get_page_buffer_meta(self, indices: Any) -> Tuple[List[int], List[int]]:
+        return self.rows_meta(self.entry.prepare_locations(indices))
+
+    def rows_meta(self, rows: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Pointers and sizes of the pages at buffer rows ``rows``, segments in page order."""
         ptrs: List[int] = []
         sizes: List[int] = []
-        for row in self.entry.prepare_locations(indices):
+        for row in rows:
             for i in self.order:
                 base, stride, size = self._meta[i]
                 ptrs.append(base + row * stride)
@@ -469,13 +473,11 @@ class PeerCacheLinker(UnifiedCacheLinker):
         counts: List[int] = []
         for name, hashes, pages in per_pool:
             view = self.views[name]
-            for h, page in zip(hashes, pages):
-                keys.append(self.store._pool_key(_pool_name(name), view, h))
-                for i in view.order:
-                    base, stride, size = view._meta[i]
-                    ptrs.append(base + page * view.row_span * stride)
-                    sizes.append(size)
-                counts.append(len(view.order))
+            keys.extend(self.store._pool_key(_pool_name(name), view, h) for h in hashes)
+            p, z = view.rows_meta([page * view.row_span for page in pages])
+            ptrs.extend(p)
+            sizes.extend(z)
+            counts.extend([len(view.order)] * len(hashes))
         landed = self.store._node.batch_get_device_ptrs(keys, ptrs, sizes, counts)
         rest: List[Tuple[Any, List[str], List[int]]] = []
         at = 0
