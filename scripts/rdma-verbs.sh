@@ -12,6 +12,19 @@ cargo build --release --locked -q -p peercache-store -p peercache-bench \
   --features peercache-store/rdma,peercache-bench/rdma --bins
 cargo test --release --locked -q -p peercache-transport --features rdma --test verbs_lab --no-run
 cargo test --release --locked -q -p peercache-store --features rdma --test verbs_lab --no-run
+# `drive --gpu` against a real CUDA runtime: the SGLang venv's torch (built by the earlier
+# `sglang` stage) ships libcudart. There is no GPU driver here, so the bench must load the
+# runtime, resolve every entry point it uses and stop with CUDA's own error in one line.
+cudart=$(ls "${PEERCACHE_CI_CACHE:-$HOME/.cache/peercache-ci}"/sglang-venv-*/lib/python3*/site-packages/nvidia/cu*/lib/libcudart.so.* 2>/dev/null | head -n1 || true)
+if [ -n "$cudart" ]; then
+  out=$(PEERCACHE_CUDART="$cudart" target/release/peercache-bench drive --gpu --protocol rdma 2>&1 || true)
+  echo "$out" | grep '^error: ' | tee /dev/stderr | grep -q 'cudaGetDeviceCount: CUDA error' \
+    || { echo "drive --gpu with $cudart: unexpected: $out" >&2; exit 1; }
+elif [ "${CI:-}" = true ]; then
+  echo "no libcudart in the SGLang venv (the sglang stage builds it)" >&2; exit 1
+else
+  echo "skipping the CUDA runtime check: no SGLang venv with libcudart"
+fi
 # The Python package, its extension built with `rdma` as shipped (maturin develop leaves it in
 # peercache-py/python/peercache/). The guest imports it from there with the host's python3: the
 # venv may live under a /tmp the guest cannot see.

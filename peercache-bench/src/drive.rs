@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::child::ChildProc;
+use crate::devpool::{self, DevicePool};
 use crate::report::{self, Host, Report};
 use crate::runner::{RowCounts, Timing, fold_row, run_row_counts};
 use crate::sglwork::{self, Checks, HostPool, ShapeArgs};
@@ -43,10 +44,18 @@ pub struct DriveCommon {
     /// Seconds a reader waits for the working set to appear (the owner to join and publish).
     #[arg(long, default_value_t = 30.0)]
     pub connect_timeout: f64,
-    /// Receive into GPU memory (GPUDirect RDMA; 0.8.4's flag). Accepted so launch scripts
-    /// parse; refused until the store reads into device memory.
+    /// Readers read into GPU memory (GPUDirect RDMA: one-sided READ straight into the device,
+    /// every page's stamp checked by one strided copy back). Needs `--protocol rdma`, a bench
+    /// built with `--features rdma` and a CUDA runtime (`PEERCACHE_CUDART` names its path).
     #[arg(long)]
     pub gpu: bool,
+    /// With `--gpu`: the first GPU; reader process i uses GPU (first + i) mod the GPU count.
+    #[arg(long, default_value_t = 0)]
+    pub gpu_device: usize,
+    /// With `--gpu`: how the NIC reaches GPU memory — auto (a dma-buf if the driver exports
+    /// one, else the device address), dmabuf, or peermem (the nvidia-peermem module).
+    #[arg(long, value_enum, default_value_t = crate::cuda::GpuRegister::Auto)]
+    pub gpu_register: crate::cuda::GpuRegister,
 }
 
 /// Options of `drive`.
@@ -107,6 +116,9 @@ pub struct ReaderArgs {
     /// Seconds measured per step.
     #[arg(long)]
     pub duration: f64,
+    /// This reader's index among the reader processes (picks its GPU with `--gpu`).
+    #[arg(long, default_value_t = 0)]
+    pub index: usize,
 }
 
 /// What a reader prints after each step.
@@ -207,6 +219,17 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
         measure: Duration::from_secs_f64(args.duration),
     };
     let mut pools: Vec<Arc<HostPool>> = Vec::new();
+    let mut dev_pools: Vec<Arc<DevicePool>> = Vec::new();
+    let gpu = if c.gpu {
+        let cuda = crate::cuda::Cuda::load().context("--gpu")?;
+        let count = cuda.device_count().context("--gpu")?;
+        if count == 0 {
+            bail!("--gpu: the CUDA runtime sees no GPU");
+        }
+        Some((cuda, (c.gpu_device + args.index) % count))
+    } else {
+        None
+    };
     let checks = Arc::new(Checks::default());
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -233,11 +256,29 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             None => break,
         };
         line.clear();
-        while pools.len() < threads {
-            let p = Arc::new(HostPool::new(&c.shape, c.batch_size));
-            // SAFETY: the pools are dropped after the node is shut down, below.
-            unsafe { p.register(&store) }?;
-            pools.push(p);
+        match &gpu {
+            None => {
+                while pools.len() < threads {
+                    let p = Arc::new(HostPool::new(&c.shape, c.batch_size));
+                    // SAFETY: the pools are dropped after the node is shut down, below.
+                    unsafe { p.register(&store) }?;
+                    pools.push(p);
+                }
+            }
+            Some((cuda, device)) => {
+                while dev_pools.len() < threads {
+                    let len = c.batch_size * c.shape.page_bytes() as usize;
+                    let arena =
+                        crate::cuda::CudaArena::new(cuda.clone(), *device, len, c.gpu_register)
+                            .with_context(|| {
+                                format!("--gpu: allocating {len} bytes on GPU {device}")
+                            })?;
+                    let p = Arc::new(DevicePool::new(Box::new(arena), &c.shape, c.batch_size)?);
+                    // SAFETY: the pools are dropped after the node is shut down, below.
+                    unsafe { p.register(&store) }?;
+                    dev_pools.push(p);
+                }
+            }
         }
         let wrong0 = checks.wrong.load(Ordering::Relaxed);
         let (staged0, rdma0, rpcs0) = {
@@ -251,17 +292,29 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
             threads as u64,
             0,
             &timing,
-            |t| {
+            |t| -> Box<dyn FnMut() -> crate::runner::CallOutcome + Send> {
+                let start = t as u64 * 7919 + step * 31 + u64::from(std::process::id());
                 // SAFETY: pool `t` is registered, used by this caller only and outlives the node.
                 unsafe {
-                    sglwork::read_caller(
-                        kind,
-                        store.clone(),
-                        pools[t].clone(),
-                        set.clone(),
-                        t as u64 * 7919 + step * 31 + u64::from(std::process::id()),
-                        checks.clone(),
-                    )
+                    if gpu.is_some() {
+                        Box::new(devpool::device_read_caller(
+                            kind,
+                            store.clone(),
+                            dev_pools[t].clone(),
+                            set.clone(),
+                            start,
+                            checks.clone(),
+                        ))
+                    } else {
+                        Box::new(sglwork::read_caller(
+                            kind,
+                            store.clone(),
+                            pools[t].clone(),
+                            set.clone(),
+                            start,
+                            checks.clone(),
+                        ))
+                    }
                 }
             },
         );
@@ -286,6 +339,7 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
     }
     store.shutdown();
     drop(pools);
+    drop(dev_pools);
     Ok(())
 }
 
@@ -336,7 +390,51 @@ fn common_flags(c: &DriveCommon) -> Vec<String> {
     for kv in &c.cluster.set {
         v.extend(["--set".to_string(), kv.clone()]);
     }
+    if c.gpu {
+        let register = match c.gpu_register {
+            crate::cuda::GpuRegister::Auto => "auto",
+            crate::cuda::GpuRegister::Dmabuf => "dmabuf",
+            crate::cuda::GpuRegister::Peermem => "peermem",
+        };
+        v.push("--gpu".to_string());
+        v.extend(["--gpu-device".to_string(), c.gpu_device.to_string()]);
+        v.extend(["--gpu-register".to_string(), register.to_string()]);
+    }
     v
+}
+
+/// What `--gpu` needs, checked before any process starts: a read that moves pages, the RDMA
+/// protocol on verbs, a build with RDMA, and a CUDA runtime that sees a GPU.
+fn check_gpu(c: &DriveCommon) -> Result<()> {
+    if c.op == Op::Exists {
+        bail!("--gpu: --op exists moves no pages; use --op get or prefetch");
+    }
+    let settings = c.cluster.settings(c.shape.page_bytes());
+    let text = |k: &str, default: &'static str| {
+        settings
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or(default)
+            .to_string()
+    };
+    let protocol = text("protocol", "tcp");
+    if protocol != "rdma" {
+        bail!(
+            "--gpu reads into GPU memory over RDMA only (GPUDirect); this run's protocol is \
+             {protocol}: add --protocol rdma"
+        );
+    }
+    if text("rdma_backend", "verbs") != "verbs" {
+        bail!("--gpu needs rdma_backend=verbs (the software fabric joins nodes of one process)");
+    }
+    if !cfg!(feature = "rdma") {
+        bail!("--gpu: this bench was built without RDMA support; rebuild with --features rdma");
+    }
+    let cuda = crate::cuda::Cuda::load().context("--gpu")?;
+    if cuda.device_count().context("--gpu")? == 0 {
+        bail!("--gpu: the CUDA runtime sees no GPU");
+    }
+    Ok(())
 }
 
 fn next_host(host: &str, i: usize) -> Result<String> {
@@ -357,12 +455,8 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     if c.op == Op::Backup {
         bail!("drive measures reads: --op prefetch, get or exists");
     }
-    if c.gpu {
-        bail!(
-            "--gpu: this bench has no CUDA allocator to read into; the store reads remote pages \
-             into registered GPU memory over RDMA (GPUDirect: Store::batch_get_device, \
-             docs/rdma.md \"GPUDirect: device memory\")"
-        );
+    if c.gpu && !args.owner_only {
+        check_gpu(c)?;
     }
     if args.owner_only {
         peercache_store::cli::block_signals();
@@ -428,7 +522,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         } else {
             next_host(&args.host, first_reader + i)?
         };
-        let mut flags = vec!["drive-reader".to_string()];
+        let mut flags = vec!["drive-reader".to_string(), "--index".into(), i.to_string()];
         flags.extend(["--seed".into(), seed.clone(), "--host".into(), host.clone()]);
         flags.extend(["--warmup".into(), args.warmup.to_string()]);
         flags.extend(["--duration".into(), args.duration.to_string()]);
@@ -592,6 +686,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
             "batch_size": c.batch_size, "threads_per_process": args.concurrencies,
             "duration": args.duration, "warmup": args.warmup, "rounds": args.rounds,
             "working_set_pages": requests(c) * c.batch_size as u64,
+            "destination": if c.gpu { "gpu" } else { "host" },
         }),
         summary: serde_json::Value::Object(summary),
         results: rows,

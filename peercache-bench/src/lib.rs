@@ -9,6 +9,8 @@ pub mod breakdown;
 pub mod charts;
 pub mod child;
 pub mod compare;
+pub mod cuda;
+pub mod devpool;
 pub mod dirbench;
 pub mod diskbench;
 pub mod drive;

@@ -126,6 +126,45 @@ impl ShapeArgs {
         }
     }
 
+    /// The byte spans (offset, length) of slot `slot`'s segments in a pool of `slots` pages, in
+    /// `get_page_buffer_meta` order: `page_first` gives one span per component (its layers
+    /// contiguous), `layer_first` one per layer and component. A host pool and a device pool
+    /// share this geometry.
+    pub fn slot_spans(&self, slots: usize, slot: usize, mut f: impl FnMut(usize, usize)) {
+        let item = self.item_bytes() as usize;
+        let layers = self.layers as usize;
+        let comps = self.components() as usize;
+        let comp_region = slots * layers * item;
+        match self.host_layout {
+            HostLayout::PageFirst => {
+                for c in 0..comps {
+                    f(c * comp_region + slot * layers * item, layers * item);
+                }
+            }
+            HostLayout::LayerFirst => {
+                for l in 0..layers {
+                    for c in 0..comps {
+                        f(c * comp_region + (l * slots + slot) * item, item);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Byte offset of slot `slot`'s first segment, where its 16-byte check stamp lives.
+    pub fn stamp_offset(&self, slot: usize) -> usize {
+        slot * self.stamp_pitch()
+    }
+
+    /// Bytes between the stamps of consecutive slots (their first segments).
+    pub fn stamp_pitch(&self) -> usize {
+        let item = self.item_bytes() as usize;
+        match self.host_layout {
+            HostLayout::PageFirst => self.layers as usize * item,
+            HostLayout::LayerFirst => item,
+        }
+    }
+
     /// The keys of request `r`'s `pages` pages: hashes chained from the request's first tokens.
     pub fn request_keys(&self, r: u64, pages: usize) -> Vec<String> {
         let mut prev = xxhash_rust::xxh3::xxh3_128(&r.to_le_bytes());
@@ -209,43 +248,19 @@ impl HostPool {
             "slot {slot} of a {}-slot pool",
             self.slots
         );
-        let s = &self.shape;
-        let item = s.item_bytes() as usize;
-        let layers = s.layers as usize;
-        let comps = s.components() as usize;
-        let n = self.slots;
         let base = self.ptr;
-        let comp_region = n * layers * item;
-        let mut push = |off: usize, len: usize| {
+        self.shape.slot_spans(self.slots, slot, |off, len| {
             out.push(RawSeg {
-                // SAFETY: every offset below stays inside the buffer (slot < n, layer < layers).
+                // SAFETY: `slot_spans` stays inside a pool of `self.slots` pages (slot < slots).
                 ptr: unsafe { base.add(off) },
                 len,
-            });
-        };
-        match s.host_layout {
-            HostLayout::PageFirst => {
-                for c in 0..comps {
-                    push(c * comp_region + slot * layers * item, layers * item);
-                }
-            }
-            HostLayout::LayerFirst => {
-                for l in 0..layers {
-                    for c in 0..comps {
-                        push(c * comp_region + (l * n + slot) * item, item);
-                    }
-                }
-            }
-        }
+            })
+        });
     }
 
     /// Byte offset of slot `slot`'s first segment.
     fn first_offset(&self, slot: usize) -> usize {
-        let item = self.shape.item_bytes() as usize;
-        match self.shape.host_layout {
-            HostLayout::PageFirst => slot * self.shape.layers as usize * item,
-            HostLayout::LayerFirst => slot * item,
-        }
+        self.shape.stamp_offset(slot)
     }
 
     /// Writes `key`'s stamp at the start of slot `slot` (its first segment).
@@ -262,7 +277,8 @@ impl HostPool {
     }
 }
 
-fn stamp_of(key: &str) -> [u8; 16] {
+/// The 16-byte check stamp of `key` (what the first bytes of its page carry).
+pub fn stamp_of(key: &str) -> [u8; 16] {
     xxhash_rust::xxh3::xxh3_128(key.as_bytes()).to_le_bytes()
 }
 

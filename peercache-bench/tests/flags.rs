@@ -69,13 +69,35 @@ fn a_level_outside_the_old_set_is_refused_by_the_parser() {
 #[test]
 fn what_this_build_cannot_do_is_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
-    for (args, says) in [
+    let mut cases = vec![
         (vec!["drive", "--gpu"], "GPUDirect"),
+        (vec!["drive", "--gpu", "--op", "exists"], "moves no pages"),
+        (
+            vec![
+                "drive",
+                "--gpu",
+                "--protocol",
+                "rdma",
+                "--set",
+                "rdma_backend=soft",
+            ],
+            "rdma_backend=verbs",
+        ),
         (
             vec!["mooncake", "--mooncake-venv", "/nonexistent/venv"],
             "has no bin/mooncake_master",
         ),
-    ] {
+    ];
+    // Without the RDMA feature this build says so; with it, a host without CUDA names the
+    // libraries it tried (on a GPU host the run would go ahead; tests/device_read.rs covers the
+    // read path on every host).
+    let gpu = vec!["drive", "--gpu", "--protocol", "rdma"];
+    if !cfg!(feature = "rdma") {
+        cases.push((gpu, "built without RDMA support"));
+    } else if peercache_bench::cuda::Cuda::load().is_err() {
+        cases.push((gpu, "no CUDA runtime"));
+    }
+    for (args, says) in cases {
         let out = bench(&args, dir.path());
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
