@@ -236,13 +236,15 @@ pub fn reader(args: &ReaderArgs) -> Result<()> {
     let mut step = 0u64;
     while stdin.lock().read_line(&mut line)? > 0 {
         if let Some(rest) = line.trim().strip_prefix("STREAM ") {
-            // The one-way stream floor: `STREAM <connections> <address>`.
+            // The one-way stream floor: `STREAM <connections> <address> <ring bytes>`.
             let mut w = rest.split_whitespace();
             let n: usize = w.next().context("STREAM <connections>")?.parse()?;
             let addr: std::net::SocketAddr = w.next().context("STREAM … <address>")?.parse()?;
+            let ring: usize = w.next().context("STREAM … <ring bytes>")?.parse()?;
             line.clear();
-            let (bytes, secs) = crate::rawtcp::stream_read(addr, n, timing.warmup, timing.measure)
-                .context("the raw-tcp stream")?;
+            let (bytes, secs) =
+                crate::rawtcp::stream_read(addr, n, ring, timing.warmup, timing.measure)
+                    .context("the raw-tcp stream")?;
             writeln!(
                 out,
                 "{}",
@@ -462,12 +464,18 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         peercache_store::cli::block_signals();
         let (store, pool, seed) =
             start_owner(c, &args.host, args.port, args.discovery_addr.as_deref())?;
-        // The one-way stream floor of `--op get` runs (`raw-tcp/stream-xN`).
-        let stream = std::net::TcpListener::bind((args.host.as_str(), 0))?;
-        let stream_addr = stream.local_addr()?;
-        let buf = Arc::new(crate::rawtcp::prefaulted(1 << 20, 11));
-        std::thread::spawn(move || crate::rawtcp::serve_stream(stream, buf));
-        println!("OWNER {} {seed} {stream_addr}", store.node_id());
+        // The one-way streams of `--op get` runs: from a 1 MiB buffer (`raw-tcp/stream-xN`,
+        // hot in cache) and from one the size of the working set (`raw-tcp/stream-ws-xN`: as
+        // much distinct memory as the owner's pages).
+        let mut addrs = Vec::new();
+        let ws_bytes = (requests(c) * c.batch_size as u64 * c.shape.page_bytes()) as usize;
+        for len in [1 << 20, if c.op == Op::Get { ws_bytes } else { 1 << 20 }] {
+            let stream = std::net::TcpListener::bind((args.host.as_str(), 0))?;
+            addrs.push(stream.local_addr()?);
+            let buf = Arc::new(crate::rawtcp::prefaulted_huge(len, 11));
+            std::thread::spawn(move || crate::rawtcp::serve_stream(stream, buf));
+        }
+        println!("OWNER {} {seed} {} {}", store.node_id(), addrs[0], addrs[1]);
         std::io::stdout().flush()?;
         std::thread::spawn(|| {
             let mut sink = String::new();
@@ -492,7 +500,8 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     // The owner: a child process, unless we join a cluster that has one.
     let mut owner = None;
-    let mut stream_addr: Option<String> = None;
+    // The hot stream's address and the working-set stream's.
+    let mut stream_addr: Option<(String, String)> = None;
     let seed = match &args.discovery_addr {
         Some(s) => s.clone(),
         None => {
@@ -507,7 +516,11 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 .filter(|_| l.starts_with("OWNER "))
                 .with_context(|| format!("unexpected owner line {l:?}"))?
                 .to_string();
-            stream_addr = l.split_whitespace().nth(3).map(str::to_string);
+            let mut w = l.split_whitespace().skip(3);
+            stream_addr = w
+                .next()
+                .zip(w.next())
+                .map(|(a, b)| (a.to_string(), b.to_string()));
             owner = Some(p);
             seed
         }
@@ -591,27 +604,35 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                 row.gb_per_s = 0.0; // no payload moves
             }
             rows.push(row);
-            // `--op get`: the one-way stream over as many connections, right after.
-            if let (Op::Get, Some(addr)) = (c.op, &stream_addr) {
-                for r in readers.iter_mut() {
-                    r.send(&format!("STREAM {threads} {addr}"))?;
+            // `--op get`: the one-way streams over as many connections, right after: hot (a
+            // 1 MiB buffer each side), then the working set (the owner's pages' worth of memory
+            // sent, each connection received into a ring the size of a caller's host pool).
+            if let (Op::Get, Some((hot, ws))) = (c.op, &stream_addr) {
+                let pool_bytes = c.batch_size * page as usize;
+                for (prefix, addr, ring) in [
+                    ("raw-tcp/stream", hot, 1usize << 20),
+                    ("raw-tcp/stream-ws", ws, pool_bytes),
+                ] {
+                    for r in readers.iter_mut() {
+                        r.send(&format!("STREAM {threads} {addr} {ring}"))?;
+                    }
+                    let (mut bytes, mut secs) = (0u64, 0f64);
+                    for r in &readers {
+                        let l = r.line(step_wait)?;
+                        let s: StreamResult = serde_json::from_str(&l)
+                            .with_context(|| format!("{}: bad stream line {l:?}", r.name))?;
+                        bytes += s.bytes;
+                        secs = secs.max(s.secs);
+                    }
+                    let c_all = threads * args.processes as u64;
+                    let mut row = crate::report::Row::empty(&format!("{prefix}-x{c_all}"));
+                    row.page_bytes = page;
+                    row.concurrency = c_all;
+                    row.round = round;
+                    row.pages_per_s = bytes as f64 / page as f64 / secs.max(1e-9);
+                    row.gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9;
+                    rows.push(row);
                 }
-                let (mut bytes, mut secs) = (0u64, 0f64);
-                for r in &readers {
-                    let l = r.line(step_wait)?;
-                    let s: StreamResult = serde_json::from_str(&l)
-                        .with_context(|| format!("{}: bad stream line {l:?}", r.name))?;
-                    bytes += s.bytes;
-                    secs = secs.max(s.secs);
-                }
-                let c_all = threads * args.processes as u64;
-                let mut row = crate::report::Row::empty(&format!("raw-tcp/stream-x{c_all}"));
-                row.page_bytes = page;
-                row.concurrency = c_all;
-                row.round = round;
-                row.pages_per_s = bytes as f64 / page as f64 / secs.max(1e-9);
-                row.gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9;
-                rows.push(row);
             }
             progress.step(&format!(
                 "round {round}, {} process(es) × {threads} thread(s) (load {:.2})",
@@ -648,12 +669,17 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
                         .collect(),
                 )
             };
-            let stream = gb(&format!("raw-tcp/stream-x{c_all}"));
-            if stream > 0.0 {
-                summary.insert(
-                    format!("get_over_stream/c{c_all}"),
-                    json!((gb("drive-get") / stream * 1000.0).round() / 1000.0),
-                );
+            for (key, row) in [
+                ("get_over_stream", format!("raw-tcp/stream-x{c_all}")),
+                ("get_over_ws_stream", format!("raw-tcp/stream-ws-x{c_all}")),
+            ] {
+                let stream = gb(&row);
+                if stream > 0.0 {
+                    summary.insert(
+                        format!("{key}/c{c_all}"),
+                        json!((gb("drive-get") / stream * 1000.0).round() / 1000.0),
+                    );
+                }
             }
         }
     }

@@ -282,6 +282,50 @@ fn drive_merges_reader_processes() {
 }
 
 #[test]
+fn drive_get_measures_both_stream_floors() {
+    let v = run(&[
+        "drive",
+        "--op",
+        "get",
+        "--processes",
+        "1",
+        "--concurrencies",
+        "1",
+        "--rounds",
+        "1",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--working-set",
+        "32",
+        "--batch-size",
+        "8",
+        "--layers",
+        "4",
+    ]);
+    let rows = v["results"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["drive-get", "raw-tcp/stream-x1", "raw-tcp/stream-ws-x1"],
+        "{v}"
+    );
+    for r in rows {
+        assert!(r["gb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Each ratio is the get's GB/s over that stream's.
+    let get = rows[0]["gb_per_s"].as_f64().unwrap();
+    for (key, row) in [("get_over_stream/c1", 1), ("get_over_ws_stream/c1", 2)] {
+        let want = get / rows[row]["gb_per_s"].as_f64().unwrap();
+        let got = v["summary"][key].as_f64().unwrap();
+        assert!((got - want).abs() < 0.002, "{key}: {got} vs {want}");
+    }
+    assert_eq!(v["summary"]["wrong_pages"], 0);
+    assert_eq!(v["config"]["destination"], "host");
+}
+
+#[test]
 fn micro_store_path_adds_store_rows() {
     let v = run(&[
         "micro",
