@@ -34,6 +34,7 @@ type SetDevice = unsafe extern "C" fn(c_int) -> Status;
 type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> Status;
 type Free = unsafe extern "C" fn(*mut c_void) -> Status;
 type Memset = unsafe extern "C" fn(*mut c_void, c_int, usize) -> Status;
+type Synchronize = unsafe extern "C" fn() -> Status;
 type Memcpy2d =
     unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, usize, usize, c_int) -> Status;
 type ErrorString = unsafe extern "C" fn(Status) -> *const c_char;
@@ -55,6 +56,7 @@ pub struct Cuda {
     malloc: Malloc,
     free: Free,
     memset: Memset,
+    synchronize: Synchronize,
     memcpy_2d: Memcpy2d,
     error_string: ErrorString,
     pointer_set_attribute: Option<PointerSetAttribute>,
@@ -123,6 +125,7 @@ impl Cuda {
                 malloc: symbol(&runtime, "cudaMalloc")?,
                 free: symbol(&runtime, "cudaFree")?,
                 memset: symbol(&runtime, "cudaMemset")?,
+                synchronize: symbol(&runtime, "cudaDeviceSynchronize")?,
                 memcpy_2d: symbol(&runtime, "cudaMemcpy2D")?,
                 error_string: symbol(&runtime, "cudaGetErrorString")?,
                 pointer_set_attribute: driver
@@ -218,6 +221,9 @@ impl CudaArena {
         };
         // SAFETY: `p` is this allocation of `len` bytes.
         cuda.check(unsafe { (cuda.memset)(p, 0, len) }, "cudaMemset")?;
+        // The memset may run asynchronously: it must be done before the NIC writes here.
+        // SAFETY: plain call.
+        cuda.check(unsafe { (cuda.synchronize)() }, "cudaDeviceSynchronize")?;
         if let Some(set) = cuda.pointer_set_attribute {
             let one: u32 = 1;
             // SAFETY: SYNC_MEMOPS takes a pointer to an unsigned int; `ptr` is an allocation.
