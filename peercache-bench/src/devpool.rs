@@ -272,21 +272,7 @@ pub unsafe fn device_read_caller(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sglwork::{HostLayout, Layout};
-
-    fn shape(layout: Layout, host_layout: HostLayout) -> ShapeArgs {
-        ShapeArgs {
-            layout,
-            host_layout,
-            tokens_per_page: 4,
-            layers: 3,
-            kv_heads: 2,
-            head_dim: 8,
-            mla_dim: 16,
-            dtype_bytes: 2,
-            model: "m".into(),
-        }
-    }
+    use crate::sglwork::{HostLayout, Layout, test_shape as shape};
 
     #[test]
     fn rows_must_lie_in_the_arena_and_fill_the_output() {

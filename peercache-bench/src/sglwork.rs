@@ -392,23 +392,26 @@ pub unsafe fn read_caller(
     }
 }
 
+/// A small shape for unit tests (3 layers, 4 tokens per page).
+#[cfg(test)]
+pub(crate) fn test_shape(layout: Layout, host: HostLayout) -> ShapeArgs {
+    ShapeArgs {
+        layout,
+        host_layout: host,
+        tokens_per_page: 4,
+        layers: 3,
+        kv_heads: 2,
+        head_dim: 8,
+        mla_dim: 16,
+        dtype_bytes: 2,
+        model: "m".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_shape as shape;
     use super::*;
-
-    fn shape(layout: Layout, host: HostLayout) -> ShapeArgs {
-        ShapeArgs {
-            layout,
-            host_layout: host,
-            tokens_per_page: 4,
-            layers: 3,
-            kv_heads: 2,
-            head_dim: 8,
-            mla_dim: 16,
-            dtype_bytes: 2,
-            model: "m".into(),
-        }
-    }
 
     #[test]
     fn segments_tile_the_pool_exactly_once() {
