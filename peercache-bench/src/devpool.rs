@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use peercache_store::{DeviceMemory, RawSeg, Store};
 
 use crate::runner::CallOutcome;
-use crate::sglwork::{Checks, ReadKind, ShapeArgs, stamp_of};
+use crate::sglwork::{Checks, ReadKind, ShapeArgs, next_request, push_slot_segments, stamp_of};
 
 /// Device memory a [`DevicePool`] lives in.
 pub trait DeviceArena: Send + Sync {
@@ -177,17 +177,9 @@ impl DevicePool {
 
     /// Appends slot `slot`'s segments (device addresses) in `get_page_buffer_meta` order.
     pub fn segments(&self, slot: usize, out: &mut Vec<RawSeg>) {
-        assert!(
-            slot < self.slots,
-            "slot {slot} of a {}-slot pool",
-            self.slots
-        );
         let base = self.arena.base();
-        self.shape.slot_spans(self.slots, slot, |off, len| {
-            out.push(RawSeg {
-                ptr: (base + off as u64) as *mut u8,
-                len,
-            })
+        push_slot_segments(&self.shape, self.slots, slot, out, |off| {
+            (base + off as u64) as *mut u8
         });
     }
 
@@ -229,19 +221,11 @@ pub unsafe fn device_read_caller(
     let mut counts: Vec<usize> = Vec::new();
     let mut stamps: Vec<u8> = Vec::new();
     move || {
-        r = (r + 1) % set.len() as u64;
-        let keys = &set[r as usize];
-        let all = keys.len() as u64;
-        let n = match kind {
-            ReadKind::Get => keys.len().min(pool.slots),
-            ReadKind::Prefetch | ReadKind::Exists => match store.batch_exists(keys) {
-                Ok(n) => n.min(pool.slots),
-                Err(_) => return CallOutcome::done(0, all, true),
-            },
+        let (keys, n) = match next_request(kind, &store, &set, &mut r, pool.slots) {
+            Ok(next) => next,
+            Err(done) => return done,
         };
-        if kind == ReadKind::Exists {
-            return CallOutcome::done(n as u64, all - n as u64, false);
-        }
+        let all = keys.len() as u64;
         segs.clear();
         for slot in 0..n {
             pool.segments(slot, &mut segs);

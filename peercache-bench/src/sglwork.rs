@@ -181,6 +181,24 @@ impl ShapeArgs {
     }
 }
 
+/// Appends slot `slot`'s segments of a pool of `slots` pages of `shape` to `out`, in
+/// `get_page_buffer_meta` order, each at the address `at(offset)` gives for its byte offset.
+///
+/// # Panics
+/// If `slot` is not a slot of the pool.
+pub fn push_slot_segments(
+    shape: &ShapeArgs,
+    slots: usize,
+    slot: usize,
+    out: &mut Vec<RawSeg>,
+    at: impl Fn(usize) -> *mut u8,
+) {
+    assert!(slot < slots, "slot {slot} of a {slots}-slot pool");
+    shape.slot_spans(slots, slot, |off, len| {
+        out.push(RawSeg { ptr: at(off), len })
+    });
+}
+
 /// SGLang's host KV pool, simulated: `slots` pages in one prefaulted buffer. Like SGLang's,
 /// it is plain memory that the node writes into by address; it is only ever touched through
 /// raw pointers, so it can be shared (`Arc`) by the thread that issues reads into it.
@@ -243,18 +261,10 @@ impl HostPool {
 
     /// Appends slot `slot`'s segments in `get_page_buffer_meta` order.
     pub fn segments(&self, slot: usize, out: &mut Vec<RawSeg>) {
-        assert!(
-            slot < self.slots,
-            "slot {slot} of a {}-slot pool",
-            self.slots
-        );
         let base = self.ptr;
-        self.shape.slot_spans(self.slots, slot, |off, len| {
-            out.push(RawSeg {
-                // SAFETY: `slot_spans` stays inside a pool of `self.slots` pages (slot < slots).
-                ptr: unsafe { base.add(off) },
-                len,
-            })
+        // SAFETY: `push_slot_segments` passes offsets inside a pool of `self.slots` pages.
+        push_slot_segments(&self.shape, self.slots, slot, out, |off| unsafe {
+            base.add(off)
         });
     }
 
@@ -333,6 +343,32 @@ pub enum ReadKind {
     Exists,
 }
 
+/// A read caller's next request after request `r` (which it advances), and how many of its
+/// leading pages to read into `slots` slots: all ([`ReadKind::Get`]) or the run `batch_exists`
+/// finds. `Err` carries the call's outcome when nothing is to be read: an exists-only call, or
+/// a lookup that failed.
+pub fn next_request<'a>(
+    kind: ReadKind,
+    store: &Store,
+    set: &'a [Vec<String>],
+    r: &mut u64,
+    slots: usize,
+) -> Result<(&'a [String], usize), CallOutcome> {
+    *r = (*r + 1) % set.len() as u64;
+    let keys = &set[*r as usize];
+    let n = match kind {
+        ReadKind::Get => keys.len(),
+        ReadKind::Prefetch | ReadKind::Exists => match store.batch_exists(keys) {
+            Ok(n) => n,
+            Err(_) => return Err(CallOutcome::done(0, keys.len() as u64, true)),
+        },
+    };
+    if kind == ReadKind::Exists {
+        return Err(CallOutcome::done(n as u64, (keys.len() - n) as u64, false));
+    }
+    Ok((keys, n.min(slots)))
+}
+
 /// One read caller: for the next request, `batch_exists` then `batch_get` of the leading run
 /// ([`ReadKind::Prefetch`]), `batch_get` of every page ([`ReadKind::Get`]) or `batch_exists`
 /// alone ([`ReadKind::Exists`]), into this caller's own host pool (registered with `store`),
@@ -354,18 +390,10 @@ pub unsafe fn read_caller(
     let mut segs: Vec<RawSeg> = Vec::new();
     let mut counts: Vec<usize> = Vec::new();
     move || {
-        r = (r + 1) % set.len() as u64;
-        let keys = &set[r as usize];
-        let n = match kind {
-            ReadKind::Get => keys.len(),
-            ReadKind::Prefetch | ReadKind::Exists => match store.batch_exists(keys) {
-                Ok(n) => n,
-                Err(_) => return CallOutcome::done(0, keys.len() as u64, true),
-            },
+        let (keys, n) = match next_request(kind, &store, &set, &mut r, pool.slots) {
+            Ok(next) => next,
+            Err(done) => return done,
         };
-        if kind == ReadKind::Exists {
-            return CallOutcome::done(n as u64, (keys.len() - n) as u64, false);
-        }
         segs.clear();
         for slot in 0..n {
             pool.segments(slot, &mut segs);

@@ -235,12 +235,10 @@ fn throughput_runs_the_sglang_shaped_prefetch_and_backup() {
     }
 }
 
-#[test]
-fn drive_merges_reader_processes() {
-    let v = run(&[
+/// `drive` for one short round at one thread per reader, small pages, then `extra`.
+fn quick_drive(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "drive",
-        "--processes",
-        "2",
         "--concurrencies",
         "1",
         "--rounds",
@@ -249,12 +247,22 @@ fn drive_merges_reader_processes() {
         "0.2",
         "--warmup",
         "0",
-        "--working-set",
-        "64",
         "--batch-size",
         "8",
         "--layers",
         "4",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn drive_merges_reader_processes() {
+    let v = quick_drive(&[
+        "--processes",
+        "2",
+        "--working-set",
+        "64",
         // 0.8.4's flags, passed on to the reader processes too.
         "--dir-cache-ttl",
         "5",
@@ -283,27 +291,7 @@ fn drive_merges_reader_processes() {
 
 #[test]
 fn drive_get_measures_both_stream_floors() {
-    let v = run(&[
-        "drive",
-        "--op",
-        "get",
-        "--processes",
-        "1",
-        "--concurrencies",
-        "1",
-        "--rounds",
-        "1",
-        "--duration",
-        "0.2",
-        "--warmup",
-        "0",
-        "--working-set",
-        "32",
-        "--batch-size",
-        "8",
-        "--layers",
-        "4",
-    ]);
+    let v = quick_drive(&["--op", "get", "--processes", "1", "--working-set", "32"]);
     let rows = v["results"].as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(
