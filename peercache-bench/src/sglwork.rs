@@ -268,14 +268,9 @@ impl HostPool {
         });
     }
 
-    /// Byte offset of slot `slot`'s first segment.
-    fn first_offset(&self, slot: usize) -> usize {
-        self.shape.stamp_offset(slot)
-    }
-
     /// Writes `key`'s stamp at the start of slot `slot` (its first segment).
     pub fn stamp(&mut self, slot: usize, key: &str) {
-        let off = self.first_offset(slot);
+        let off = self.shape.stamp_offset(slot);
         assert!(slot < self.slots && off + 16 <= self.len);
         // SAFETY: in bounds (checked); `&mut self` excludes other users of the pool.
         unsafe { std::ptr::copy_nonoverlapping(stamp_of(key).as_ptr(), self.ptr.add(off), 16) };
@@ -283,7 +278,7 @@ impl HostPool {
 
     /// Whether slot `slot` carries `key`'s stamp.
     pub fn stamped(&self, slot: usize, key: &str) -> bool {
-        slot < self.slots && self.bytes16(self.first_offset(slot)) == stamp_of(key)
+        slot < self.slots && self.bytes16(self.shape.stamp_offset(slot)) == stamp_of(key)
     }
 }
 

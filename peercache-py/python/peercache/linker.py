@@ -48,7 +48,7 @@ import contextlib
 import logging
 import threading
 from queue import Empty, Queue
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 try:
     import torch
@@ -424,13 +424,22 @@ class PeerCacheLinker(UnifiedCacheLinker):
 
     def _node_batch(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]]
                     ) -> Tuple[List[str], List[int], List[int], List[int]]:
+        """A node batch of `chunk`'s pages landing in (or leaving from) `arena`."""
+        return self._batch(chunk, lambda name, view, hashes, _: arena.meta(name, len(hashes)))
+
+    def _batch(self, chunk: Sequence[Tuple[Any, List[str], List[int]]],
+               meta: Callable[[Any, "_PoolView", List[str], List[int]],
+                              Tuple[List[int], List[int]]]
+               ) -> Tuple[List[str], List[int], List[int], List[int]]:
+        """Keys, segment pointers and sizes, and segments per page of `chunk`'s pages, each
+        pool's segments as `meta(name, view, hashes, pages)` places them."""
         keys: List[str] = []
         ptrs: List[int] = []
         sizes: List[int] = []
         counts: List[int] = []
-        for name, hashes, _ in chunk:
+        for name, hashes, pages in chunk:
             view = self.views[name]
-            p, s = arena.meta(name, len(hashes))
+            p, s = meta(name, view, hashes, pages)
             keys.extend(self.store._pool_key(_pool_name(name), view, h) for h in hashes)
             ptrs.extend(p)
             sizes.extend(s)
@@ -467,17 +476,9 @@ class PeerCacheLinker(UnifiedCacheLinker):
         """GPUDirect: one node call lands every page other nodes hold straight in the pools over
         RDMA (each checked by its header before and after); returns the pages it could not land
         (this node's own, peers reached without RDMA, misses) for the staged path."""
-        keys: List[str] = []
-        ptrs: List[int] = []
-        sizes: List[int] = []
-        counts: List[int] = []
-        for name, hashes, pages in per_pool:
-            view = self.views[name]
-            keys.extend(self.store._pool_key(_pool_name(name), view, h) for h in hashes)
-            p, z = view.rows_meta([page * view.row_span for page in pages])
-            ptrs.extend(p)
-            sizes.extend(z)
-            counts.extend([len(view.order)] * len(hashes))
+        keys, ptrs, sizes, counts = self._batch(
+            per_pool,
+            lambda _, view, __, pages: view.rows_meta([page * view.row_span for page in pages]))
         landed = self.store._node.batch_get_device_ptrs(keys, ptrs, sizes, counts)
         rest: List[Tuple[Any, List[str], List[int]]] = []
         at = 0
