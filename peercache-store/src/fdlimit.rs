@@ -5,8 +5,8 @@
 /// Descriptors kept out of the connection caps: pool and disk files, outbound connections,
 /// RDMA devices, the same-host listener and its leases.
 const RESERVED: u64 = 256;
-/// Listeners that share the budget: data, control, client API, meta.
-const LISTENERS: u64 = 4;
+/// Listeners that share the budget: data, control, client API, meta, metrics HTTP.
+const LISTENERS: u64 = 5;
 
 /// Raises the soft descriptor limit to the hard one; returns the soft limit now in force.
 pub(crate) fn raise_nofile() -> u64 {
@@ -59,8 +59,8 @@ mod tests {
     #[test]
     fn caps_fit_inside_the_descriptor_limit() {
         assert_eq!(connection_cap(4096, 1 << 20), 4096);
-        assert_eq!(connection_cap(4096, 1024), (1024 - 256) / 4);
-        assert!(connection_cap(4096, 1024) * 4 + 256 <= 1024);
+        assert_eq!(connection_cap(4096, 1024), (1024 - 256) / 5);
+        assert!(connection_cap(4096, 1024) * 5 + 256 <= 1024);
         assert_eq!(
             connection_cap(4096, 100),
             16,

@@ -15,7 +15,7 @@ use metrics::{
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::base::{Core, NodeCell};
-use crate::http::HttpServer;
+use crate::http::{HttpLimits, HttpServer};
 
 /// Latency buckets in seconds: 20 µs to 5 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -133,8 +133,10 @@ pub(crate) fn serve(
     bind: SocketAddr,
     inner: NodeCell,
     dashboard: bool,
+    limits: HttpLimits,
+    refused: metrics::Counter,
 ) -> std::io::Result<HttpServer> {
-    HttpServer::start(bind, routes(inner, dashboard))
+    HttpServer::start(bind, routes(inner, dashboard), limits, refused)
 }
 
 fn node(cell: &NodeCell) -> Option<Arc<Core>> {

@@ -302,11 +302,25 @@ impl Core {
         let cell: crate::base::NodeCell = Default::default();
         let http = if cfg.metrics_enabled {
             let port = rank_port(cfg.metrics_port, &cfg);
-            let bind = bind_addr(&cfg.metrics_bind_host, port)?;
+            // The unauthenticated port binds the node's own address unless told otherwise.
+            let bind = if cfg.metrics_bind_host.is_empty() {
+                SocketAddr::new(host, port)
+            } else {
+                bind_addr(&cfg.metrics_bind_host, port)?
+            };
+            let limits = crate::http::HttpLimits {
+                max_connections: crate::http::HttpLimits::default()
+                    .max_connections
+                    .min(conn_cap),
+                ..Default::default()
+            };
+            let refused = metrics::counter!(crate::metrics::HTTP_REFUSED, "node" => me.to_string());
             Some(crate::observe::serve(
                 bind,
                 cell.clone(),
                 cfg.metrics_dashboard,
+                limits,
+                refused,
             )?)
         } else {
             None

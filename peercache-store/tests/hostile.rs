@@ -21,6 +21,8 @@ struct Ports {
     data: SocketAddr,
     control: SocketAddr,
     client: SocketAddr,
+    /// The metrics HTTP port, on the node's own address (the default bind).
+    metrics: SocketAddr,
 }
 
 impl Drop for Node {
@@ -40,6 +42,7 @@ fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
         data: format!("{ip}:{}", p(())).parse().unwrap(),
         control: format!("{ip}:{}", p(())).parse().unwrap(),
         client: format!("{ip}:{}", p(())).parse().unwrap(),
+        metrics: format!("{ip}:{}", p(())).parse().unwrap(),
     };
     let exe = env!("CARGO_BIN_EXE_peercache-node");
     let cmd = format!(
@@ -48,11 +51,12 @@ fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
          --set rdma_port={data} --set control_port={control} \
          --set client_enabled=true --set client_port={client} \
          --set op_timeout=1.0 --set heartbeat_interval=0.2 --set member_ttl=0.6 \
-         --set metrics_enabled=false --set log_level=warn",
+         --set metrics_port={metrics} --set log_level=warn",
         meta = ports.meta,
         data = ports.data.port(),
         control = ports.control.port(),
         client = ports.client.port(),
+        metrics = ports.metrics.port(),
     );
     let child = Command::new("bash")
         .args(["-c", &cmd])
@@ -64,7 +68,13 @@ fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
     let node = Node { child, ports };
     // Ready when every port accepts.
     let until = Instant::now() + Duration::from_secs(20);
-    for a in [ports.meta, ports.data, ports.control, ports.client] {
+    for a in [
+        ports.meta,
+        ports.data,
+        ports.control,
+        ports.client,
+        ports.metrics,
+    ] {
         while TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err() {
             assert!(Instant::now() < until, "node never listened on {a}");
             std::thread::sleep(Duration::from_millis(20));
@@ -214,4 +224,144 @@ fn a_connection_flood_under_a_low_descriptor_limit_neither_spins_nor_floods_the_
         lines < 60,
         "{lines} log lines for {opened} refused connections"
     );
+}
+
+/// How long the server kept `s` open, reading until it closes (None: still open after `max`).
+fn open_for(mut s: TcpStream, t0: Instant, max: Duration) -> Option<Duration> {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    while t0.elapsed() < max {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(t0.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(t0.elapsed()),
+        }
+    }
+    None
+}
+
+/// Connects to the metrics port and trickles a request head one byte per 500 ms.
+fn trickle_http(addr: SocketAddr) -> Option<Duration> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Trickle: {}",
+        "a".repeat(64)
+    );
+    let t0 = Instant::now();
+    for b in head.bytes() {
+        if s.write_all(&[b]).is_err() {
+            return Some(t0.elapsed());
+        }
+        let mut r = [0u8; 64];
+        match s.read(&mut r) {
+            Ok(0) => return Some(t0.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(t0.elapsed()),
+        }
+        if t0.elapsed() > Duration::from_secs(40) {
+            return None;
+        }
+    }
+    None
+}
+
+#[test]
+#[ignore = "the hostile stage runs it: bash scripts/hostile.sh"]
+fn the_metrics_port_cuts_tricklers_silent_and_idle_connections() {
+    let node = start(63, 4096, Stdio::null());
+    let m = node.ports.metrics;
+    // The default bind is the node's own address, not every interface.
+    let wildcard_twin: SocketAddr = format!("127.0.0.1:{}", m.port()).parse().unwrap();
+    assert!(
+        TcpStream::connect_timeout(&wildcard_twin, Duration::from_millis(500)).is_err(),
+        "the metrics port answered on 127.0.0.1 although the node is 127.0.0.63"
+    );
+    let (trickled, silent, idle) = std::thread::scope(|sc| {
+        let trickled = sc.spawn(|| trickle_http(m));
+        let silent = sc.spawn(|| {
+            let s = TcpStream::connect(m).unwrap();
+            open_for(s, Instant::now(), Duration::from_secs(70))
+        });
+        let idle = sc.spawn(|| {
+            // A keep-alive client that asks once, then says nothing.
+            let mut s = TcpStream::connect(m).unwrap();
+            s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {m}\r\n\r\n").as_bytes())
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).unwrap();
+            assert!(String::from_utf8_lossy(&buf[..n]).contains("200"));
+            open_for(s, Instant::now(), Duration::from_secs(70))
+        });
+        (
+            trickled.join().unwrap(),
+            silent.join().unwrap(),
+            idle.join().unwrap(),
+        )
+    });
+    eprintln!(
+        "metrics port: trickler cut after {trickled:?}, silent after {silent:?}, idle keep-alive after {idle:?}"
+    );
+    // The head timeout (5 s) runs from the connection's start or its last response, so it
+    // cuts all three; no byte moving for 30 s is the backstop.
+    for (what, open) in [
+        ("trickled head", trickled),
+        ("silent", silent),
+        ("idle keep-alive", idle),
+    ] {
+        let open = open.unwrap_or_else(|| panic!("a {what} connection held the metrics port"));
+        assert!(
+            open < Duration::from_secs(10),
+            "a {what} connection: {open:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "the hostile stage runs it: bash scripts/hostile.sh"]
+fn a_metrics_port_flood_under_a_low_descriptor_limit_leaves_the_authenticated_ports_serving() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let node = start(64, 256, Stdio::from(log.reopen().unwrap()));
+    let p = node.ports;
+    // More idle connections to the unauthenticated port than the node has descriptors.
+    let held: Vec<TcpStream> = (0..400)
+        .filter_map(|_| TcpStream::connect_timeout(&p.metrics, Duration::from_millis(200)).ok())
+        .collect();
+    assert!(
+        held.len() >= 300,
+        "the flood reached the node ({})",
+        held.len()
+    );
+    // With every one of them still open, a member is served on the client port.
+    let c = peercache_store::client::Client::new(
+        p.client,
+        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+        Duration::from_secs(5),
+    );
+    let page = common::page(9, 4096);
+    let t0 = Instant::now();
+    let put = c.put(&["hostile/http-flood"], &[&page[..]]);
+    assert!(
+        matches!(&put, Ok(v) if v[0]),
+        "the client port starved by a metrics flood: {put:?} after {:?}",
+        t0.elapsed()
+    );
+    let got = c.get(&["hostile/http-flood"], 4096).unwrap();
+    assert_eq!(got[0].as_ref().map(|p| &p.bytes[..]), Some(&page[..]));
+    drop(held);
+    let lines = std::fs::read_to_string(log.path()).unwrap().lines().count();
+    assert!(lines < 20, "{lines} log lines for one flood");
 }

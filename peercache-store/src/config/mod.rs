@@ -355,9 +355,10 @@ settings! {
     /// Metrics HTTP server on.
     metrics_enabled: bool = true;
         shown "`true`", example "false", parse p::boolean;
-    /// Metrics bind host.
-    metrics_bind_host: String = "0.0.0.0".into();
-        shown "`0.0.0.0`", example "127.0.0.7", parse p::string;
+    /// Metrics (HTTP) bind host (empty: the node's own address, so the unauthenticated port
+    /// is not on every interface; `0.0.0.0` to serve on all).
+    metrics_bind_host: String = String::new();
+        shown "the node's address", example "127.0.0.7", parse p::string;
     /// Metrics base port (each rank adds its local rank offset).
     metrics_port: u16 = 31997;
         shown "`31997`", example "9100", parse p::port;
