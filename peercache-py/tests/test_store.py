@@ -27,7 +27,7 @@ def make(n, seed, port, **kw):
 def test_v1_round_trip_is_byte_exact_across_nodes(port, layout):
     a, b = make(50, 50, port), make(51, 50, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         pa, pb = HostPool(layout=layout), HostPool(layout=layout)
         a.register_mem_pool_host(pa)
         b.register_mem_pool_host(pb)
@@ -45,7 +45,7 @@ def test_v1_round_trip_is_byte_exact_across_nodes(port, layout):
         # Both nodes share this host: after the first read B attaches to A's shared pool and
         # copies the pages out of it.
         deadline = time.monotonic() + 5
-        while json.loads(b._node.cluster_json())["transport"]["local_peers"] != 1:
+        while b.core.cluster()["transport"]["local_peers"] != 1:
             assert time.monotonic() < deadline, "B never attached to A"
             time.sleep(0.005)
         before = b.stats()
@@ -64,7 +64,7 @@ def test_host_local_off_reads_over_the_network(port):
     a = make(62, 62, port, extra={"host_local": False})
     b = make(63, 62, port, extra={"host_local": False})
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         pa, pb = HostPool(), HostPool()
         a.register_mem_pool_host(pa)
         b.register_mem_pool_host(pb)
@@ -85,7 +85,7 @@ def test_host_local_off_reads_over_the_network(port):
 def test_a_hole_cuts_the_leading_count(port):
     a, b = make(52, 52, port), make(53, 52, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         pa, pb = HostPool(), HostPool()
         a.register_mem_pool_host(pa)
         b.register_mem_pool_host(pb)
@@ -104,7 +104,7 @@ def test_a_hole_cuts_the_leading_count(port):
 def test_decode_waits_for_the_prefill_prefix(port):
     prefill, decode = make(54, 54, port), make(55, 54, port)
     try:
-        assert prefill._node.wait_members(2, 10) and decode._node.wait_members(2, 10)
+        assert prefill.core.wait_members(2, 10) and decode.core.wait_members(2, 10)
         pp, pd = HostPool(), HostPool()
         prefill.register_mem_pool_host(pp)
         decode.register_mem_pool_host(pd)
@@ -121,7 +121,7 @@ def test_decode_waits_for_the_prefill_prefix(port):
         assert decode.wait_for_full_prefix(keys + ["pd-missing"], 0.1) == 4
         assert 0.1 <= time.monotonic() - t0 < 1.0
         with pytest.raises(ValueError):
-            decode._node.wait_for_full_prefix(keys, -1.0)
+            decode.core.wait_for_full_prefix(keys, -1.0)
     finally:
         prefill.close()
         decode.close()
@@ -134,7 +134,7 @@ def test_mla_ranks_read_what_rank_zero_wrote_and_mha_ranks_stay_apart(port):
     m1 = make(57, 54, port, tp_rank=1, tp_size=2)
     try:
         for s in (r0, r1, m0, m1):
-            assert s._node.wait_members(4, 10)
+            assert s.core.wait_members(4, 10)
         page = bytes(range(256)) * 16
         assert r0.batch_set(["h1"], [page])
         dst = bytearray(len(page))
@@ -173,10 +173,10 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
     extra = {"client_enabled": True, "cluster_secret": secret}
     a, b = make(58, 58, port, extra=extra), make(59, 58, port, extra=extra)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
-        assert a._node.client_endpoint and b._node.client_endpoint
-        ca = peercache.Client(a._node.client_endpoint, cluster_secret=secret)
-        cb = peercache.Client(b._node.client_endpoint, cluster_secret=secret, timeout=5)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
+        assert a.core.client_endpoint and b.core.client_endpoint
+        ca = peercache.Client(a.core.client_endpoint, cluster_secret=secret)
+        cb = peercache.Client(b.core.client_endpoint, cluster_secret=secret, timeout=5)
         pages = [bytes([i]) * 8192 for i in range(6)]
         keys = [f"pyclient-{i}" for i in range(6)]
         assert ca.put(keys, pages) == [True] * 6
@@ -185,7 +185,7 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
         assert got[:6] == pages and got[6] is None
         assert cb.exists(["pyclient-0", "never-written"]) == [True, False]
         where = json.loads(cb.locate_json(["pyclient-0", "never-written"]))
-        assert [o["node"] for o in where[0]] == [a._node.node_id] and where[0][0]["resident"]
+        assert [o["node"] for o in where[0]] == [a.core.node_id] and where[0][0]["resident"]
         assert where[1] == []
         assert b.stats()["transport_read_bytes"] >= 6 * 8192
         # Numpy arrays and memoryviews work as pages too.
@@ -200,7 +200,7 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
         with pytest.raises(ValueError):
             peercache.Client("not an endpoint")
         with pytest.raises(RuntimeError, match="authenticat"):
-            peercache.Client(a._node.client_endpoint).exists(["pyclient-0"])
+            peercache.Client(a.core.client_endpoint).exists(["pyclient-0"])
     finally:
         a.close()
         b.close()
@@ -220,7 +220,7 @@ OWNER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from conftest import Config, node_config
     s = PeerCacheStore(Config(node_config(60, 60, {port})))
-    s._node.wait_members(2, 10)
+    s.core.wait_members(2, 10)
     assert s.batch_set(["stall-" + str(i) for i in range(64)], [bytes(4096)] * 64)
     print("ready", flush=True)
     time.sleep(600)
@@ -236,7 +236,7 @@ def test_a_get_waiting_on_a_stalled_peer_does_not_hold_the_gil(port):
     reader = None
     try:
         reader = make(61, 60, port)
-        assert reader._node.wait_members(2, 10)
+        assert reader.core.wait_members(2, 10)
         assert owner.stdout.readline().strip() == "ready"
         keys = ["stall-" + str(i) for i in range(64)]
         assert reader.batch_exists(keys) == 64

@@ -63,7 +63,8 @@ except ImportError as e:  # pragma: no cover - only without SGLang
         "peercache.linker needs SGLang 0.5.23+ and torch: it subclasses SGLang's UnifiedCacheLinker"
     ) from e
 
-from .store import PeerCacheStore, _pool_name
+from .core import Segments
+from .store import PeerCacheStore, pool_name
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class _PoolView:
         """Buffer ``i`` as a ``(pages, segment bytes)`` uint8 view: one row per page."""
         b = self.buffers[i]
         if not b.is_contiguous():
-            raise ValueError(f"peercache linker: pool {_pool_name(self.entry.name)!r} buffer {i} is not "
+            raise ValueError(f"peercache linker: pool {pool_name(self.entry.name)!r} buffer {i} is not "
                              "contiguous; staging needs whole pages")
         flat = b.reshape(-1).view(torch.uint8)
         seg = int(self._meta[i][2])
@@ -193,7 +194,7 @@ class _Arena:
         per_page = sum(v.page_bytes for v in views.values())
         self.capacity = max(1, budget // max(per_page, 1))
         self.tensor = torch.empty(self.capacity * per_page, dtype=torch.uint8, pin_memory=pinned)
-        store._node.register_host_buffer(int(self.tensor.data_ptr()), int(self.tensor.numel()))
+        store.core.register_host(int(self.tensor.data_ptr()), int(self.tensor.numel()))
         self.blocks: Dict[Any, List[Any]] = {}
         off = 0
         for name, view in views.items():
@@ -315,7 +316,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 seen.setdefault(int(b.data_ptr()), int(b.numel() * b.element_size()))
         try:
             for ptr, nbytes in seen.items():
-                self.store._node.register_device_peermem(ptr, nbytes)
+                self.store.core.register_device_peermem(ptr, nbytes)
         except (RuntimeError, ValueError) as e:
             logger.warning("peercache linker: GPUDirect unavailable (%s); loads stage through host memory", e)
             return False
@@ -355,7 +356,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
             try:
                 self.views[t.name].pages(t.host_indices)
             except (ValueError, TypeError, AttributeError) as e:
-                logger.warning("peercache linker: %s refused: pool %s: %s", what, _pool_name(t.name), e)
+                logger.warning("peercache linker: %s refused: pool %s: %s", what, pool_name(t.name), e)
                 return False
         return True
 
@@ -440,7 +441,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         for name, hashes, pages in chunk:
             view = self.views[name]
             p, s = meta(name, view, hashes, pages)
-            keys.extend(self.store._pool_key(_pool_name(name), view, h) for h in hashes)
+            keys.extend(self.store.pool_key(pool_name(name), view, h) for h in hashes)
             ptrs.extend(p)
             sizes.extend(s)
             counts.extend([len(view.order)] * len(hashes))
@@ -460,7 +461,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         chunks = self._chunks(per_pool, arena.capacity)
         for c, chunk in enumerate(chunks):
             keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
-            res = self.store._node.batch_get_ptrs(keys, ptrs, sizes, counts)
+            res = self.store.core.get(keys, Segments(ptrs, sizes, counts))
             missing = sum(not ok for ok in res)
             if missing:
                 raise RuntimeError(f"{missing} page(s) did not land")
@@ -479,7 +480,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         keys, ptrs, sizes, counts = self._batch(
             per_pool,
             lambda _, view, __, pages: view.rows_meta([page * view.row_span for page in pages]))
-        landed = self.store._node.batch_get_device_ptrs(keys, ptrs, sizes, counts)
+        landed = self.store.core.get_device(keys, Segments(ptrs, sizes, counts))
         rest: List[Tuple[Any, List[str], List[int]]] = []
         at = 0
         for name, hashes, pages in per_pool:
@@ -563,7 +564,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         for chunk in self._chunks(self._per_pool(expanded), arena.capacity):
             self._gather(arena, chunk)
             keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
-            ok &= all(self.store._node.batch_set_ptrs(keys, ptrs, sizes, counts))
+            ok &= all(self.store.core.put(keys, Segments(ptrs, sizes, counts)))
         return ok
 
     def _gather(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> None:

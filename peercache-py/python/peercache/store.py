@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _peercache
+from . import policy as policy_fns
+from .core import PageStore, Segments, as_bool, ptr_len
 
 logger = logging.getLogger("peercache")
 
@@ -69,39 +70,9 @@ def _storage_metrics_class() -> Any:
     return None
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
-
-
-def _as_bool(v: Any, name: str = "value") -> bool:
-    """A boolean as SGLang's extra config may spell it: ``True``, ``1``, ``"1"``, ``"true"``,
-    ``"True"``, ``"yes"``, ``"on"`` (and their negatives). Anything else is a clear error,
-    never a silent ``False``."""
-    if isinstance(v, str):
-        t = v.strip().lower()
-        if t in _TRUE:
-            return True
-        if t in _FALSE:
-            return False
-        raise ValueError(f"peercache: {name} = {v!r}: expected 1/true/yes/on or 0/false/no/off")
-    if v is None:
-        return False
-    if isinstance(v, (bool, int, float)):
-        return bool(v)
-    raise ValueError(f"peercache: {name} = {v!r}: expected a boolean")
-
-
-def _ptr_len(x: Any) -> Optional[Tuple[int, int]]:
-    """(address, bytes) of a contiguous tensor or numpy array; None for other objects."""
-    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
-        if not x.is_contiguous():
-            raise ValueError("tensors must be contiguous")
-        return int(x.data_ptr()), int(x.numel() * x.element_size())
-    if hasattr(x, "__array_interface__") and hasattr(x, "nbytes"):  # numpy.ndarray
-        if not x.flags["C_CONTIGUOUS"]:
-            raise ValueError("arrays must be C-contiguous")
-        return int(x.__array_interface__["data"][0]), int(x.nbytes)
-    return None
+_as_bool = as_bool
+_ptr_len = ptr_len
+_leading = policy_fns.leading
 
 
 _BUFFER_SUFFIXES = ("_buffer", "_buffers")
@@ -125,7 +96,7 @@ def _host_tensors(pool: Any) -> List[Any]:
     return out
 
 
-def _pool_name(x: Any) -> str:
+def pool_name(x: Any) -> str:
     """``PoolName.MAMBA`` → ``"mamba"``; plain strings pass through."""
     return str(getattr(x, "value", x))
 
@@ -176,15 +147,6 @@ def _extra(extra_info: Any) -> Dict[str, Any]:
     return inner if isinstance(inner, dict) else {}
 
 
-def _leading(flags: Sequence[bool]) -> int:
-    n = 0
-    for f in flags:
-        if not f:
-            break
-        n += 1
-    return n
-
-
 class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     """SGLang HiCache storage backend on a PeerCache node (one node per rank)."""
 
@@ -216,26 +178,23 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         cfg = {k: v for k, v in extra.items() if k not in ("interface_v1", "kv_cache_dtype")}
         cfg.update({"tp_rank": self.tp_rank, "tp_size": self.tp_size, "pp_rank": self.pp_rank, "pp_size": self.pp_size})
         cfg.setdefault("dp_rank", int(get("dp_rank", 0) or 0))
-        self._node = _peercache.Node(json.dumps(cfg))
         self._closed = False
         self.mem_pool_host = None
         self._page_pool: Any = None
         self._kv_page_bytes = 0  # bytes of one KV page of the registered pool (0: unknown)
         self.registered_pools: Dict[Any, Any] = {}
         self._pools_by_name: Dict[str, Any] = {}
-        self._spans: List[Tuple[int, int]] = []
         self._warned: set = set()
         self._stats_lock = threading.Lock()
-        self._stats = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
+        self._stats: Dict[str, List[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
+                                               "backup_bandwidth": []}
         # `startup_timeout` bounds every wait for the cluster (0 = wait forever, as configured).
         self._startup_timeout = float(cfg.get("startup_timeout", 30.0) or 0.0)
+        self.core = PageStore(cfg, startup_timeout=self._startup_timeout)
         if not self.is_storage_writer:
             logger.info("peercache: TP rank %d is not this shard's storage writer: it reads, and its "
                         "writes are skipped (the writer publishes the same bytes)", self.tp_rank)
-        try:
-            self._node.wait_ready(self._startup_timeout or None)
-        except Exception as e:  # keep SGLang starting; calls miss until the cluster answers
-            logger.warning("peercache: not in the cluster yet (%s); lookups miss until it is", e)
+        self.core.wait_ready()  # keeps SGLang starting; calls miss until the cluster answers
 
     # ----- keys -----
     def _key(self, h: str, shared: Optional[bool] = None) -> str:
@@ -270,7 +229,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         for e in entries:
             if e is not anchor:
                 self.registered_pools.setdefault(e.name, e.host_pool)
-                self._pools_by_name.setdefault(_pool_name(e.name), e.host_pool)
+                self._pools_by_name.setdefault(pool_name(e.name), e.host_pool)
         registered = sum(self._register_buffers(pool) for pool in pools)
         self._kv_page_bytes = self._page_bytes()
         if registered == 0:
@@ -281,7 +240,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         """Registers one more host pool (Mamba, SWA, DSA indexer, draft, DeepSeek-V4
         compressed pools…) under its name; its buffers become zero-copy destinations."""
         self.registered_pools[host_pool_name] = host_pool
-        self._pools_by_name[_pool_name(host_pool_name)] = host_pool
+        self._pools_by_name[pool_name(host_pool_name)] = host_pool
         self._register_buffers(host_pool)
         self._declare_layout()
 
@@ -317,7 +276,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError(f"peercache: host pool {name!r}: a page resolves to {len(ptrs)} buffers "
                                  f"of sizes {list(map(int, sizes))[:4]}")
             outside = [(int(p), int(z)) for p, z in zip(ptrs, sizes)
-                       if not any(b <= int(p) and int(p) + int(z) <= b + m for b, m in self._spans)]
+                       if not self.core.registered(int(p), int(z))]
             if outside:
                 raise ValueError(f"peercache: host pool {name!r}: {len(outside)} of {len(ptrs)} page buffers "
                                  f"lie outside every registered host buffer (first at {outside[0][0]:#x}, "
@@ -365,7 +324,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         spec = self.layout_spec()
         if spec is None:
             return
-        fp = self._node.set_layout(json.dumps(spec))
+        fp = self.core.set_layout(spec)
         if fp != getattr(self, "_layout", None):
             self._layout = fp
             logger.info("peercache: page layout %s (%s, %d pool(s))", fp, spec["kv_dtype"], len(spec["pools"]))
@@ -395,11 +354,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             if pl is None or pl[1] == 0:
                 continue
             ptr, n = pl
-            if any(b <= ptr and ptr + n <= b + m for b, m in self._spans):
-                continue
-            self._node.register_host_buffer(ptr, n)
-            self._spans.append((ptr, n))
-            added += 1
+            if self.core.register_host(ptr, n):
+                added += 1
         return added
 
     # ----- v1 zero-copy -----
@@ -438,7 +394,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if m is None:
             return [False] * len(keys)
         t0 = time.perf_counter()
-        res = self._node.batch_set_ptrs(self._keys(keys), *m)
+        res = self.core.put(self._keys(keys), Segments(*m))
         self._record("backup", sum(res), sum(m[1]), time.perf_counter() - t0)
         return res
 
@@ -462,7 +418,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         # Valid lengths are kept in bytes: a token's share of the page, whatever the layout.
         valid = page_bytes[:-1] + [page_bytes[-1] * last_page_valid_tokens // page_size]
         t0 = time.perf_counter()
-        res = self._node.batch_set_partial_ptrs(self._keys(keys), ptrs, sizes, counts, valid)
+        res = self.core.put_partial(self._keys(keys), Segments(ptrs, sizes, counts), valid)
         self._record("backup", sum(res), sum(sizes), time.perf_counter() - t0)
         return res
 
@@ -471,7 +427,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if m is None:
             return [False] * len(keys)
         t0 = time.perf_counter()
-        res = self._node.batch_get_ptrs(self._keys(keys), *m)
+        res = self.core.get(self._keys(keys), Segments(*m))
         self._record("prefetch", sum(res), sum(m[1]), time.perf_counter() - t0)
         return res
 
@@ -485,7 +441,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         per = counts[0]
         page_size = int(getattr(self._page_pool, "page_size", 1) or 1)
         t0 = time.perf_counter()
-        got = self._node.batch_get_valid_ptrs(self._keys(keys), ptrs, sizes, counts)
+        got = self.core.get_valid(self._keys(keys), Segments(ptrs, sizes, counts))
         self._record("prefetch", sum(v is not None for v in got), sum(sizes), time.perf_counter() - t0)
         out: List[Optional[int]] = []
         for i, v in enumerate(got):
@@ -498,7 +454,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         # hash already names its whole prefix, so the keys alone decide; it is ignored.
         if not keys:
             return 0
-        return int(self._node.batch_exists(self._keys(keys)))
+        return self.core.leading(self._keys(keys))
 
     def batch_exists_tokens(self, keys: List[str], extra_info: Any = None) -> int:
         """The restorable prefix in tokens: whole leading pages times the page size, plus a
@@ -506,7 +462,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if not keys:
             return 0
         page_size = int(getattr(self._page_pool, "page_size", 1) or 1)
-        valid = self._node.batch_exists_valid(self._keys(keys))
+        valid = self.core.leading_valid(self._keys(keys))
         page = self._kv_page_bytes
         tokens = 0
         for v in valid:
@@ -533,7 +489,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         count. For decode ranks waiting on a prefill rank's pages."""
         if not keys:
             return 0
-        return int(self._node.wait_for_full_prefix(self._keys(keys), float(timeout_s)))
+        return self.core.wait_for_full_prefix(self._keys(keys), float(timeout_s))
 
     # ----- v2: KV plus sidecar pools (SGLang 0.5.19+) -----
     def _pool(self, name: str) -> Any:
@@ -553,7 +509,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             return False
         return not (hasattr(pool, "v_buffer") or type(pool).__name__.startswith("MHA"))
 
-    def _pool_key(self, name: str, pool: Any, h: str) -> str:
+    def pool_key(self, name: str, pool: Any, h: str) -> str:
+        """The key of page ``h`` of host pool ``name`` (the KV pool's is the page key)."""
         if name == "kv":
             return self._key(h)
         return f"{self._key(h, self._pool_shared(name, pool))}|{name}"
@@ -574,7 +531,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         sizes: List[int] = []
         counts: List[int] = []
         for t in transfers or []:
-            name = _pool_name(t.name)
+            name = pool_name(t.name)
             keys = list(t.keys or [])
             if not keys:
                 results.setdefault(t.name, [])
@@ -603,14 +560,14 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 results.setdefault(t.name, []).extend([False] * len(keys))
                 continue
             spans.append((t.name, len(keys_all), len(keys)))
-            keys_all.extend(self._pool_key(name, pool, h) for h in keys)
+            keys_all.extend(self.pool_key(name, pool, h) for h in keys)
             ptrs.extend(map(int, p))
             sizes.extend(map(int, sz))
             counts.extend([per] * len(keys))
         if keys_all:
             t0 = time.perf_counter()
-            op = self._node.batch_set_ptrs if write else self._node.batch_get_ptrs
-            res = op(keys_all, ptrs, sizes, counts)
+            op = self.core.put if write else self.core.get
+            res = op(keys_all, Segments(ptrs, sizes, counts))
             self._record("backup" if write else "prefetch", sum(res), sum(sizes), time.perf_counter() - t0)
             for name, start, n in spans:
                 results.setdefault(name, []).extend(res[start:start + n])
@@ -643,8 +600,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         probe: List[str] = [] if logical else [self._key(h) for h in keys]
         plan: List[Tuple[Any, Optional[int]]] = []
         for t in pool_transfers or []:
-            name = _pool_name(t.name)
-            policy = _pool_name(getattr(t, "hit_policy", "all_pages"))
+            name = pool_name(t.name)
+            policy = pool_name(getattr(t, "hit_policy", "all_pages"))
             if policy not in _POLICIES:
                 raise ValueError(f"peercache: unsupported pool hit policy {policy!r} for pool {name!r}")
             pool = self._pool(name)
@@ -653,23 +610,20 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 plan.append((t, None))
                 continue
             plan.append((t, len(probe)))
-            probe.extend(self._pool_key(name, pool, h) for h in keys)
-        present = self._node.batch_contains(probe) if probe else []
+            probe.extend(self.pool_key(name, pool, h) for h in keys)
+        present = self.core.contains(probe) if probe else []
         kv_pages = n if logical else _leading(present[:n])
         hits: Dict[Any, int] = {kv_name: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
         for t, start in plan:
             ex = present[start:start + n] if start is not None else [False] * n
-            policy = _pool_name(getattr(t, "hit_policy", "all_pages"))
+            policy = pool_name(getattr(t, "hit_policy", "all_pages"))
             if policy == "block_groups":
                 # Never gates the KV hit: the pool's own verdict is the pages its leading
                 # complete key groups (one per block, from the span start) cover.
                 group = max(1, int(getattr(t, "group_pages", 0) or 1))
                 block = max(1, int(getattr(t, "block_pages", 0) or group))
-                g = 0
-                while g * block + group <= n and all(ex[g * block:g * block + group]):
-                    g += 1
-                covered = min(n, g * block)
+                covered = policy_fns.leading_groups_cover(ex, group, block)
                 if covered:
                     hits[t.name] = covered
                 continue
@@ -680,14 +634,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 ok = set(range(1, boundary + 1))
             else:  # trailing_pages
                 window = max(1, len(t.keys) if t.keys else 1)
-                ok = set()
-                missing = 0  # missing pages in the window ending at p
-                for p in range(1, kv_pages + 1):
-                    missing += not ex[p - 1]
-                    if p - window - 1 >= 0:
-                        missing -= not ex[p - window - 1]
-                    if missing == 0:
-                        ok.add(p)
+                ok = policy_fns.trailing_restorable(ex, kv_pages, window)
                 boundary = max(ok, default=0)
             if boundary:
                 hits[t.name] = boundary
@@ -701,17 +648,17 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if values is None and target_locations is not None:
             ptrs = [int(p) for p in target_locations]
             sizes = [int(s) for s in target_sizes]
-            return all(self._node.batch_set_ptrs(self._keys(keys), ptrs, sizes, [1] * len(keys)))
+            return all(self.core.put(self._keys(keys), Segments(ptrs, sizes, [1] * len(keys))))
         values = list(values)
         pl = [_ptr_len(v) for v in values]
         ok = True
-        idx_ptr = [i for i, p in enumerate(pl) if p is not None]
+        at = [(i, p) for i, p in enumerate(pl) if p is not None]
         idx_buf = [i for i, p in enumerate(pl) if p is None]
-        if idx_ptr:
-            ok &= all(self._node.batch_set_ptrs(
-                self._keys([keys[i] for i in idx_ptr]), [pl[i][0] for i in idx_ptr], [pl[i][1] for i in idx_ptr], [1] * len(idx_ptr)))
+        if at:
+            ok &= all(self.core.put(self._keys([keys[i] for i, _ in at]), Segments(
+                [p[0] for _, p in at], [p[1] for _, p in at], [1] * len(at))))
         if idx_buf:
-            ok &= all(self._node.batch_set_buffers(self._keys([keys[i] for i in idx_buf]), [values[i] for i in idx_buf]))
+            ok &= all(self.core.put_buffers(self._keys([keys[i] for i in idx_buf]), [values[i] for i in idx_buf]))
         return bool(ok)
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -729,22 +676,19 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         if len(targets) != len(keys):
             raise ValueError("batch_get needs one destination per key")
         if targets and all(isinstance(t, int) for t in targets):
-            res = self._node.batch_get_ptrs(self._keys(keys), targets, [int(s) for s in target_sizes], [1] * len(keys))
-            n = 0
-            while n < len(res) and res[n]:
-                n += 1
-            return n
+            got = self.core.get(self._keys(keys), Segments(targets, [int(s) for s in target_sizes], [1] * len(keys)))
+            return _leading(got)
         pl = [_ptr_len(t) for t in targets]
         res: List[bool] = [False] * len(keys)
-        idx_ptr = [i for i, p in enumerate(pl) if p is not None]
+        at = [(i, p) for i, p in enumerate(pl) if p is not None]
         idx_buf = [i for i, p in enumerate(pl) if p is None]
-        if idx_ptr:
-            got = self._node.batch_get_ptrs(
-                self._keys([keys[i] for i in idx_ptr]), [pl[i][0] for i in idx_ptr], [pl[i][1] for i in idx_ptr], [1] * len(idx_ptr))
-            for i, g in zip(idx_ptr, got):
+        if at:
+            got = self.core.get(self._keys([keys[i] for i, _ in at]), Segments(
+                [p[0] for _, p in at], [p[1] for _, p in at], [1] * len(at)))
+            for (i, _), g in zip(at, got):
                 res[i] = g
         if idx_buf:
-            got = self._node.batch_get_buffers(self._keys([keys[i] for i in idx_buf]), [targets[i] for i in idx_buf])
+            got = self.core.get_buffers(self._keys([keys[i] for i in idx_buf]), [targets[i] for i in idx_buf])
             for i, g in zip(idx_buf, got):
                 res[i] = g
         return [t if ok else None for t, ok in zip(targets, res)]
@@ -780,13 +724,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
 
     def stats(self) -> Dict[str, Any]:
         """Node counters (pool pages, evictions, directory RPCs, bytes read, members…)."""
-        return json.loads(self._node.stats_json())
+        return self.core.stats()
 
     def check_server(self) -> bool:
         """True when this node is in the cluster and its directory answers."""
         try:
-            self._node.batch_exists(["peercache-health-probe"])
-            return json.loads(self._node.stats_json())["members"] >= 1
+            self.core.leading(["peercache-health-probe"])
+            return int(self.core.stats()["members"]) >= 1  # type: ignore[call-overload]
         except Exception:
             return False
 
@@ -796,18 +740,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         when it is; False (with a warning) when the deadline passed — the node keeps trying, and
         lookups miss until it is in."""
         t = self._startup_timeout if timeout_s is None else float(timeout_s)
-        try:
-            self._node.wait_ready(t if t > 0 else None)
-            return True
-        except Exception as e:
-            logger.warning("peercache: warmup: not in the cluster within %.1f s (%s)", t, e)
-            return False
+        return self.core.wait_ready(t if t > 0 else 0)
 
     def clear(self) -> None:
         """Removes every page this rank's node published (this node, this namespace)."""
-        self._node.clear()
+        self.core.clear()
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._node.close()
+            self.core.close()

@@ -97,7 +97,7 @@ def test_a_logical_anchor_misses_v1_once_warned_and_side_pools_resolve_by_name(c
         keys = ["v4-0", "v4-1"]
         t = [PoolTransfer(name=PoolName.DEEPSEEK_V4_C4, host_indices=torch.arange(0, 2 * PAGE), keys=keys)]
         assert a.batch_set_v2(t) == {PoolName.DEEPSEEK_V4_C4: [True, True]}
-        assert b._node.wait_for_full_prefix([b._pool_key("deepseek_v4_c4", c4b, k) for k in keys], 5.0) == 2
+        assert b.core.wait_for_full_prefix([b.pool_key("deepseek_v4_c4", c4b, k) for k in keys], 5.0) == 2
         got = b.batch_get_v2([PoolTransfer(name=PoolName.DEEPSEEK_V4_C4, host_indices=torch.arange(4 * PAGE, 6 * PAGE),
                                            keys=keys)])
         assert got == {PoolName.DEEPSEEK_V4_C4: [True, True]}

@@ -158,7 +158,7 @@ def pair(sglang_context):
         made.append(a)
         b = build(sglang_context, b_kv, n + 1, n, port, **kw)
         made.append(b)
-        assert a.store._node.wait_members(2, 10) and b.store._node.wait_members(2, 10)
+        assert a.store.core.wait_members(2, 10) and b.store.core.wait_members(2, 10)
         return a_kv, a, b_kv, b
 
     yield _pair
@@ -221,7 +221,7 @@ def test_linker_pages_and_hicache_pages_are_one_format(sglang_context):
         host = mha_host("layer_first")
         store.register_mem_pool_host(host)
         assert linker.store._layout == store._layout  # one layout fingerprint
-        assert linker.store._node.wait_members(2, 10) and store._node.wait_members(2, 10)
+        assert linker.store.core.wait_members(2, 10) and store.core.wait_members(2, 10)
         randomize(dev, 3)
         # Linker → HiCache: pages offloaded from the device pool read into a host pool.
         keys = ["x0", "x1", "x2"]
@@ -341,7 +341,7 @@ def test_a_mamba_hybrid_restores_only_at_offloaded_state_boundaries(sglang_conte
     b_kv, b_states, b = mamba_hybrid(sglang_context, 75, 74, port, staging)
     try:
         assert set(a.pools) == {PoolName.KV, PoolName.MAMBA}
-        assert a.store._node.wait_members(2, 10) and b.store._node.wait_members(2, 10)
+        assert a.store.core.wait_members(2, 10) and b.store.core.wait_members(2, 10)
         g = torch.Generator().manual_seed(8)
         for t in [*a_kv.full_kv_pool.kv_buffer, *a_states]:
             flat = t.view(torch.uint8).reshape(-1)

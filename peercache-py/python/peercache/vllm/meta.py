@@ -1,0 +1,47 @@
+"""What the scheduler side hands the workers each step: pages to load into blocks before the
+forward pass, pages to publish from blocks after it. Plain data (it crosses processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+try:  # vLLM's base class when vLLM is importable; the connector module needs it anyway.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata as _MetaBase
+except ImportError:  # pragma: no cover - only the policy tests run without vLLM
+    _MetaBase = object
+
+
+@dataclass
+class BlockIO:
+    """Page ``hashes[i]`` moves to or from block ``block_ids[i]`` of request ``req_id``."""
+
+    req_id: str
+    hashes: List[str]
+    block_ids: List[int]
+
+
+@dataclass
+class PeerCacheMeta(_MetaBase):
+    """One step's loads and saves."""
+
+    loads: List[BlockIO] = field(default_factory=list)
+    saves: List[BlockIO] = field(default_factory=list)
+
+    def load_pairs(self) -> Tuple[List[str], List[int]]:
+        """Every load of the step as (hashes, block ids), one batch."""
+        hs: List[str] = []
+        bs: List[int] = []
+        for io in self.loads:
+            hs.extend(io.hashes)
+            bs.extend(io.block_ids)
+        return hs, bs
+
+    def save_pairs(self) -> Tuple[List[str], List[int]]:
+        """Every save of the step as (hashes, block ids), one batch."""
+        hs: List[str] = []
+        bs: List[int] = []
+        for io in self.saves:
+            hs.extend(io.hashes)
+            bs.extend(io.block_ids)
+        return hs, bs

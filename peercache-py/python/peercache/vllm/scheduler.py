@@ -1,0 +1,167 @@
+"""The scheduler side of the vLLM connector: how many of a request's tokens the cluster holds
+(one batched leading-run lookup), which blocks to load after allocation, which full blocks to
+publish after each step. It holds no engine memory; its node only asks the directory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+
+from .. import policy
+from ..core import KeyScheme
+from .meta import BlockIO, PeerCacheMeta
+
+logger = logging.getLogger("peercache.vllm")
+
+
+class EngineRequest(Protocol):
+    """What is read of vLLM's ``Request``."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]: ...
+
+
+class Directory(Protocol):
+    """What the scheduler asks of the cluster (a :class:`peercache.core.PageStore`)."""
+
+    def leading(self, keys: Sequence[str]) -> int: ...
+
+
+def hash_hex(h: object) -> str:
+    """vLLM's block hash (bytes, or an int in older releases) as the page hash."""
+    if isinstance(h, (bytes, bytearray)):
+        return bytes(h).hex()
+    return format(h, "x") if isinstance(h, int) else str(h)
+
+
+@dataclass
+class _ReqState:
+    request: EngineRequest
+    block_ids: List[int] = field(default_factory=list)
+    saved_upto: int = 0          # blocks [0, saved_upto) are held by the cluster or the engine
+    matched: Tuple[int, int] = (0, 0)  # (engine's own tokens, cluster tokens) at the last ask
+    first_ask: float = 0.0
+    pending_load: Optional[Tuple[int, int]] = None  # block range to load next step
+
+
+class SchedulerSide:
+    """Per-engine scheduler state; every method is called from vLLM's scheduler thread."""
+
+    def __init__(self, directory: Optional[Directory], scheme: KeyScheme, block_size: int,
+                 load: bool, save: bool, prefix_wait_s: float) -> None:
+        self.directory = directory
+        self.scheme = scheme
+        self.block_size = block_size
+        self.load = load and directory is not None
+        self.save = save
+        self.prefix_wait_s = prefix_wait_s
+        self.reqs: Dict[str, _ReqState] = {}
+        self.lookup_errors = 0
+        self._last_error_log = 0.0
+
+    def _state(self, request: EngineRequest) -> _ReqState:
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            st = _ReqState(request=request, first_ask=time.monotonic())
+            self.reqs[request.request_id] = st
+        st.request = request
+        return st
+
+    def matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        """``get_num_new_matched_tokens``: the tokens past ``num_computed_tokens`` whose blocks
+        the cluster holds as one leading run. ``None`` while a consumer waits for a prefix
+        (``prefix_wait_s``). A lookup that fails is a miss (logged at most once a minute)."""
+        st = self._state(request)
+        st.matched = (num_computed_tokens, 0)
+        if not self.load or self.directory is None:
+            return 0, False
+        bs = self.block_size
+        n = policy.loadable_blocks(request.num_tokens, bs, len(request.block_hashes))
+        start = num_computed_tokens // bs
+        if n <= start:
+            return 0, False
+        hashes = [hash_hex(h) for h in request.block_hashes[start:n]]
+        try:
+            held = self.directory.leading(self.scheme.keys(hashes))
+        except Exception as e:  # a node down or a timeout: the engine computes
+            self.lookup_errors += 1
+            now = time.monotonic()
+            if now - self._last_error_log > 60:
+                self._last_error_log = now
+                logger.warning("peercache: lookup failed (%s); computing instead", e)
+            return 0, False
+        if held < n - start and self.prefix_wait_s > 0 and time.monotonic() - st.first_ask < self.prefix_wait_s:
+            return None, False  # a producer is still publishing this prefix: ask again
+        tokens = policy.external_hit_tokens(start + held, bs, num_computed_tokens)
+        st.matched = (num_computed_tokens, tokens)
+        return tokens, False
+
+    def after_alloc(self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """``update_state_after_alloc``: remembers the request's blocks; with external tokens,
+        the block range to load in the next step. Blocks the engine or the cluster already
+        holds are never published again."""
+        st = self._state(request)
+        st.block_ids = list(block_ids)
+        local, _ = st.matched
+        if num_external_tokens > 0:
+            st.pending_load = policy.load_range(local, num_external_tokens, self.block_size)
+        st.saved_upto = max(st.saved_upto, (local + num_external_tokens) // self.block_size)
+
+    def build_meta(self, new_reqs: Sequence[Tuple[str, Sequence[int], int]],
+                   cached_reqs: Sequence[Tuple[str, Optional[Sequence[int]], bool, int]],
+                   scheduled: Dict[str, int], finished: Sequence[str]) -> PeerCacheMeta:
+        """``build_connector_meta``. ``new_reqs``: (id, block ids, computed tokens);
+        ``cached_reqs``: (id, new block ids or None, resumed, computed tokens); ``scheduled``:
+        tokens scheduled per request this step; ``finished``: requests that ended."""
+        meta = PeerCacheMeta()
+        for req_id, block_ids, computed in new_reqs:
+            st = self.reqs.get(req_id)
+            if st is None:
+                continue
+            st.block_ids = list(block_ids)
+            self._plan(meta, req_id, st, computed, scheduled.get(req_id, 0))
+        for req_id, new_ids, resumed, computed in cached_reqs:
+            st = self.reqs.get(req_id)
+            if st is None:
+                continue
+            if resumed:
+                st.block_ids = list(new_ids or [])
+            elif new_ids:
+                st.block_ids.extend(new_ids)
+            self._plan(meta, req_id, st, computed, scheduled.get(req_id, 0))
+        for req_id in finished:
+            self.reqs.pop(req_id, None)
+        return meta
+
+    def _plan(self, meta: PeerCacheMeta, req_id: str, st: _ReqState, computed: int, scheduled: int) -> None:
+        hashes = st.request.block_hashes
+        if computed < st.saved_upto * self.block_size:
+            # The engine recomputes blocks it had (a failed load, a preemption): what it
+            # computes now was never published.
+            st.saved_upto = computed // self.block_size
+        tokens_done = computed + scheduled
+        if st.pending_load is not None:
+            a, b = st.pending_load
+            st.pending_load = None
+            b = min(b, len(st.block_ids), len(hashes))
+            if b > a:
+                meta.loads.append(BlockIO(req_id, [hash_hex(h) for h in hashes[a:b]], list(st.block_ids[a:b])))
+        if not self.save:
+            return
+        a, b = policy.new_full_blocks(st.saved_upto, tokens_done, self.block_size, len(hashes))
+        b = min(b, len(st.block_ids))
+        if b > a:
+            meta.saves.append(BlockIO(req_id, [hash_hex(h) for h in hashes[a:b]], list(st.block_ids[a:b])))
+            st.saved_upto = b
+
+    def finished(self, req_id: str) -> None:
+        """``request_finished``: the request's state goes (saves were synchronous)."""
+        self.reqs.pop(req_id, None)

@@ -1,0 +1,165 @@
+"""The worker side of the vLLM connector: registers vLLM's KV tensors with the node, loads the
+step's pages straight into their blocks before the forward pass (one batch), publishes the
+step's full blocks after it (one batch), and reports blocks that failed to load so vLLM
+recomputes them — never a wrong token."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set
+
+from ..core import KeyScheme, Segments
+from .blocks import BlockTable, KVTensor
+from .meta import PeerCacheMeta
+
+logger = logging.getLogger("peercache.vllm")
+
+
+class Pages(Protocol):
+    """What the worker needs of the node (a :class:`peercache.core.PageStore`)."""
+
+    def register_host(self, ptr: int, nbytes: int) -> bool: ...
+
+    def put(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
+
+    def get(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
+
+
+class StorageTensor(KVTensor, Protocol):
+    """A KV tensor with its device and storage."""
+
+    @property
+    def device(self) -> object: ...
+
+    def untyped_storage(self) -> object: ...
+
+
+@dataclass
+class StepCounts:
+    """Counters since the last stats report."""
+
+    lookups_blocks: int = 0
+    loaded_blocks: int = 0
+    load_failed_blocks: int = 0
+    load_seconds: float = 0.0
+    load_bytes: int = 0
+    saved_blocks: int = 0
+    save_failed_blocks: int = 0
+    save_seconds: float = 0.0
+    save_bytes: int = 0
+
+    def as_dict(self) -> Dict[str, float]:
+        """A plain dict (it crosses processes)."""
+        return dict(self.__dict__)
+
+
+class WorkerSide:
+    """One worker rank's connector state."""
+
+    def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int) -> None:
+        self.pages = pages
+        self.scheme = scheme
+        self.num_blocks = num_blocks
+        self.table: Optional[BlockTable] = None
+        self._errors: Set[int] = set()
+        # Requests with a failed load: they publish nothing until they finish.
+        self._tainted: Set[str] = set()
+        self._lock = threading.Lock()
+        self.counts = StepCounts()
+
+    def register(self, kv_caches: Mapping[str, StorageTensor]) -> None:
+        """``register_kv_caches``: the block table, and every tensor's storage registered
+        once as a zero-copy source and destination (host memory on the CPU platform)."""
+        devices = {str(getattr(t.device, "type", t.device)) for t in kv_caches.values()}
+        if devices != {"cpu"}:
+            raise NotImplementedError(
+                f"peercache: KV caches on {sorted(devices)}: this release moves host KV caches "
+                "(vLLM's CPU platform); GPU caches need the staged or GPUDirect path")
+        self.table = BlockTable(kv_caches, self.num_blocks)
+        for t in kv_caches.values():
+            storage = t.untyped_storage()
+            ptr = int(storage.data_ptr())  # type: ignore[attr-defined]
+            n = int(storage.nbytes())  # type: ignore[attr-defined]
+            self.pages.register_host(ptr, n)
+        logger.info("peercache: %d KV layers registered, %d segments and %d bytes a block",
+                    len(self.table.layers), self.table.segments_per_block, self.table.block_bytes)
+
+    def load(self, meta: PeerCacheMeta) -> None:
+        """Reads the step's pages into their blocks, before the forward pass; every block that
+        did not land is remembered for :meth:`take_errors`, and its request publishes nothing
+        more (what a forward pass computed over a missing block is discarded and recomputed,
+        and a step already scheduled behind it may have read it too)."""
+        hashes, block_ids = meta.load_pairs()
+        if not hashes:
+            return
+        if self.table is None:
+            self._fail(block_ids, "no KV caches registered", meta)
+            return
+        segs = self.table.segments(block_ids)
+        t0 = time.perf_counter()
+        try:
+            ok = self.pages.get(self.scheme.keys(hashes), segs)
+        except Exception as e:  # node down, timeout, bad secret: recompute, never raise
+            self._fail(block_ids, str(e), meta)
+            return
+        dt = time.perf_counter() - t0
+        bad = [b for b, good in zip(block_ids, ok) if not good]
+        logger.debug("peercache: loaded %d of %d block(s) in %.4f s", len(block_ids) - len(bad), len(block_ids), dt)
+        if bad:
+            failed = set(bad)
+            self._tainted.update(io.req_id for io in meta.loads if failed.intersection(io.block_ids))
+        with self._lock:
+            self.counts.loaded_blocks += len(block_ids) - len(bad)
+            self.counts.load_bytes += (len(block_ids) - len(bad)) * self.table.block_bytes
+            self.counts.load_seconds += dt
+        if bad:
+            self._fail(bad, f"{len(bad)} of {len(block_ids)} pages missing")
+
+    def _fail(self, block_ids: Sequence[int], why: str, meta: Optional[PeerCacheMeta] = None) -> None:
+        if meta is not None:
+            self._tainted.update(io.req_id for io in meta.loads)
+        logger.warning("peercache: %d block(s) not loaded (%s); vLLM recomputes them", len(block_ids), why)
+        with self._lock:
+            self._errors.update(block_ids)
+            self.counts.load_failed_blocks += len(block_ids)
+
+    def save(self, meta: PeerCacheMeta) -> None:
+        """Publishes the step's full blocks, after the forward pass wrote them."""
+        if self._tainted:
+            meta = PeerCacheMeta(saves=[io for io in meta.saves if io.req_id not in self._tainted])
+        hashes, block_ids = meta.save_pairs()
+        if not hashes or self.table is None:
+            return
+        segs = self.table.segments(block_ids)
+        t0 = time.perf_counter()
+        try:
+            ok = self.pages.put(self.scheme.keys(hashes), segs)
+        except Exception as e:  # a full pool or a node down costs future hits, nothing else
+            logger.warning("peercache: %d block(s) not published (%s)", len(hashes), e)
+            ok = [False] * len(hashes)
+        dt = time.perf_counter() - t0
+        saved = sum(ok)
+        with self._lock:
+            self.counts.saved_blocks += saved
+            self.counts.save_failed_blocks += len(ok) - saved
+            self.counts.save_bytes += saved * self.table.block_bytes
+            self.counts.save_seconds += dt
+
+    def finished(self, req_ids: Set[str]) -> None:
+        """Forgets requests that ended."""
+        self._tainted.difference_update(req_ids)
+
+    def take_errors(self) -> Set[int]:
+        """Blocks that failed to load since the last call."""
+        with self._lock:
+            out, self._errors = self._errors, set()
+        return out
+
+    def take_counts(self) -> Dict[str, float]:
+        """Counters since the last call."""
+        with self._lock:
+            out, self.counts = self.counts, StepCounts()
+        return out.as_dict()

@@ -1,0 +1,51 @@
+"""peercache.core: the page store every adapter sits on, on loopback (the module's example)."""
+
+import numpy as np
+import pytest
+
+from peercache.core import KeyScheme, PageStore, Segments, as_bool, layout_fingerprint, ptr_len
+from conftest import node_config
+
+
+def test_the_module_example_round_trips_a_page(port):
+    store = PageStore(node_config(60, 60, port), startup_timeout=10)
+    try:
+        assert store.wait_ready()
+        page = bytearray(b"k" * 4096)
+        assert store.put_buffers(["model|h0"], [page]) == [True]
+        out = bytearray(4096)
+        assert store.get_buffers(["model|h0"], [out]) == [True] and out == page
+        # Registered host memory, two segments a page, one batch.
+        mem = np.arange(4 * 4096, dtype=np.uint8)
+        ptr, n = ptr_len(mem)
+        assert store.register_host(ptr, n) is True
+        assert store.register_host(ptr + 4096, 4096) is False, "inside a registered span"
+        segs = Segments()
+        segs.add_page([ptr, ptr + 2 * 4096], [4096, 4096])
+        assert store.put(["model|h1"], segs) == [True]
+        dst = np.zeros(2 * 4096, dtype=np.uint8)
+        dptr, _ = ptr_len(dst)
+        store.register_host(dptr, dst.nbytes)
+        back = Segments()
+        back.add_page([dptr, dptr + 4096], [4096, 4096])
+        assert store.get(["model|h1"], back) == [True]
+        assert (dst[:4096] == mem[:4096]).all() and (dst[4096:] == mem[2 * 4096:3 * 4096]).all()
+        assert store.leading(["model|h0", "model|h1", "model|nope", "model|h0"]) == 2
+        assert store.contains(["model|nope", "model|h1"]) == [False, True]
+    finally:
+        store.close()
+
+
+def test_keys_and_fingerprints_are_stable_and_distinct():
+    s = KeyScheme("m", ("tp0of2", "pp1"))
+    assert s.keys(["ab", "cd"]) == ["m|ab|tp0of2|pp1", "m|cd|tp0of2|pp1"]
+    a = layout_fingerprint({"model": "x", "dtype": "bfloat16", "block_size": 32})
+    assert a == layout_fingerprint({"block_size": 32, "dtype": "bfloat16", "model": "x"})
+    assert a != layout_fingerprint({"model": "x", "dtype": "float16", "block_size": 32})
+    assert len(a) == 16
+
+
+def test_booleans_are_parsed_strictly():
+    assert as_bool("Yes") is True and as_bool(0) is False and as_bool(None) is False
+    with pytest.raises(ValueError, match="expected"):
+        as_bool("maybe")

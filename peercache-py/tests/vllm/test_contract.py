@@ -1,0 +1,229 @@
+"""PeerCacheConnector against vLLM's real classes, without running a model: a real
+``VllmConfig`` (from ``EngineArgs``), real ``Request``s hashed by vLLM's own block hasher, real
+``KVCacheBlocks`` and ``SchedulerOutput``s, and real KV tensors in the CPU backend's layout.
+Two engines' connectors on two loopback nodes: what A's worker publishes, B's scheduler finds
+and B's worker loads byte-exact into other blocks; every bad input is a miss."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+pytest.importorskip("vllm", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+
+from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
+from vllm.v1.kv_cache_interface import KVCacheConfig  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from harness import Meta, free_port, prompts_sharing  # noqa: E402
+from model import make_model  # noqa: E402
+
+from peercache.vllm.config import ConfigError, check_hash_algo  # noqa: E402
+from peercache.vllm.connector import PeerCacheConnector  # noqa: E402
+
+BLOCK = 32
+NUM_BLOCKS = 48
+LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def env():
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="pc-contract-") as d:
+        model = make_model(os.path.join(d, "model"), layers=LAYERS, hidden=256)
+        secret = os.path.join(d, "secret")
+        with open(secret, "w") as f:
+            f.write(secrets.token_hex(16))
+        os.chmod(secret, 0o600)
+        meta = Meta("127.0.0.30", secret)
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+        out = {"model": model, "meta": meta.addr, "secret": secret}
+        with set_current_vllm_config(vllm_config(out, "127.0.0.30")):
+            ensure_model_parallel_initialized(1, 1)
+        try:
+            yield out
+        finally:
+            meta.stop()
+
+
+def vllm_config(env, host, dtype="bfloat16", block_size=BLOCK, secret=None, **extra):
+    extra_cfg = {"discovery_addr": env["meta"], "local_hostname": host, "protocol": "tcp",
+                 "global_segment_size": "64mb", "cluster_secret_file": secret or env["secret"],
+                 "metrics_enabled": False, "op_timeout": 1.0, "startup_timeout": 10,
+                 "heartbeat_interval": 0.2, "member_ttl": 0.6}
+    extra_cfg.update(extra)
+    kv = KVTransferConfig(kv_connector="PeerCacheConnector", kv_connector_module_path="peercache.vllm",
+                          kv_role="kv_both", kv_connector_extra_config=extra_cfg)
+    args = EngineArgs(model=env["model"], skip_tokenizer_init=True, block_size=block_size,
+                      enforce_eager=True, dtype=dtype, max_model_len=4096, kv_transfer_config=kv)
+    return args.create_engine_config()
+
+
+class Engine:
+    """One engine's two connectors (scheduler and worker) and its KV tensors."""
+
+    def __init__(self, env, host, fill, **kw):
+        self.cfg = vllm_config(env, host, **kw)
+        kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[])
+        with set_current_vllm_config(self.cfg):
+            self.sched = PeerCacheConnector(self.cfg, KVConnectorRole.SCHEDULER, kcc)
+            self.worker = PeerCacheConnector(self.cfg, KVConnectorRole.WORKER, kcc)
+        mc = self.cfg.model_config
+        heads, head = mc.get_num_kv_heads(self.cfg.parallel_config), mc.get_head_size()
+        g = torch.Generator().manual_seed(fill)
+        dtype = mc.dtype
+        # The CPU backend's layout: [num_blocks, kv_heads, block_size, 2 * head_size].
+        self.kv = {f"model.layers.{i}.self_attn.attn": (torch.randn(NUM_BLOCKS, heads, self.cfg.cache_config.block_size,
+                                                                    2 * head, generator=g).to(dtype) if fill else
+                                                        torch.zeros(NUM_BLOCKS, heads, self.cfg.cache_config.block_size, 2 * head, dtype=dtype))
+                   for i in range(LAYERS)}
+        self.worker.register_kv_caches(self.kv)
+        hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(self.cfg.cache_config.block_size, hash_fn)
+
+    def request(self, rid, ids):
+        return Request(rid, ids, SamplingParams(max_tokens=4), None, block_hasher=self.hasher)
+
+    def step(self, req, block_ids, computed, scheduled):
+        """One scheduler step of a new request, then the worker's load, forward and save."""
+        so = SchedulerOutput.make_empty()
+        so.scheduled_new_reqs = [NewRequestData.from_request(req, (block_ids,), None)]
+        so.num_scheduled_tokens = {req.request_id: scheduled}
+        so.total_num_scheduled_tokens = scheduled
+        so.scheduled_new_reqs[0].num_computed_tokens = computed
+        meta = self.sched.build_connector_meta(so)
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        self.worker.wait_for_save()
+        self.worker.clear_connector_metadata()
+        return meta
+
+    def alloc(self, req, block_ids, external):
+        blocks = KVCacheBlocks(blocks=([KVCacheBlock(b) for b in block_ids],))
+        self.sched.update_state_after_alloc(req, blocks, external)
+
+    def close(self):
+        self.worker.shutdown()
+        self.sched.shutdown()
+
+
+def publish(a, rid, ids, block_ids):
+    req = a.request(rid, ids)
+    assert a.sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    a.alloc(req, block_ids, 0)
+    a.step(req, block_ids, 0, len(ids))
+    return req
+
+
+def test_b_finds_and_loads_a_s_blocks_byte_exact_into_other_blocks(env):
+    a = Engine(env, "127.0.0.31", fill=1)
+    b = Engine(env, "127.0.0.32", fill=0)
+    try:
+        ids = prompts_sharing(10 * BLOCK + 5, 0, 1, seed=7)[0]
+        src = list(range(3, 3 + 11))
+        publish(a, "a1", ids, src)
+        stats = a.worker.get_kv_connector_stats()
+        assert stats is not None and stats.data["saved_blocks"] == 10
+        req = b.request("b1", ids)
+        n, asynchronous = b.sched.get_num_new_matched_tokens(req, 0)
+        assert (n, asynchronous) == (10 * BLOCK, False)
+        # vLLM's own prefix cache holding the first 2 blocks: the cluster supplies the rest.
+        assert b.sched.get_num_new_matched_tokens(req, 2 * BLOCK) == (8 * BLOCK, False)
+        dst = list(range(20, 31))
+        b.alloc(req, dst, 8 * BLOCK)
+        meta = b.step(req, dst, 10 * BLOCK, 5)
+        assert sum(len(io.block_ids) for io in meta.loads) == 8
+        assert b.worker.get_block_ids_with_load_errors() == set()
+        for name in a.kv:
+            assert torch.equal(b.kv[name][dst[2:10]], a.kv[name][src[2:10]]), name
+            assert not b.kv[name][dst[:2]].any(), "blocks vLLM holds itself are not overwritten"
+        loaded = b.worker.get_kv_connector_stats()
+        assert loaded is not None and loaded.data["loaded_blocks"] == 8
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_layout_mismatch_is_a_miss(env):
+    a = Engine(env, "127.0.0.33", fill=1)
+    other_dtype = Engine(env, "127.0.0.34", fill=0, dtype="float16")
+    other_block = Engine(env, "127.0.0.35", fill=0, block_size=64)
+    try:
+        ids = prompts_sharing(4 * 64 + 3, 0, 1, seed=8)[0]
+        publish(a, "a2", ids, list(range(0, 9)))
+        for e in (other_dtype, other_block):
+            assert e.sched.get_num_new_matched_tokens(e.request("x", ids), 0) == (0, False)
+    finally:
+        for e in (a, other_dtype, other_block):
+            e.close()
+
+
+def test_a_missing_page_is_reported_for_recompute_never_loaded_wrong(env):
+    a = Engine(env, "127.0.0.36", fill=1)
+    b = Engine(env, "127.0.0.37", fill=0)
+    try:
+        ids = prompts_sharing(6 * BLOCK + 1, 0, 1, seed=9)[0]
+        publish(a, "a3", ids, list(range(0, 7)))
+        req = b.request("b3", ids)
+        assert b.sched.get_num_new_matched_tokens(req, 0) == (6 * BLOCK, False)
+        a.worker.store.clear()  # the pages go between the lookup and the load
+        dst = list(range(10, 17))
+        b.alloc(req, dst, 6 * BLOCK)
+        b.step(req, dst, 6 * BLOCK, 1)
+        assert b.worker.get_block_ids_with_load_errors() == set(dst[:6])
+        assert b.worker.get_block_ids_with_load_errors() == set(), "reported once"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_wrong_secret_and_a_dead_owner_are_misses_within_the_deadline(env, tmp_path):
+    import time  # noqa: PLC0415
+
+    a = Engine(env, "127.0.0.38", fill=1)
+    ids = prompts_sharing(4 * BLOCK + 1, 0, 1, seed=10)[0]
+    publish(a, "a4", ids, list(range(0, 5)))
+    wrong = tmp_path / "wrong"
+    wrong.write_text(secrets.token_hex(16))
+    wrong.chmod(0o600)
+    stranger = Engine(env, "127.0.0.39", fill=0, secret=str(wrong), startup_timeout=2)
+    try:
+        t0 = time.monotonic()
+        assert stranger.sched.get_num_new_matched_tokens(stranger.request("s", ids), 0) == (0, False)
+        assert time.monotonic() - t0 < 10
+    finally:
+        stranger.close()
+    b = Engine(env, "127.0.0.40", fill=0)
+    try:
+        req = b.request("b4", ids)
+        assert b.sched.get_num_new_matched_tokens(req, 0) == (4 * BLOCK, False)
+        a.close()  # the owner leaves between the lookup and the load
+        dst = list(range(30, 35))
+        b.alloc(req, dst, 4 * BLOCK)
+        t0 = time.monotonic()
+        b.step(req, dst, 4 * BLOCK, 1)
+        assert time.monotonic() - t0 < 10
+        assert b.worker.get_block_ids_with_load_errors() == set(dst[:4])
+    finally:
+        b.close()
+
+
+def test_a_non_cryptographic_hash_without_a_shared_seed_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="PYTHONHASHSEED"):
+        check_hash_algo("xxhash", env={})
+    check_hash_algo("xxhash", env={"PYTHONHASHSEED": "0"})
+    check_hash_algo("sha256", env={})

@@ -1,0 +1,98 @@
+"""PeerCache inside real vLLM engines serving a real (locally generated) model, end to end:
+engine A publishes what it computed, engine B on another node loads the shared prefixes from
+it and answers with the same greedy tokens as a cold engine; with A's node killed, B still
+answers identically (it recomputes) within the deadline. Run by the `vllm` CI stage
+(scripts/vllm-e2e.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+
+from harness import Engine, Meta, connector, free_port, prompts_sharing
+from model import make_model
+
+BLOCK = 32
+PREFIX = int(os.environ.get("PC_VLLM_PREFIX", "2048"))  # shared prefix tokens (64 blocks)
+LAYERS = int(os.environ.get("PC_VLLM_LAYERS", "4"))
+HIDDEN = int(os.environ.get("PC_VLLM_HIDDEN", "512"))
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    keep = os.environ.get("PC_VLLM_LOGS")  # keep the engines' logs there
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="pc-vllm-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def model(workdir):
+    return make_model(os.path.join(workdir, "model"), layers=LAYERS, hidden=HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def secret(workdir):
+    value = secrets.token_hex(16)
+    path = os.path.join(workdir, "secret")
+    with open(path, "w") as f:
+        f.write(value)
+    os.chmod(path, 0o600)
+    return value, path
+
+
+def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_dead(workdir, model, secret):
+    value, path = secret
+    meta = Meta("127.0.0.10", path)
+    shared = prompts_sharing(PREFIX, 64, 3, seed=1)       # A answers these cold and publishes
+    variants = prompts_sharing(PREFIX, 64, 6, seed=1)[3:]  # same prefix, other suffixes
+    after_kill = prompts_sharing(PREFIX, 64, 9, seed=1)[6:]
+    m_a, m_b = free_port("127.0.0.11"), free_port("127.0.0.12")
+    engines = []
+    try:
+        a = Engine("a", {"model": model, "kv": connector("127.0.0.11", meta.addr, value, m_a),
+                         "metrics": f"127.0.0.11:{m_a}"}, workdir)
+        ref = Engine("b-off", {"model": model, "kv": None}, workdir)
+        b = Engine("b", {"model": model, "kv": connector("127.0.0.12", meta.addr, value, m_b),
+                         "metrics": f"127.0.0.12:{m_b}"}, workdir)
+        engines = [a, ref, b]
+        for e in engines:
+            e.ready()
+        cold = a.run(shared)
+        assert a.node()["peercache_pool_published_total"] > 0, "A published nothing"
+        expect = ref.run(shared + variants + after_kill)
+        assert cold["tokens"] == expect["tokens"][:3], "A's tokens with the connector differ from a cold engine's"
+
+        before = b.node()
+        got = b.run(shared + variants, answer=True)
+        after = got["node"]
+        assert got["tokens"] == expect["tokens"][:6], "B's tokens differ from a cold engine's"
+        # Each prompt's first request loads its prefix from A's node: the shared blocks are
+        # PREFIX / BLOCK per prompt.
+        remote = after["peercache_read_remote_hits_total"] - before["peercache_read_remote_hits_total"]
+        wanted = len(shared + variants) * (PREFIX // BLOCK)
+        assert remote >= 0.9 * wanted, f"B loaded {remote:.0f} of {wanted} shared prefix blocks from A"
+        assert "not loaded" not in b.log()
+
+        a.kill()  # node 1 is gone; its directory entries outlive it for a while
+        t0 = time.monotonic()
+        late = b.run(after_kill, timeout=120)
+        took = time.monotonic() - t0
+        assert late["tokens"] == expect["tokens"][6:], "B's tokens differ after A's node died"
+        assert took < 60, f"B took {took:.1f} s with A's node dead"
+        print(json.dumps({"start_s": [e.start_s for e in engines], "cold_ttft": cold["ttft_s"],
+                          "b_ttft": got["ttft_s"], "after_kill_ttft": late["ttft_s"], "remote_blocks": remote}))
+    finally:
+        for e in engines:
+            e.stop()
+        meta.stop()
