@@ -178,7 +178,8 @@ impl DirectoryService {
         self.refusals
             .too_many_owners
             .add(seen.too_many_owners as u64);
-        if seen.not_a_holder > 0 || seen.too_many_owners > 0 {
+        static LOG: peercache_wire::limits::Throttle = peercache_wire::limits::Throttle::new();
+        if (seen.not_a_holder > 0 || seen.too_many_owners > 0) && LOG.admit().is_some() {
             tracing::warn!(
                 peer = %peer.label(),
                 not_a_holder = seen.not_a_holder,

@@ -87,6 +87,9 @@ impl DiscoveryServer {
         let epoch = Instant::now();
         let refused = Arc::new(Refused::register());
         let (c, counts) = (core.clone(), refused.clone());
+        // Every refusal is counted; the log gets one line per 10 s, with how many it held back,
+        // so a member hammering the port cannot flood it.
+        let refusal_log = Arc::new(peercache_wire::limits::Throttle::new());
         let handler: rpc::Handler = Arc::new(move |peer, env| {
             let fail = |code, message: String, close| Reply::Error {
                 error: RpcError { code, message },
@@ -112,7 +115,9 @@ impl DiscoveryServer {
                 },
                 Err(r) => {
                     counts.count(&r);
-                    tracing::warn!(peer = %peer.label(), refusal = %r, "discovery request refused");
+                    if let Some(held) = refusal_log.admit() {
+                        tracing::warn!(peer = %peer.label(), refusal = %r, refused_since_last = held, "discovery request refused");
+                    }
                     let code = if r.is_identity() {
                         RpcError::CODE_FORBIDDEN
                     } else {

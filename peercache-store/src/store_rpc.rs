@@ -66,7 +66,11 @@ pub(crate) fn serve_store(
             };
             if claimed != *me {
                 inner.metrics.identity_refused.add(1);
-                tracing::warn!(peer = %peer.label(), claimed = %claimed, "refused a prepare for another writer");
+                static LOG: peercache_wire::limits::Throttle =
+                    peercache_wire::limits::Throttle::new();
+                if let Some(held) = LOG.admit() {
+                    tracing::warn!(peer = %peer.label(), claimed = %claimed, refused_since_last = held, "refused a prepare for another writer");
+                }
                 return rpc::forbidden(peer, &format!("prepare for writer {claimed}"));
             }
             frame(StoreReply::Prepared(inner.prepare(me, &pages, layout)))

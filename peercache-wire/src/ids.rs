@@ -38,6 +38,11 @@ impl NodeId {
         {
             return Err(bad("only [A-Za-z0-9._:@-] are allowed"));
         }
+        // The disk tier keeps a node's files under `<disk_path>/<node id>/`: `.` and `..`
+        // would name the folder itself or its parent.
+        if id == "." || id == ".." {
+            return Err(bad("`.` and `..` name folders, not nodes"));
+        }
         Ok(NodeId(Arc::from(id)))
     }
 
@@ -204,6 +209,9 @@ mod tests {
         assert!(NodeId::new("a b").is_err());
         assert!(NodeId::new("x".repeat(129)).is_err());
         assert!(NodeId::new("x".repeat(128)).is_ok());
+        // Folder names, not node names: the disk tier would use `disk_path` or its parent.
+        assert!(NodeId::new("..").is_err() && NodeId::new(".").is_err());
+        assert!(NodeId::new("...").is_ok() && NodeId::new(".a").is_ok());
     }
 
     #[test]

@@ -116,7 +116,7 @@ def test_mha_round_trip_is_byte_exact_across_nodes(layout):
     port = free_port()
     a, b = make(61, 61, port, page_first=layout == "page_first"), make(62, 61, port, page_first=layout == "page_first")
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         ha, hb = mha_host(layout), mha_host(layout)
         a.register_mem_pool_host(ha)
         b.register_mem_pool_host(hb)
@@ -142,7 +142,7 @@ def test_a_hole_cuts_the_leading_count_with_real_pools():
     port = free_port()
     a, b = make(63, 63, port), make(64, 63, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         ha, hb = mha_host("page_first"), mha_host("page_first")
         a.register_mem_pool_host(ha)
         b.register_mem_pool_host(hb)
@@ -166,7 +166,7 @@ def test_a_host_pool_group_resolves_to_its_anchor():
     port = free_port()
     a, b = make(69, 69, port), make(70, 69, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         groups = []
         for backend in (a, b):
             host = mha_host("page_first")
@@ -191,7 +191,7 @@ def test_mla_rank_one_reads_what_rank_zero_wrote(layout):
     r0 = make(65, 65, port, tp_rank=0, tp_size=2, mla=True)
     r1 = make(66, 65, port, tp_rank=1, tp_size=2, mla=True)
     try:
-        assert r0._node.wait_members(2, 10) and r1._node.wait_members(2, 10)
+        assert r0.core.wait_members(2, 10) and r1.core.wait_members(2, 10)
         h0, h1 = mla_host(layout), mla_host(layout)
         r0.register_mem_pool_host(h0)
         r1.register_mem_pool_host(h1)

@@ -38,7 +38,7 @@ def test_a_partial_tail_page_is_a_partial_hit_on_another_node():
     port = free_port()
     a, b = make(81, 81, port), make(82, 81, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         ha, hb = mha_host("page_first"), mha_host("page_first")
         a.register_mem_pool_host(ha)
         b.register_mem_pool_host(hb)
@@ -80,7 +80,7 @@ def test_a_logical_anchor_misses_v1_once_warned_and_side_pools_resolve_by_name(c
     port = free_port()
     a, b = make(83, 83, port), make(84, 83, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         (ga, c4a), (gb, c4b) = v4_group(), v4_group()
         # Only the group is registered: SGLang need not call register_mem_host_pool_v2 per entry.
         caplog.clear()
@@ -212,7 +212,7 @@ def test_dcp_shards_have_their_own_keys_and_one_writer_each():
              for r in range(4)]
     try:
         for s in ranks:
-            assert s._node.wait_members(4, 10)
+            assert s.core.wait_members(4, 10)
         assert [s.is_storage_writer for s in ranks] == [True, True, False, False]
         hosts = [mla_host("page_first") for _ in ranks]
         for s, h in zip(ranks, hosts):

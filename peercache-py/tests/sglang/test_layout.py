@@ -15,6 +15,7 @@ pytest.importorskip("sglang", reason="the SGLang contract venv (scripts/sglang-c
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 
+from peercache.core import Segments  # noqa: E402
 from test_contract import LAYERS, PAGE, TOKENS, config, extra, fill, free_port, page_bytes  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_bf16_fp16_and_fp8_deployments_never_read_each_others_pages():
     stores = [bf16_w, bf16_r, fp16_w, fp16_r, fp8_r]
     try:
         for s in stores:
-            assert s._node.wait_members(5, 10)
+            assert s.core.wait_members(5, 10)
         hosts = [host(torch.bfloat16), host(torch.bfloat16), host(torch.float16),
                  host(torch.float16), host(torch.float8_e4m3fn)]
         for s, h in zip(stores, hosts):
@@ -96,7 +97,7 @@ def test_mha_tp2_and_tp4_rank_zero_are_different_layouts():
     tp4 = make(105, 104, port, tp_rank=0, tp_size=4)
     try:
         for s in (tp2, tp4):
-            assert s._node.wait_members(2, 10)
+            assert s.core.wait_members(2, 10)
         h2, h4 = host(torch.bfloat16, heads=4), host(torch.bfloat16, heads=2)
         tp2.register_mem_pool_host(h2)
         tp4.register_mem_pool_host(h4)
@@ -107,15 +108,15 @@ def test_mha_tp2_and_tp4_rank_zero_are_different_layouts():
         # Write under the raw node keys both ranks compute alike, to show the layout (not the
         # key scheme) is what refuses the page.
         ptrs, sizes = h4.get_page_buffer_meta(torch.arange(0, 3 * PAGE))
-        assert tp4._node.batch_set_ptrs(keys, list(map(int, ptrs)), list(map(int, sizes)),
-                                        [len(ptrs) // 3] * 3) == [True] * 3
+        assert tp4.core.put(keys, Segments(list(map(int, ptrs)), list(map(int, sizes)),
+                                           [len(ptrs) // 3] * 3)) == [True] * 3
         # tp2 asks for pages of exactly that length, into memory of its own: refused.
         out = torch.zeros(sum(map(int, sizes)), dtype=torch.uint8)
         offs, at = [], out.data_ptr()
         for z in sizes:
             offs.append(at)
             at += int(z)
-        got = tp2._node.batch_get_ptrs(keys, offs, list(map(int, sizes)), [len(ptrs) // 3] * 3)
+        got = tp2.core.get(keys, Segments(offs, list(map(int, sizes)), [len(ptrs) // 3] * 3))
         assert got == [False] * 3
         assert tp2.stats()["layout_mismatches"] == 3
         assert int(out.sum()) == 0, "a refused page leaves no bytes behind"

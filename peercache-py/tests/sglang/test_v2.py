@@ -74,7 +74,7 @@ def test_side_pools_with_several_buffers_per_page_round_trip_without_packing():
     port = free_port()
     a, b = make(71, 71, port), make(72, 71, port)
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         pools = {}
         for backend in (a, b):
             kv, mamba, c4 = mha_host("page_first"), mamba_host(), dsv4_host()
@@ -120,7 +120,7 @@ def test_draft_pools_follow_their_own_shape_across_tp_ranks():
     r0 = make(76, 76, port, tp_rank=0, tp_size=2, mla=True)
     r1 = make(77, 76, port, tp_rank=1, tp_size=2, mla=True)
     try:
-        assert r0._node.wait_members(2, 10) and r1._node.wait_members(2, 10)
+        assert r0.core.wait_members(2, 10) and r1.core.wait_members(2, 10)
         hosts = {}
         for backend in (r0, r1):
             backend.register_mem_pool_host(mla_host("page_first"))
@@ -162,7 +162,7 @@ def test_side_pools_in_slotmap_mode():
         backends.append(StorageBackendFactory.create_backend("dynamic", config(e), None))
     a, b = backends
     try:
-        assert a._node.wait_members(2, 10) and b._node.wait_members(2, 10)
+        assert a.core.wait_members(2, 10) and b.core.wait_members(2, 10)
         pools = {}
         for backend in (a, b):
             backend.register_mem_pool_host(mha_host("page_first"))

@@ -3,9 +3,10 @@
     python engine.py SPEC_JSON RESULT_FD
 
 SPEC (JSON): {"model": dir, "kv": null | KVTransferConfig kwargs, "prefix_caching": bool,
-"block_size": 32, "kv_cache_gb": 1.0, "max_model_len": 8192, "metrics": "host:port" | null}.
+"dtype": "bfloat16", "block_size": 32, "kv_cache_gb": 1.0, "max_model_len": 8192, "metrics": "host:port" | null}.
 
-The engine starts, writes ``{"ready": start seconds}`` as one JSON line to RESULT_FD, then
+The engine starts, writes ``{"ready": start seconds}`` (or ``{"error": why}``, and exits) as one
+JSON line to RESULT_FD, then
 takes commands, one JSON line each on stdin, and answers each with one JSON line on RESULT_FD:
 
 - ``{"run": [[ids...], ...], "max_tokens": n}``: each prompt greedily, one at a time: first
@@ -47,11 +48,16 @@ def main() -> None:
 
     kv = KVTransferConfig(**spec["kv"]) if spec.get("kv") else None
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model"], skip_tokenizer_init=True, block_size=spec.get("block_size", 32),
-              enforce_eager=True, dtype="bfloat16", max_model_len=spec.get("max_model_len", 8192),
-              kv_cache_memory_bytes=int(spec.get("kv_cache_gb", 1.0) * (1 << 30)),
-              enable_prefix_caching=spec.get("prefix_caching", False),
-              kv_transfer_config=kv, seed=0)
+    try:
+        llm = LLM(model=spec["model"], skip_tokenizer_init=True, block_size=spec.get("block_size", 32),
+                  enforce_eager=True, dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 8192),
+                  kv_cache_memory_bytes=int(spec.get("kv_cache_gb", 1.0) * (1 << 30)),
+                  enable_prefix_caching=spec.get("prefix_caching", False),
+                  kv_transfer_config=kv, seed=0)
+    except Exception as e:  # the engine did not start: say why, and do not linger
+        results.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+        results.flush()
+        os._exit(1)
     results.write(json.dumps({"ready": time.perf_counter() - t0}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)

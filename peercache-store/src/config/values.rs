@@ -93,7 +93,11 @@ pub(super) fn int(key: &'static str, v: &Value) -> Result<i64, ConfigError> {
     }
 }
 
-/// Non-negative seconds.
+/// The longest duration a setting may hold: 30 days. Longer ones overflow deadline arithmetic
+/// (`Instant + Duration`), and no timeout or interval of a node needs them.
+pub(super) const MAX_SECONDS: f64 = 30.0 * 86_400.0;
+
+/// Non-negative seconds, at most [`MAX_SECONDS`].
 pub(super) fn seconds(key: &'static str, v: &Value) -> Result<f64, ConfigError> {
     let f = match v {
         Value::Number(n) => n.as_f64(),
@@ -101,7 +105,12 @@ pub(super) fn seconds(key: &'static str, v: &Value) -> Result<f64, ConfigError> 
         _ => None,
     };
     match f {
-        Some(f) if f.is_finite() && f >= 0.0 => Ok(f),
+        Some(f) if f.is_finite() && (0.0..=MAX_SECONDS).contains(&f) => Ok(f),
+        Some(f) if f.is_finite() && f > MAX_SECONDS => Err(bad(
+            key,
+            v,
+            "longer than 2592000 seconds (30 days), the longest duration a setting may hold",
+        )),
         _ => Err(bad(key, v, "expected a non-negative number of seconds")),
     }
 }
