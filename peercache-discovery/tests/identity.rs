@@ -8,23 +8,13 @@ use std::time::Duration;
 use peercache_discovery::{DiscReply, DiscRequest, DiscoveryServer, NodeInfo};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient, RpcError};
-use peercache_wire::{Auth, Incarnation, NodeId, WireError, envelope};
+use peercache_wire::{Auth, Incarnation, WireError, envelope};
+
+mod common;
+use common::info;
 
 const SECRET: &[u8] = b"discovery-identity-test-secret";
 const T: Duration = Duration::from_secs(3);
-
-fn info(name: &str, inc: u64) -> NodeInfo {
-    NodeInfo {
-        node: NodeId::new(name).unwrap(),
-        incarnation: Incarnation(inc),
-        host: "127.0.0.1".parse().unwrap(),
-        meta: None,
-        control: "127.0.0.1:1000".parse().unwrap(),
-        data: vec!["127.0.0.1:2000".parse().unwrap()],
-        role: "inference".into(),
-        attrs: vec![],
-    }
-}
 
 /// A connection that announces itself as `me` in its handshake.
 fn member(me: &NodeInfo) -> RpcClient {

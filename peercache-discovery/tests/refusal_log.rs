@@ -5,10 +5,13 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use peercache_discovery::{DiscReply, DiscRequest, DiscoveryServer, NodeInfo};
+use peercache_discovery::{DiscReply, DiscRequest, DiscoveryServer};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
-use peercache_wire::{Auth, Incarnation, NodeId, envelope};
+use peercache_wire::{Auth, envelope};
+
+mod common;
+use common::info;
 
 const SECRET: &[u8] = b"discovery-refusal-log-secret";
 
@@ -23,19 +26,6 @@ impl Write for Captured {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-fn info(name: &str, inc: u64) -> NodeInfo {
-    NodeInfo {
-        node: NodeId::new(name).unwrap(),
-        incarnation: Incarnation(inc),
-        host: "127.0.0.1".parse().unwrap(),
-        meta: None,
-        control: "127.0.0.1:1000".parse().unwrap(),
-        data: vec!["127.0.0.1:2000".parse().unwrap()],
-        role: "inference".into(),
-        attrs: vec![],
     }
 }
 

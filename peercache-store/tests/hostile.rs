@@ -86,24 +86,44 @@ fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
 /// Connects to `addr` and trickles a plausible first frame one byte per 100 ms, as a stranger
 /// would; returns how long the server kept the connection open (None: still open after 10 s).
 fn trickle(addr: SocketAddr) -> Option<Duration> {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
     let mut bytes = 1000u32.to_be_bytes().to_vec();
     bytes.extend_from_slice(&[0x42; 1000]);
+    trickle_bytes(
+        addr,
+        &bytes,
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+    )
+}
+
+/// Writes `bytes` to a new connection to `addr` one at a time, waiting up to `every` for the
+/// server between bytes; how long the server kept the connection open (None: still open
+/// after `give_up`, or every byte was sent).
+fn trickle_bytes(
+    addr: SocketAddr,
+    bytes: &[u8],
+    every: Duration,
+    give_up: Duration,
+) -> Option<Duration> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(every)).unwrap();
     let t0 = Instant::now();
     for b in bytes {
-        if s.write_all(&[b]).is_err() {
+        if s.write_all(&[*b]).is_err() {
             return Some(t0.elapsed());
         }
         let mut r = [0u8; 64];
         match s.read(&mut r) {
             Ok(0) => return Some(t0.elapsed()),
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return Some(t0.elapsed()),
         }
-        if t0.elapsed() > Duration::from_secs(10) {
+        if t0.elapsed() > give_up {
             return None;
         }
     }
@@ -248,34 +268,16 @@ fn open_for(mut s: TcpStream, t0: Instant, max: Duration) -> Option<Duration> {
 
 /// Connects to the metrics port and trickles a request head one byte per 500 ms.
 fn trickle_http(addr: SocketAddr) -> Option<Duration> {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
     let head = format!(
         "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Trickle: {}",
         "a".repeat(64)
     );
-    let t0 = Instant::now();
-    for b in head.bytes() {
-        if s.write_all(&[b]).is_err() {
-            return Some(t0.elapsed());
-        }
-        let mut r = [0u8; 64];
-        match s.read(&mut r) {
-            Ok(0) => return Some(t0.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(t0.elapsed()),
-        }
-        if t0.elapsed() > Duration::from_secs(40) {
-            return None;
-        }
-    }
-    None
+    trickle_bytes(
+        addr,
+        head.as_bytes(),
+        Duration::from_millis(500),
+        Duration::from_secs(40),
+    )
 }
 
 #[test]

@@ -30,18 +30,17 @@ class PeerCacheMeta(_MetaBase):
 
     def load_pairs(self) -> Tuple[List[str], List[int]]:
         """Every load of the step as (hashes, block ids), one batch."""
-        hs: List[str] = []
-        bs: List[int] = []
-        for io in self.loads:
-            hs.extend(io.hashes)
-            bs.extend(io.block_ids)
-        return hs, bs
+        return _flatten(self.loads)
 
     def save_pairs(self) -> Tuple[List[str], List[int]]:
         """Every save of the step as (hashes, block ids), one batch."""
-        hs: List[str] = []
-        bs: List[int] = []
-        for io in self.saves:
-            hs.extend(io.hashes)
-            bs.extend(io.block_ids)
-        return hs, bs
+        return _flatten(self.saves)
+
+
+def _flatten(ios: List[BlockIO]) -> Tuple[List[str], List[int]]:
+    hs: List[str] = []
+    bs: List[int] = []
+    for io in ios:
+        hs.extend(io.hashes)
+        bs.extend(io.block_ids)
+    return hs, bs
