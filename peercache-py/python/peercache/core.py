@@ -28,7 +28,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _peercache
 
@@ -56,18 +56,6 @@ def as_bool(v: object, name: str = "value") -> bool:
     if isinstance(v, (bool, int, float)):
         return bool(v)
     raise ValueError(f"peercache: {name} = {v!r}: expected a boolean")
-
-
-class HostTensor(Protocol):
-    """What PeerCache needs of a torch tensor: its address, size and contiguity."""
-
-    def data_ptr(self) -> int: ...
-
-    def element_size(self) -> int: ...
-
-    def numel(self) -> int: ...
-
-    def is_contiguous(self) -> bool: ...
 
 
 def ptr_len(x: object) -> Optional[Tuple[int, int]]:
