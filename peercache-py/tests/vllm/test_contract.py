@@ -12,8 +12,10 @@ import tempfile
 
 import pytest
 
+# `vllm.config`, not `vllm`: without vLLM installed, this folder itself imports as a namespace
+# package named `vllm`.
 torch = pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
-pytest.importorskip("vllm", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+pytest.importorskip("vllm.config", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
 from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402

@@ -17,7 +17,10 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("vllm", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+# `vllm.config`, not `vllm`: without vLLM installed, this folder itself imports as a namespace
+# package named `vllm`.
+pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+pytest.importorskip("vllm.config", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
 from harness import Meta, free_port, prompts_sharing
 from model import make_model
