@@ -518,8 +518,6 @@ fn every_series_has_help_and_every_grafana_query_names_exported_series() {
     for q in &queries {
         let mut rest = q.as_str();
         while let Some(at) = rest.find("peercache_") {
-            // `vllm:peercache_*` are the vLLM connector's series, on vLLM's own `/metrics`.
-            let engine_series = rest[..at].ends_with("vllm:");
             let tail = &rest[at..];
             let end = tail
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
