@@ -53,7 +53,10 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let n = args.pages as usize;
     let src = prefaulted(page * n, 29);
-    let pool = Pool::new(PoolConfig::new((page + 4096) * n + (64 << 20)))?;
+    let pool = Pool::new(PoolConfig {
+        background: false,
+        ..PoolConfig::new((page + 4096) * n + (64 << 20))
+    })?;
     let mut rows = Vec::new();
     for round in 0..args.rounds {
         // Plain sequential file write of the same bytes.

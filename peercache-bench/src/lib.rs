@@ -35,6 +35,7 @@ pub mod scale;
 pub mod secret;
 pub mod serve;
 pub mod sglwork;
+pub mod startup;
 pub mod suite;
 pub mod throughput;
 pub mod verbs_transport;

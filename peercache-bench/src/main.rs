@@ -2,7 +2,7 @@
 
 use peercache_bench::{
     alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, mooncake,
-    poolbench, replicabench, report, saturation, scale, serve, suite, throughput,
+    poolbench, replicabench, report, saturation, scale, serve, startup, suite, throughput,
 };
 
 use anyhow::{Context, Result};
@@ -38,6 +38,9 @@ enum Cmd {
     Directory(dirbench::DirArgs),
     /// One directory shard at 1 M and 10 M keys: bytes per (key, owner), lookup and exists rates.
     Scale(scale::ScaleArgs),
+    /// A node with a large pool: time to its first served read and to a warm pool, beside a
+    /// parallel memset of the same size.
+    Startup(startup::StartupArgs),
     /// Disk tier: write-through and promote against plain sequential file I/O.
     Disk(diskbench::DiskArgs),
     /// PeerCache get beside raw TCP and Mooncake Store (when available), interleaved.
@@ -123,6 +126,7 @@ fn run() -> Result<()> {
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Scale(args)) => finish(scale::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Startup(args)) => finish(startup::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.run.json.as_deref()),
         None => {

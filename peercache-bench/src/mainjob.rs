@@ -65,8 +65,17 @@ pub fn start_node(ip: &str, seed: &str, pool: &str) -> Result<Store> {
     start_node_with(ip, seed, pool, &[])
 }
 
-/// [`start_node`] with `key=value` overrides of any setting.
+/// [`start_node`] with `key=value` overrides of any setting; returns once the node joined and
+/// its pool is warm (the benches measure the steady state).
 pub fn start_node_with(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Result<Store> {
+    let s = start_node_cold(ip, seed, pool, sets)?;
+    // Measure the steady state: the pool warmed whole, no faulting threads beside the run.
+    s.wait_pool_ready(Duration::from_secs(300));
+    Ok(s)
+}
+
+/// [`start_node_with`] that returns as soon as the node joined, its pool perhaps still warming.
+pub fn start_node_cold(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Result<Store> {
     let mut cfg = json!({
         "discovery_addr": seed,
         "protocol": "tcp",

@@ -61,6 +61,8 @@ fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Resul
     let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
     let s = Store::start(cfg)?;
     s.wait_ready(Some(Duration::from_secs(20)))?;
+    // Measure the steady state: the pool warmed whole, no faulting threads beside the run.
+    s.wait_pool_ready(Duration::from_secs(300));
     Ok(s)
 }
 

@@ -182,6 +182,8 @@ pub fn start_node(
     let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
     let s = Store::start(cfg)?;
     s.wait_ready(Some(Duration::from_secs(20)))?;
+    // Measure the steady state: the pool warmed whole, no faulting threads beside the run.
+    s.wait_pool_ready(Duration::from_secs(300));
     Ok(s)
 }
 

@@ -62,6 +62,19 @@ pub enum PoolError {
         /// OS error.
         detail: String,
     },
+    /// More memory asked for than the host has available (`MemAvailable`).
+    #[error(
+        "a pool of {:.1} GiB is more than this host's available memory ({:.1} GiB MemAvailable); \
+         ask for less, or allow overcommit explicitly",
+        *asked as f64 / (1u64 << 30) as f64,
+        *available as f64 / (1u64 << 30) as f64
+    )]
+    HostTooSmall {
+        /// Bytes asked for.
+        asked: u64,
+        /// `MemAvailable` in bytes when asked.
+        available: u64,
+    },
     /// A read did not verify (stale slot, torn copy, wrong key or checksum).
     #[error("page {key} failed verification: {reason:?}")]
     Verify {

@@ -7,7 +7,10 @@
 //! generation, key and checksum ([`header::verify`]); a slot reused since the location was
 //! handed out is rejected, never served as another key's bytes.
 //!
-//! * One contiguous region, mapped once and pre-faulted ([`mem`]).
+//! * One contiguous region, mapped once ([`mem`]) and faulted in before it serves: the first
+//!   slabs at once, the rest on background threads, each slab used only once it is resident
+//!   ([`Pool::readiness`]), so a large pool serves at once and no publish takes a page fault.
+//!   A pool larger than the host's available memory is refused unless overcommit is allowed.
 //! * Size classes ([`class`]) carve it into slabs so mixed page sizes do not fragment it; a
 //!   class that runs dry takes a slab from the largest class.
 //! * Two replacement classes ([`ReplClass`]): local publishes are *retained*, copies fetched
@@ -24,18 +27,20 @@ pub mod disk;
 mod error;
 mod fused;
 pub mod header;
+mod host;
 pub mod mem;
 pub mod metrics;
 mod pool;
 mod prefault;
 pub mod slotmap;
 mod state;
+mod warm;
 
 pub use error::PoolError;
 pub use header::{Expect, HEADER_LEN, SlotHeader, VerifyError};
 pub use pool::{
     Evicted, Leases, PageLocation, PageWrite, Pool, PoolConfig, PoolStats, PublishScratch,
-    Published, ReplClass, Reservation, Reserved,
+    Published, Readiness, ReplClass, Reservation, Reserved,
 };
 
 /// The README's examples, compiled and run as doc tests so they stay true.

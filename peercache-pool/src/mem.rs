@@ -1,6 +1,7 @@
-//! Where the pool's memory comes from: one contiguous, pre-faulted mapping — private
-//! anonymous memory ([`MmapAlloc`]) or a sealed memory file other processes on the host can
-//! map read-only ([`MemfdAlloc`]).
+//! Where the pool's memory comes from: one contiguous mapping — private anonymous memory
+//! ([`MmapAlloc`]) or a sealed memory file other processes on the host can map read-only
+//! ([`MemfdAlloc`]) — faulted in before it serves: all at once ([`RegionAlloc::map`]) or by the
+//! pool, slab by slab, on background threads ([`RegionAlloc::map_unfaulted`]).
 
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -11,11 +12,18 @@ use crate::PoolError;
 pub trait RegionAlloc: Send + Sync {
     /// Maps `len` bytes, every page already faulted in.
     fn map(&self, len: usize) -> Result<Mapping, PoolError>;
+
+    /// Maps `len` bytes and leaves faulting to the caller (the pool faults its slabs in on
+    /// background threads and uses each once it is in; see [`Mapping::is_populated`]). The
+    /// default maps through [`RegionAlloc::map`], already faulted.
+    fn map_unfaulted(&self, len: usize) -> Result<Mapping, PoolError> {
+        self.map(len)
+    }
 }
 
 /// An anonymous private mapping; tries explicit huge pages when asked, falls back to normal
-/// pages (with transparent-huge-page advice given before the first fault), and pre-faults every
-/// page (with progress in the log for a large pool).
+/// pages (with transparent-huge-page advice given before the first fault); [`RegionAlloc::map`]
+/// faults every page in on several threads (with progress in the log for a large pool).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MmapAlloc {
     /// Try `MAP_HUGETLB` first.
@@ -28,6 +36,8 @@ pub struct Mapping {
     ptr: *mut u8,
     len: usize,
     huge: bool,
+    /// Every page already faulted in.
+    populated: bool,
     /// The memory file behind a shared mapping (offset 0 of it is `ptr`).
     fd: Option<OwnedFd>,
 }
@@ -54,6 +64,24 @@ impl Mapping {
     /// Whether explicit huge pages back it.
     pub fn is_huge(&self) -> bool {
         self.huge
+    }
+    /// Whether every page is already faulted in (false for a mapping from
+    /// [`RegionAlloc::map_unfaulted`] on normal pages: its owner faults it).
+    pub fn is_populated(&self) -> bool {
+        self.populated
+    }
+    /// Faults every page in on `threads` threads (0: one per core, at most 16), huge pages
+    /// advised first; a no-op once populated.
+    pub fn populate(&mut self, threads: usize) {
+        if !self.populated {
+            let threads = if threads == 0 {
+                crate::prefault::auto_threads()
+            } else {
+                threads
+            };
+            crate::prefault::prefault(self.ptr, self.len, threads);
+            self.populated = true;
+        }
     }
     /// A read-only descriptor of the sealed memory file behind the mapping (its offset 0 is
     /// [`Mapping::ptr`]), when it came from [`MemfdAlloc`]: other processes on the host may map
@@ -89,6 +117,12 @@ fn mmap(len: usize, extra: libc::c_int) -> Option<*mut u8> {
 
 impl RegionAlloc for MmapAlloc {
     fn map(&self, len: usize) -> Result<Mapping, PoolError> {
+        let mut m = self.map_unfaulted(len)?;
+        m.populate(0);
+        Ok(m)
+    }
+
+    fn map_unfaulted(&self, len: usize) -> Result<Mapping, PoolError> {
         if len == 0 {
             return Err(PoolError::Geometry("pool size is zero".into()));
         }
@@ -100,6 +134,7 @@ impl RegionAlloc for MmapAlloc {
                     ptr,
                     len: huge_len,
                     huge: true,
+                    populated: true,
                     fd: None,
                 });
             }
@@ -109,11 +144,11 @@ impl RegionAlloc for MmapAlloc {
             len,
             detail: std::io::Error::last_os_error().to_string(),
         })?;
-        crate::prefault::prefault(ptr, len);
         Ok(Mapping {
             ptr,
             len,
             huge: false,
+            populated: false,
             fd: None,
         })
     }
@@ -204,6 +239,14 @@ fn map_shared(fd: &OwnedFd, len: usize) -> Result<*mut u8, std::io::Error> {
 
 impl RegionAlloc for MemfdAlloc {
     fn map(&self, len: usize) -> Result<Mapping, PoolError> {
+        let mut m = self.map_unfaulted(len)?;
+        m.populate(0);
+        Ok(m)
+    }
+
+    /// The file is sealed against writes through any other descriptor before this returns;
+    /// the owner's mapping made here stays writable, so faulting it in later is allowed.
+    fn map_unfaulted(&self, len: usize) -> Result<Mapping, PoolError> {
         if len == 0 {
             return Err(PoolError::Geometry("pool size is zero".into()));
         }
@@ -217,9 +260,9 @@ impl RegionAlloc for MemfdAlloc {
                     ptr,
                     len: huge_len,
                     huge: true,
+                    populated: false,
                     fd: None,
                 };
-                crate::prefault::prefault(ptr, huge_len);
                 mapping.fd = Some(seal_read_only(&fd).map_err(|e| PoolError::Map {
                     len,
                     detail: format!("sealing the shared memory file: {e}"),
@@ -241,9 +284,9 @@ impl RegionAlloc for MemfdAlloc {
             ptr,
             len,
             huge: false,
+            populated: false,
             fd: None,
         };
-        crate::prefault::prefault(ptr, len);
         mapping.fd = Some(seal_read_only(&fd).map_err(err)?);
         Ok(mapping)
     }

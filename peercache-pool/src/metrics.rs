@@ -12,6 +12,8 @@ peercache_wire::metric_names! {
     pub const BYTES_USED: &str = "peercache_pool_bytes_used";
     /// Pool capacity in bytes.
     pub const CAPACITY: &str = "peercache_pool_capacity_bytes";
+    /// Pool bytes faulted in and usable (equal to the capacity's whole slabs once warm).
+    pub const READY_BYTES: &str = "peercache_pool_ready_bytes";
     /// Pages evicted, label `class`.
     pub const EVICTIONS_TOTAL: &str = "peercache_pool_evictions_total";
     /// Pages published (new).
@@ -66,6 +68,7 @@ pub(crate) struct Handles {
     pub(crate) published: Counter,
     pub(crate) duplicates: Counter,
     pub(crate) slab_steals: Counter,
+    pub(crate) ready_bytes: Gauge,
     /// Reads rejected by verification, by [`VerifyError::kind`].
     pub(crate) verify_rejects: [Tally; VerifyError::KINDS.len()],
 }
@@ -86,6 +89,7 @@ impl Handles {
             published: metrics::counter!(PUBLISHED_TOTAL),
             duplicates: metrics::counter!(DUPLICATES_TOTAL),
             slab_steals: metrics::counter!(SLAB_STEALS_TOTAL),
+            ready_bytes: metrics::gauge!(READY_BYTES),
             verify_rejects: VerifyError::KINDS
                 .map(|r| Tally::new(metrics::counter!(VERIFY_REJECTS_TOTAL, "reason" => r))),
         }

@@ -8,6 +8,7 @@ use peercache_wire::{Layout, PageKey};
 use crate::header::{self, Expect, HEADER_LEN, SlotHeader};
 use crate::mem::{Mapping, MmapAlloc, RegionAlloc};
 use crate::state::{SlotRef, SlotState, State};
+use crate::warm::Warmer;
 use crate::{PoolError, VerifyError};
 
 /// Replacement class of a resident page.
@@ -30,15 +31,27 @@ pub struct PoolConfig {
     pub slab_bytes: usize,
     /// Try explicit huge pages first.
     pub hugepages: bool,
+    /// Threads faulting the pool's memory in (0: one per core, at most 16).
+    pub fault_threads: usize,
+    /// Fault only the first slabs (about 128 MiB) before [`Pool::with_alloc`] returns and
+    /// the rest on background threads, each slab used once it is in (see
+    /// [`Pool::readiness`]); `false` faults the whole pool first.
+    pub background: bool,
+    /// Accept a pool larger than the host's `MemAvailable` (refused by default: faulting it
+    /// would push the host into reclaim or the OOM killer).
+    pub allow_overcommit: bool,
 }
 
 impl PoolConfig {
-    /// A pool of `size` bytes with derived slabs and normal pages.
+    /// A pool of `size` bytes with derived slabs, normal pages, warmed in the background.
     pub fn new(size: usize) -> Self {
         PoolConfig {
             size,
             slab_bytes: 0,
             hugepages: false,
+            fault_threads: 0,
+            background: true,
+            allow_overcommit: false,
         }
     }
 
@@ -168,6 +181,26 @@ pub struct PoolStats {
     pub verify_rejects: u64,
 }
 
+/// Faulted before [`Pool::with_alloc`] returns when the rest warms in the background.
+const SYNC_BYTES: usize = 128 << 20;
+
+/// How much of a pool is faulted in: slabs join the pool as they are, so a pool serves (and
+/// takes publishes into its ready part) before it is fully ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// Bytes faulted in and usable.
+    pub ready_bytes: u64,
+    /// Bytes of the whole pool (whole slabs).
+    pub total_bytes: u64,
+}
+
+impl Readiness {
+    /// Every slab is faulted in.
+    pub fn is_ready(&self) -> bool {
+        self.ready_bytes >= self.total_bytes
+    }
+}
+
 /// The published pool: one contiguous pre-faulted region cut into size-class slabs, every slot
 /// with a verified header, two-class LRU eviction, leases for local readers.
 ///
@@ -204,7 +237,11 @@ pub struct PoolStats {
 /// # Ok::<(), peercache_pool::PoolError>(())
 /// ```
 pub struct Pool {
-    map: Mapping,
+    /// Stops the warming threads when the pool goes; they share `map`.
+    warm: Option<Warmer>,
+    map: std::sync::Arc<Mapping>,
+    /// Bytes of the slabs (the mapping's tail beyond the last whole slab is never used).
+    slab_total: u64,
     state: Mutex<State>,
     max_payload: u64,
     metrics: crate::metrics::Handles,
@@ -252,22 +289,106 @@ impl Pool {
                 cfg.size
             )));
         }
-        let map = alloc.map(cfg.size)?;
-        let first_generation = peercache_wire::Incarnation::fresh().0 & 0x0000_ffff_ffff_ffff;
-        let state = State::new(map.len() as u64, slab as u64, first_generation);
+        if !cfg.allow_overcommit {
+            crate::host::check_available(cfg.size as u64)?;
+        }
+        let mut map = alloc.map_unfaulted(cfg.size)?;
+        let slabs = (map.len() / slab) as u32;
+        let threads = match cfg.fault_threads {
+            0 => crate::prefault::auto_threads(),
+            n => n,
+        };
+        // Faulted before returning: everything, or the first slabs (at least one) so the pool
+        // takes publishes at once; the rest warms in the background.
+        let now = if map.is_populated() || !cfg.background {
+            slabs
+        } else {
+            (SYNC_BYTES / slab).clamp(1, slabs as usize) as u32
+        };
         let metrics = crate::metrics::Handles::register(map.len() as u64);
+        let warm = if now < slabs {
+            crate::prefault::prefault(map.ptr(), now as usize * slab, threads);
+            // Huge-page advice for the rest before any of it is touched.
+            let rest = now as usize * slab;
+            // SAFETY: `rest` is at most the mapping's length.
+            crate::prefault::advise_huge(unsafe { map.ptr().add(rest) }, map.len() - rest);
+            let mut shared = std::sync::Arc::new(map);
+            let started = Warmer::start(
+                shared.clone(),
+                slab,
+                (now, slabs),
+                threads,
+                now as u64 * slab as u64,
+                metrics.ready_bytes.clone(),
+            );
+            match started {
+                Ok(w) => (Some(w), shared),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread to warm the pool; faulting it now");
+                    // No thread holds the mapping when none started.
+                    if let Some(m) = std::sync::Arc::get_mut(&mut shared) {
+                        m.populate(threads);
+                    }
+                    (None, shared)
+                }
+            }
+        } else {
+            map.populate(threads);
+            (None, std::sync::Arc::new(map))
+        };
+        let (warm, map) = warm;
+        let ready = if warm.is_some() { now } else { slabs };
+        let slab_total = slabs as u64 * slab as u64;
+        if warm.is_none() {
+            metrics.ready_bytes.set(slab_total as f64);
+        }
+        let first_generation = peercache_wire::Incarnation::fresh().0 & 0x0000_ffff_ffff_ffff;
+        let state = State::new(map.len() as u64, slab as u64, ready, first_generation);
         tracing::debug!(
             size = map.len(),
             slab,
             huge = map.is_huge(),
-            "pool mapped and pre-faulted"
+            background = warm.is_some(),
+            "pool mapped"
         );
         Ok(Pool {
+            warm,
             max_payload: slab as u64 - HEADER_LEN as u64,
             map,
+            slab_total,
             state: Mutex::new(state),
             metrics,
         })
+    }
+
+    /// The pool lock, with every slab the background warming finished since the last call
+    /// added to the free slabs first: the write paths take slots through this.
+    fn lock_for_write(&self) -> parking_lot::MutexGuard<'_, State> {
+        let mut st = self.state.lock();
+        if let Some(w) = &self.warm {
+            w.take(|s| st.add_free_slab(s));
+        }
+        st
+    }
+
+    /// Waits (at most `timeout`) until the whole pool is faulted in, and says how far it got.
+    pub fn wait_ready(&self, timeout: std::time::Duration) -> Readiness {
+        if let Some(w) = &self.warm {
+            w.wait(timeout);
+        }
+        self.readiness()
+    }
+
+    /// How much of the pool's memory is faulted in and usable.
+    pub fn readiness(&self) -> Readiness {
+        let ready = self
+            .warm
+            .as_ref()
+            .map_or(self.slab_total, Warmer::ready_bytes);
+        Readiness {
+            ready_bytes: ready,
+            total_bytes: self.slab_total,
+        }
     }
 
     /// Region base (register this with the transport).
@@ -351,7 +472,7 @@ impl Pool {
         scratch.offsets.clear();
         scratch.checksums.clear();
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock_for_write();
             for w in pages {
                 let (len, valid) = match self.check_write(w) {
                     Ok(v) => v,
@@ -486,7 +607,7 @@ impl Pool {
         evicted: &mut Vec<Evicted>,
     ) {
         out.clear();
-        let mut st = self.state.lock();
+        let mut st = self.lock_for_write();
         for &(key, len, valid) in pages {
             let (len, valid) = match self.check_lengths(key, len as u64, valid) {
                 Ok(v) => v,

@@ -124,7 +124,14 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(region_len: u64, slab_bytes: u64, first_generation: u64) -> State {
+    /// The first `ready` slabs are free to use; the others join through
+    /// [`State::add_free_slab`] once their memory is faulted in.
+    pub(crate) fn new(
+        region_len: u64,
+        slab_bytes: u64,
+        ready: u32,
+        first_generation: u64,
+    ) -> State {
         let n = (region_len / slab_bytes) as u32;
         let mut index = KeyIndex::default();
         index.reserve((region_len / (16 << 10)) as usize);
@@ -136,7 +143,7 @@ impl State {
                     slots: Vec::new(),
                 })
                 .collect(),
-            free_slabs: (0..n).rev().collect(),
+            free_slabs: (0..ready.min(n)).rev().collect(),
             classes: Vec::new(),
             class_by_payload: HashMap::new(),
             index,
@@ -146,6 +153,12 @@ impl State {
             evictions: [0; 2],
             slab_steals: 0,
         }
+    }
+
+    /// A slab whose memory is now faulted in joins the free slabs.
+    pub(crate) fn add_free_slab(&mut self, s: u32) {
+        debug_assert!(self.slabs[s as usize].class == NO_CLASS);
+        self.free_slabs.push(s);
     }
 
     pub(crate) fn meta(&self, r: SlotRef) -> &SlotMeta {

@@ -27,9 +27,8 @@ impl Harness {
     fn new(size: usize, slab: usize) -> Self {
         Harness {
             pool: Pool::new(PoolConfig {
-                size,
                 slab_bytes: slab,
-                hugepages: false,
+                ..PoolConfig::new(size)
             })
             .unwrap(),
             scratch: RefCell::default(),
@@ -289,9 +288,8 @@ fn bad_pages_get_typed_errors() {
     assert!(matches!(h.read(key(4), 10), Err(PoolError::NotFound(_))));
     assert!(matches!(
         Pool::new(PoolConfig {
-            size: 1 << 20,
             slab_bytes: 100,
-            hugepages: false
+            ..PoolConfig::new(1 << 20)
         }),
         Err(PoolError::Geometry(_))
     ));

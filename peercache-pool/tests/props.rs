@@ -16,7 +16,7 @@ proptest! {
 
     #[test]
     fn pool_invariants_hold_and_pages_read_back(ops in prop::collection::vec((0u8..4, 0u64..300, prop::sample::select(vec![1000usize, 4096, 20000, 70000])), 1..300)) {
-        let pool = Pool::new(PoolConfig { size: 4 << 20, slab_bytes: 1 << 20, hugepages: false }).unwrap();
+        let pool = Pool::new(PoolConfig { slab_bytes: 1 << 20, ..PoolConfig::new(4 << 20) }).unwrap();
         let mut lens: HashMap<u64, usize> = HashMap::new();
         let mut scratch = PublishScratch::default();
         let (mut out, mut evicted) = (Vec::new(), Vec::new());

@@ -39,9 +39,8 @@ fn no_wrong_page_is_ever_accepted_under_publish_evict_read_races() {
     // 1 MiB of 576-byte slots: ~1800 slots for 6000 keys, so slots are reused constantly.
     let pool = Arc::new(
         Pool::new(PoolConfig {
-            size: 1 << 20,
             slab_bytes: 1 << 20,
-            hugepages: false,
+            ..PoolConfig::new(1 << 20)
         })
         .unwrap(),
     );

@@ -381,7 +381,10 @@ impl Node {
     /// Counters as a JSON object string.
     fn stats_json(&self) -> String {
         let s = self.store.stats();
+        let ready = self.store.pool_readiness();
         serde_json::json!({
+            "pool_ready_bytes": ready.ready_bytes, "pool_total_bytes": ready.total_bytes,
+            "pool_ready": ready.is_ready(),
             "pool_pages": s.pool_pages, "pool_evictions": s.pool_evictions,
             "evictions_notified": s.evictions_notified, "directory_rpcs": s.directory_rpcs,
             "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,

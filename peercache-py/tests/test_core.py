@@ -36,6 +36,25 @@ def test_the_module_example_round_trips_a_page(port):
         store.close()
 
 
+def test_a_large_pool_serves_while_it_warms_and_says_how_far_it_is(port, caplog):
+    # 2 GiB on one faulting thread: seconds of warming after the node is in the cluster.
+    cfg = node_config(61, 61, port, global_segment_size="2gb", pool_fault_threads=1)
+    store = PageStore(cfg, startup_timeout=10)
+    try:
+        with caplog.at_level("INFO", logger="peercache"):
+            assert store.wait_ready()
+        ready, total = store.pool_readiness()
+        assert 0 < ready <= total and total >= 2 * 2**30 - 64 * 2**20
+        page = bytearray(b"w" * 4096)
+        assert store.put_buffers(["model|warm"], [page]) == [True]
+        out = bytearray(4096)
+        assert store.get_buffers(["model|warm"], [out]) == [True] and out == page
+        if ready < total:
+            assert "pool warming in the background" in caplog.text
+    finally:
+        store.close()
+
+
 def test_keys_and_fingerprints_are_stable_and_distinct():
     s = KeyScheme("m", ("tp0of2", "pp1"))
     assert s.keys(["ab", "cd"]) == ["m|ab|tp0of2|pp1", "m|cd|tp0of2|pp1"]

@@ -9,7 +9,7 @@ use peercache_store::{PeerCacheConfig, Store};
 
 fn main() -> anyhow::Result<()> {
     // Every listener on loopback (the default binds 0.0.0.0) and a 64 MiB pool (the default
-    // 4 GiB is pre-faulted at start, about a second per GiB).
+    // 4 GiB warms in the background after start, taking memory and cores for seconds).
     let settings = serde_json::json!({
         "discovery_addr": "127.0.0.1:31998", // this node hosts the discovery server here
         "protocol": "tcp",

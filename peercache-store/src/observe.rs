@@ -215,6 +215,7 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
         })
         .collect();
     let pool = inner.pool.stats();
+    let ready = inner.pool.readiness();
     let t = inner.transport.stats();
     let d = inner.dir.stats();
     let peers: Vec<serde_json::Value> = inner
@@ -234,6 +235,7 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
         "ring": {"members": inner.dir.ring().members().len(),
                  "changed_ms_ago": inner.dir.ring_age().as_millis() as u64},
         "pool": {"capacity": pool.capacity, "bytes_used": pool.bytes_used, "retained": pool.retained,
+                 "ready_bytes": ready.ready_bytes, "ready": ready.is_ready(),
                  "reclaimable": pool.reclaimable, "evicted": pool.evicted_retained + pool.evicted_reclaimable,
                  "verify_rejects": pool.verify_rejects},
         "transport": {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes, "timeouts": t.timeouts,

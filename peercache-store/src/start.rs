@@ -341,15 +341,30 @@ impl Core {
                 cfg.pool_bytes() as usize
             };
         // With the host-local path the pool lives in a sealed memory file that readers on this
-        // host map read-only.
-        let pool = Arc::new(if cfg.host_local {
-            Pool::with_alloc(
-                PoolConfig::new(pool_bytes),
-                &peercache_pool::mem::MemfdAlloc::default(),
-            )?
+        // host map read-only. The first slabs are faulted in now, the rest in the background
+        // while the node serves.
+        let pool_cfg = PoolConfig {
+            fault_threads: cfg.pool_fault_threads,
+            allow_overcommit: cfg.pool_allow_overcommit,
+            ..PoolConfig::new(pool_bytes)
+        };
+        let pool = if cfg.host_local {
+            Pool::with_alloc(pool_cfg, &peercache_pool::mem::MemfdAlloc::default())
         } else {
-            Pool::new(PoolConfig::new(pool_bytes))?
-        });
+            Pool::new(pool_cfg)
+        };
+        let pool = Arc::new(pool.map_err(|e| match e {
+            peercache_pool::PoolError::HostTooSmall { .. } => {
+                StoreError::Config(crate::config::ConfigError::Invalid {
+                    key: "global_segment_size",
+                    value: cfg.global_segment_size.to_string(),
+                    reason: format!(
+                        "{e} (lower global_segment_size, or set pool_allow_overcommit = true)"
+                    ),
+                })
+            }
+            e => StoreError::Pool(e),
+        })?);
         let rdma = if transport_why.starts_with("rdma") {
             rdma_plane(&cfg, &me, &auth)
         } else {

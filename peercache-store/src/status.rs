@@ -153,6 +153,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 "client": endpoint_attr(m, crate::client::CLIENT_ATTR).map(|a| a.to_string()),
                 "pool_used": view.as_ref().map(|v| v["pool"]["bytes_used"].clone()),
                 "pool_capacity": view.as_ref().map(|v| v["pool"]["capacity"].clone()),
+                "pool_ready_bytes": view.as_ref().map(|v| v["pool"]["ready_bytes"].clone()),
+                "pool_ready": view.as_ref().map(|v| v["pool"]["ready"].clone()),
                 "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),
                 "verify_rejects": view.as_ref().map(|v| v["pool"]["verify_rejects"].clone()),
             })
@@ -170,7 +172,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let noun = if rows.len() == 1 { "member" } else { "members" };
     println!("{} {noun}, masters {:?}", rows.len(), masters);
     println!(
-        "{:<36} {:<9} {:<22} {:<22} {:>7} {:>12} {:>10}",
+        "{:<36} {:<9} {:<22} {:<22} {:>7} {:>22} {:>10}",
         "node", "role", "control", "data", "master", "pool used", "shard"
     );
     for r in &rows {
@@ -178,12 +180,20 @@ pub fn run(args: StatusArgs) -> Result<()> {
             (Some(u), Some(c)) if c > 0 => format!("{:.1}%", 100.0 * u as f64 / c as f64),
             _ => "-".into(),
         };
+        // A pool still faulting in says how much of it is ready.
+        let warming = r["pool_ready"].as_bool() == Some(false);
+        let pool = match (r["pool_ready_bytes"].as_u64(), r["pool_capacity"].as_u64()) {
+            (Some(ready), Some(c)) if c > 0 && warming => {
+                format!("{pool} (warm {:.0}%)", 100.0 * ready as f64 / c as f64)
+            }
+            _ => pool,
+        };
         let shard = r["shard_entries"]
             .as_u64()
             .map(|x| x.to_string())
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<36} {:<9} {:<22} {:<22} {:>7} {:>12} {:>10}",
+            "{:<36} {:<9} {:<22} {:<22} {:>7} {:>22} {:>10}",
             r["node"].as_str().unwrap_or("?"),
             r["role"].as_str().unwrap_or("?"),
             r["control"].as_str().unwrap_or("?"),

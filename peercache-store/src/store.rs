@@ -129,6 +129,19 @@ impl Store {
         self.inner.wait_ready(timeout)
     }
 
+    /// How much of the node's pool is faulted in. A node serves (reads, `exists`, publishes
+    /// into its ready part) from the start; a large pool warms in the background and its
+    /// slabs join as they are resident.
+    pub fn pool_readiness(&self) -> peercache_pool::Readiness {
+        self.inner.pool.readiness()
+    }
+
+    /// Waits at most `timeout` until the whole pool is faulted in (a bench measuring the
+    /// steady state waits for this); returns how far it got.
+    pub fn wait_pool_ready(&self, timeout: Duration) -> peercache_pool::Readiness {
+        self.inner.pool.wait_ready(timeout)
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
         &self.inner.me

@@ -143,6 +143,7 @@ class PageStore:
         t = self.startup_timeout if timeout is None else timeout
         try:
             self._node.wait_ready(t if t else None)
+            self.log_readiness()
             return True
         except Exception as e:
             logger.warning("peercache: not in the cluster yet (%s); lookups miss until it is", e)
@@ -258,6 +259,22 @@ class PageStore:
         """The node's view of the cluster (members, endpoints, transport), as ``/cluster``."""
         out: Dict[str, object] = json.loads(self._node.cluster_json())
         return out
+
+    def pool_readiness(self) -> Tuple[int, int]:
+        """(bytes of the pool faulted in and usable, bytes of the whole pool). A node serves from
+        the start; a large pool warms in the background and its slabs join as they are in."""
+        s = json.loads(self._node.stats_json())
+        return int(s["pool_ready_bytes"]), int(s["pool_total_bytes"])
+
+    def log_readiness(self) -> None:
+        """One INFO line when the pool is still warming (the node serves meanwhile)."""
+        ready, total = self.pool_readiness()
+        if ready < total:
+            logger.info(
+                "peercache: in the cluster; pool warming in the background, %.1f of %.1f GiB ready",
+                ready / 2**30,
+                total / 2**30,
+            )
 
     def stats(self) -> Dict[str, object]:
         """The node's counters."""

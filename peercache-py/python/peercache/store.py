@@ -738,7 +738,8 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         """Waits until this node is in the cluster, at most ``timeout_s`` seconds (default: the
         ``startup_timeout`` setting, 30 s unless configured; 0 waits as long as it takes). True
         when it is; False (with a warning) when the deadline passed — the node keeps trying, and
-        lookups miss until it is in."""
+        lookups miss until it is in. A large pool may still be warming then (one INFO line says
+        how far): the node serves meanwhile, ``core.pool_readiness()`` says how much is in."""
         t = self._startup_timeout if timeout_s is None else float(timeout_s)
         return self.core.wait_ready(t if t > 0 else 0)
 

@@ -310,6 +310,14 @@ settings! {
     /// Pool bytes per host, divided by `tp_size`.
     global_segment_size: u64 = 4 << 30;
         shown "`4gb`", example "512mb", parse |k, v| p::sized(k, v, 1 << 20, u64::MAX);
+    /// Threads faulting the pool's memory in while the node already serves (0: one per core,
+    /// at most 16).
+    pool_fault_threads: usize = 0;
+        shown "`0`", example "8", parse |k, v| p::ranged(k, v, 0, 256);
+    /// Accept a pool larger than the host's available memory (`MemAvailable`); refused at start
+    /// otherwise.
+    pool_allow_overcommit: bool = false;
+        shown "`false`", example "true", parse p::boolean;
     /// Virtual nodes per member on the directory ring.
     vnodes: u32 = 160;
         shown "`160`", example "64", parse |k, v| p::ranged(k, v, 1, 4096);
