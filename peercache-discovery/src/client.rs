@@ -284,7 +284,7 @@ fn run(sh: Arc<Shared>) {
                 sh.rpc.forget(*t);
             }
         }
-        let (events, ready, n, lost, masters) = {
+        let (events, ready, n, lost, misrecorded, masters) = {
             let mut core = sh.core.lock();
             let ev = core.merge(answers);
             (
@@ -292,6 +292,7 @@ fn run(sh: Arc<Shared>) {
                 core.is_ready(),
                 core.members().len(),
                 core.lost_registrations().to_vec(),
+                core.misrecorded().to_vec(),
                 core.masters().to_vec(),
             )
         };
@@ -309,6 +310,13 @@ fn run(sh: Arc<Shared>) {
         for t in &lost {
             tracing::info!(server = %t, "registration lost at a discovery server; registering again");
         }
+        for t in &misrecorded {
+            tracing::warn!(
+                server = %t,
+                "a discovery server lists this node with endpoints it did not announce \
+                 (a registration in its name); registering its own again"
+            );
+        }
         if !events.is_empty() {
             sh.subscribers
                 .lock()
@@ -318,7 +326,10 @@ fn run(sh: Arc<Shared>) {
             attempt = 0;
             // The summary operators grep for: every 10 s, and at once when something changed.
             let answered = answers_ok;
-            if !events.is_empty() || !lost.is_empty() || last_steady_log.elapsed() >= SUMMARY_EVERY
+            if !events.is_empty()
+                || !lost.is_empty()
+                || !misrecorded.is_empty()
+                || last_steady_log.elapsed() >= SUMMARY_EVERY
             {
                 tracing::info!(
                     members = n,

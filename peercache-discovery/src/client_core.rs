@@ -65,6 +65,9 @@ pub struct ClientCore {
     silent_rounds: u32,
     /// Servers that said this round that they no longer hold this member's registration.
     lost: Vec<SocketAddr>,
+    /// Servers whose table, this round, holds this member's entry (same life) with other
+    /// contents than it announced: a forged or corrupted registration, repaired next round.
+    misrecorded: Vec<SocketAddr>,
     /// Servers that answered a [`DiscRequest::Sync`] (they send changes, not the table).
     synced: HashSet<SocketAddr>,
     /// Servers that took a registration but not a `Sync` (an earlier release): plain
@@ -87,6 +90,7 @@ impl ClientCore {
             masters: Vec::new(),
             silent_rounds: 0,
             lost: Vec::new(),
+            misrecorded: Vec::new(),
             synced: HashSet::new(),
             legacy: HashSet::new(),
             answered: HashSet::new(),
@@ -124,6 +128,13 @@ impl ClientCore {
     /// Rounds in a row in which no server answered.
     pub fn silent_rounds(&self) -> u32 {
         self.silent_rounds
+    }
+
+    /// The servers that, in the last merged round, listed this member (in this life) with
+    /// other endpoints or attributes than it announced — someone registered in its name. The
+    /// next round registers its own entry there again.
+    pub fn misrecorded(&self) -> &[SocketAddr] {
+        &self.misrecorded
     }
 
     /// The requests of this round: every current master and every seed. After a round in
@@ -211,6 +222,7 @@ impl ClientCore {
         let mut answered = HashSet::new();
         let mut dirty = false;
         self.lost.clear();
+        self.misrecorded.clear();
         for (t, a) in answers {
             match a {
                 None => {
@@ -287,6 +299,16 @@ impl ClientCore {
                     }
                 }
                 Some(DiscReply::Ok) => {}
+            }
+        }
+        // A table that lists this life of this member other than announced: register again
+        // there (the member's own registration replaces the forged one).
+        for t in &answered {
+            let wrong = self.heard[t].1.iter().any(|m| {
+                m.node == self.me.node && m.incarnation == self.me.incarnation && *m != self.me
+            });
+            if wrong && self.registered.remove(t) {
+                self.misrecorded.push(*t);
             }
         }
         if answered.is_empty() {

@@ -35,6 +35,9 @@ pub struct ServerCore {
     /// version above `log_floor`, at most [`CHANGE_LOG`] entries.
     changes: VecDeque<(u64, NodeId)>,
     log_floor: u64,
+    /// Registrations that changed a live member's entry within one life (see
+    /// [`ServerCore::live_changes`]).
+    live_changes: u64,
 }
 
 /// Changes a server remembers for delta heartbeats: a member further behind gets the table.
@@ -66,6 +69,7 @@ impl ServerCore {
             lapsed: HashMap::new(),
             changes: VecDeque::new(),
             log_floor: 1,
+            live_changes: 0,
         }
     }
 
@@ -156,6 +160,12 @@ impl ServerCore {
         gone
     }
 
+    /// Registrations that changed a live member's entry without a new incarnation since this
+    /// table started: each is a registration in another's name or the member's repair of one.
+    pub fn live_changes(&self) -> u64 {
+        self.live_changes
+    }
+
     /// The live members, sorted by id.
     pub fn members(&mut self, now: Millis) -> Vec<NodeInfo> {
         self.prune(now);
@@ -200,6 +210,13 @@ impl ServerCore {
                 match self.members.get(&info.node) {
                     Some(old) if old.info.incarnation != info.incarnation => {
                         tracing::info!(node = %info.node, members = held, "member restarted with a new incarnation")
+                    }
+                    Some(old) if old.info != info => {
+                        // One life announces one entry: a change is a registration in its name
+                        // (or a member repairing one). Taken — the member's own registration
+                        // must win — but counted; the service logs it.
+                        self.live_changes += 1;
+                        tracing::debug!(node = %info.node, from = %from.label(), "a live member's entry changed")
                     }
                     Some(_) => {
                         tracing::info!(node = %info.node, members = held, "member re-registered")

@@ -32,6 +32,8 @@ struct Refused {
     identity: Tally,
     /// Every refused request, label `reason` ([`crate::metrics::REFUSED_TOTAL`]).
     by_reason: [Tally; 4],
+    /// Live entries changed within one life ([`crate::metrics::ENTRY_CHANGES_TOTAL`]).
+    live_changes: Tally,
 }
 
 impl Refused {
@@ -45,6 +47,7 @@ impl Refused {
             by_reason: Self::REASONS.map(|r| {
                 Tally::new(metrics::counter!(crate::metrics::REFUSED_TOTAL, "reason" => r))
             }),
+            live_changes: Tally::new(metrics::counter!(crate::metrics::ENTRY_CHANGES_TOTAL)),
         }
     }
 
@@ -90,6 +93,7 @@ impl DiscoveryServer {
         // Every refusal is counted; the log gets one line per 10 s, with how many it held back,
         // so a member hammering the port cannot flood it.
         let refusal_log = Arc::new(peercache_wire::limits::Throttle::new());
+        let change_log = Arc::new(peercache_wire::limits::Throttle::new());
         let handler: rpc::Handler = Arc::new(move |peer, env| {
             let fail = |code, message: String, close| Reply::Error {
                 error: RpcError { code, message },
@@ -107,7 +111,23 @@ impl DiscoveryServer {
                 Err(e) => return fail(RpcError::CODE_MALFORMED, e.to_string(), true),
             };
             let now = epoch.elapsed().as_millis() as Millis;
-            let reply = c.lock().handle(peer, req, now);
+            let (reply, changed) = {
+                let mut core = c.lock();
+                let before = core.live_changes();
+                let reply = core.handle(peer, req, now);
+                (reply, core.live_changes() - before)
+            };
+            if changed > 0 {
+                counts.live_changes.add(changed);
+                if let Some(held) = change_log.admit() {
+                    tracing::warn!(
+                        peer = %peer.label(),
+                        changed_since_last = held,
+                        "a live member's entry changed without a restart: a registration in its \
+                         name, or its repair (the member re-registers its own)"
+                    );
+                }
+            }
             match reply {
                 Ok(reply) => match envelope::encode(&reply, &[]) {
                     Ok(f) => Reply::Frame(f),
@@ -183,6 +203,12 @@ impl DiscoveryServer {
     /// Requests this server refused because they acted for another member.
     pub fn identity_refused(&self) -> u64 {
         self.refused.identity.get()
+    }
+
+    /// Registrations that changed a live member's entry within one life (a registration in
+    /// its name, or the member's repair of one).
+    pub fn live_changes(&self) -> u64 {
+        self.refused.live_changes.get()
     }
 
     /// Requests this server refused for `reason` (`not_yours`, `too_many_members`,

@@ -153,3 +153,65 @@ fn an_oversized_announcement_is_refused_and_counted() {
     assert_eq!(srv.identity_refused(), 0);
     assert!(members(&c, at).is_empty());
 }
+
+#[test]
+fn a_registration_in_a_live_members_name_is_counted_and_repaired_by_the_member() {
+    let srv = DiscoveryServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(30),
+        None,
+        Auth::from_secret(SECRET).unwrap(),
+    )
+    .unwrap();
+    let at = srv.local_addr();
+    let b = info("node-b", 2);
+    let victim = peercache_discovery::DiscoveryClient::start(
+        b.clone(),
+        peercache_discovery::DiscoveryConfig {
+            seeds: vec![at],
+            heartbeat: Duration::from_millis(50),
+            max_masters: 1,
+            rpc_timeout: Duration::from_secs(1),
+            auth: Auth::from_secret(SECRET).unwrap(),
+        },
+    )
+    .unwrap();
+    victim.wait_ready(Some(Duration::from_secs(10))).unwrap();
+    // A secret holder whose handshake claims B (its node id and incarnation are public in
+    // `Members`) registers B with its own endpoints: taken today, but counted...
+    let mut forged = b.clone();
+    forged.control = "127.0.0.1:6666".parse().unwrap();
+    forged.data = vec!["127.0.0.1:6667".parse().unwrap()];
+    let forger = member(&b);
+    send(&forger, at, &DiscRequest::Register(forged.clone())).unwrap();
+    assert!(srv.live_changes() >= 1);
+    // ... and B, seeing an entry in its name that it did not announce, registers its own
+    // again: the table shows B's endpoints within a few heartbeats, and stays that way.
+    let tool = RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Discovery, None, Incarnation(5)),
+        max_idle_per_peer: 1,
+        max_frame: 8 << 20,
+        auth: Auth::from_secret(SECRET).unwrap(),
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while members(&tool, at) != vec![b.clone()] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forged entry persists: {:?}",
+            members(&tool, at)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let rounds = victim.rounds();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while victim.rounds() < rounds + 5 {
+        assert!(std::time::Instant::now() < deadline, "heartbeats stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(members(&tool, at), vec![b.clone()], "repaired for good");
+    assert!(
+        srv.live_changes() >= 2,
+        "the forgery and the repair are both counted"
+    );
+    victim.shutdown();
+}

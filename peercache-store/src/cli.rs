@@ -59,9 +59,14 @@ pub struct MetaArgs {
     /// Seconds a silent member is kept.
     #[arg(long, default_value_t = 3.0)]
     pub member_ttl: f64,
-    /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`; neither: open).
+    /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`). Without either the
+    /// server only starts on a loopback address, as a node does, unless `--insecure`.
     #[arg(long)]
     pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// Serve without a cluster secret on a non-loopback address (anyone who reaches the port
+    /// can join and read the member table).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 pub use crate::tool::tool_auth;
@@ -96,6 +101,9 @@ pub fn node_config(args: &NodeArgs, role: Role) -> Result<PeerCacheConfig> {
     }
     let env: BTreeMap<String, String> = config::process_env();
     let overrides = config::parse_overrides(&args.set)?;
+    if let Some(w) = config::argv_secret_warning(&overrides) {
+        eprintln!("warning: {w}");
+    }
     // --set beats the environment, which beats the file, which beats the flags above.
     let (mut cfg, warnings) =
         PeerCacheConfig::from_sources(Some(&json), args.config.as_deref(), &env, &overrides)?;
@@ -162,7 +170,23 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
     init_logging("info");
     block_signals();
     let auth = tool_auth(args.cluster_secret_file.as_deref())?;
+    if let Some(w) = args
+        .cluster_secret_file
+        .as_deref()
+        .and_then(config::secret_file_mode_warning)
+    {
+        tracing::warn!("{w}");
+    }
     if !auth.is_enabled() {
+        // The node's rule: open only where strangers cannot reach, or when told to.
+        if !args.bind.ip().is_loopback() && !args.insecure {
+            anyhow::bail!(
+                "no cluster secret and --bind {} is reachable beyond loopback: set \
+                 PEERCACHE_CLUSTER_SECRET or --cluster-secret-file, bind a loopback address, \
+                 or pass --insecure",
+                args.bind
+            );
+        }
         tracing::warn!("no cluster secret: any process that reaches this port can join");
     }
     let mut server = peercache_discovery::DiscoveryServer::start(
@@ -184,8 +208,35 @@ pub fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, `outer: inner: …`, each cause once: a wrapper whose
+/// message already ends with its source's (`discovery: {0}`) does not repeat it.
+///
+/// ```
+/// let e = anyhow::Error::new(peercache_store::StoreError::Discovery(
+///     peercache_discovery::DiscoveryError::EtcdNotBuilt,
+/// ))
+/// .context("starting the node");
+/// let line = peercache_store::cli::error_line(&e);
+/// assert_eq!(line.matches("needs a build with etcd support").count(), 1, "{line}");
+/// assert!(line.starts_with("starting the node: discovery: "), "{line}");
+/// ```
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line == text || line.ends_with(&format!(": {text}")) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -158,12 +158,7 @@ pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
             data,
         } => check(keys.len(), page_bytes, Some(data.len()))
             .map_err(StoreError::BadRequest)
-            .and_then(|()| {
-                let pages: Vec<&[u8]> = data.chunks_exact(page_bytes as usize).collect();
-                let counts = vec![1; pages.len()];
-                core.set_pages(&core.page_keys(&keys), &pages, &counts)
-                    .map(ClientReply::Stored)
-            }),
+            .and_then(|()| put(&core, &keys, page_bytes as usize, &data)),
         ClientRequest::Get { keys, page_bytes } => check(keys.len(), page_bytes, None)
             .map_err(StoreError::BadRequest)
             .and_then(|()| get(&core, &keys, page_bytes as usize)),
@@ -200,6 +195,70 @@ pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
         }
         Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),
     }
+}
+
+/// Stores a batch, except pages another node already lists under the same key with other
+/// bytes: a client must not replace another owner's page (readers would get either copy), so
+/// each such page gets a false flag, is counted in
+/// `peercache_client_overwrites_refused_total` and logged (one line per 10 s). The same bytes
+/// again are stored (a second copy of one page). One directory lookup per batch.
+fn put(
+    core: &Core,
+    keys: &[String],
+    page_bytes: usize,
+    data: &[u8],
+) -> Result<ClientReply, StoreError> {
+    static REFUSALS: peercache_wire::limits::Throttle = peercache_wire::limits::Throttle::new();
+    let page_keys = core.page_keys(keys);
+    let pages: Vec<&[u8]> = data.chunks_exact(page_bytes).collect();
+    let owners = core.locate(&page_keys)?;
+    let foreign: Vec<bool> = owners
+        .iter()
+        .zip(&pages)
+        .map(|(owners, page)| {
+            let mut others = owners
+                .iter()
+                .flatten()
+                .filter(|l| l.node != core.me)
+                .peekable();
+            if others.peek().is_none() {
+                return false;
+            }
+            let sum = peercache_pool::header::checksum(page);
+            others.any(|l| l.len as usize != page.len() || l.checksum != sum)
+        })
+        .collect();
+    let refused = foreign.iter().filter(|f| **f).count();
+    if refused == 0 {
+        let counts = vec![1; pages.len()];
+        return core
+            .set_pages(&page_keys, &pages, &counts)
+            .map(ClientReply::Stored);
+    }
+    core.metrics.overwrites_refused.add(refused as u64);
+    if let Some(held) = REFUSALS.admit() {
+        let first = foreign
+            .iter()
+            .position(|f| *f)
+            .map_or("", |i| keys[i].as_str());
+        tracing::warn!(
+            refused,
+            first = %first,
+            held_back = held,
+            "client put refused for keys another node holds with other bytes"
+        );
+    }
+    let keep: Vec<usize> = (0..pages.len()).filter(|&i| !foreign[i]).collect();
+    let mut flags = vec![false; pages.len()];
+    if !keep.is_empty() {
+        let kk: Vec<_> = keep.iter().map(|&i| page_keys[i]).collect();
+        let kp: Vec<&[u8]> = keep.iter().map(|&i| pages[i]).collect();
+        let stored = core.set_pages(&kk, &kp, &vec![1; kp.len()])?;
+        for (&i, ok) in keep.iter().zip(stored) {
+            flags[i] = ok;
+        }
+    }
+    Ok(ClientReply::Stored(flags))
 }
 
 /// Reads a batch and packs the found pages.

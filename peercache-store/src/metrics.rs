@@ -61,6 +61,8 @@ peercache_wire::metric_names! {
     pub const BYTES_READ: &str = "peercache_bytes_read_total";
     /// Payload bytes written into the pool.
     pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
+    /// Client-API pages refused because another node already holds the key with other bytes.
+    pub const CLIENT_OVERWRITES_REFUSED: &str = "peercache_client_overwrites_refused_total";
     /// Pages evicted from the pool.
     pub const EVICTIONS: &str = "peercache_evictions_total";
     /// Eviction notices sent to the directory.
@@ -167,6 +169,8 @@ pub(crate) struct Handles {
     pub(crate) identity_refused: Tally,
     /// Peers' slotmap layouts refused as out of bounds ([`LAYOUTS_REFUSED`]).
     pub(crate) layouts_refused: Tally,
+    /// Client puts of keys another node holds with other bytes ([`CLIENT_OVERWRITES_REFUSED`]).
+    pub(crate) overwrites_refused: Tally,
     pub(crate) reservations_expired: Tally,
     pub(crate) promotes_asked: Tally,
     pub(crate) republishes: Tally,
@@ -233,6 +237,7 @@ impl Handles {
             )),
             reservations_expired: c(RESERVATIONS_EXPIRED),
             layouts_refused: c(LAYOUTS_REFUSED),
+            overwrites_refused: c(CLIENT_OVERWRITES_REFUSED),
             promotes_owner: Tally::new(
                 metrics::counter!(DISK_PROMOTES, "side" => "owner", "node" => n.clone()),
             ),

@@ -275,6 +275,9 @@ impl Core {
         if let Some(warning) = cfg.check_authentication(&auth)? {
             tracing::warn!("{warning}");
         }
+        if let Some(warning) = cfg.secret_file_warning() {
+            tracing::warn!("{warning}");
+        }
         // Discovery: host the meta server if the port is free (with etcd there is no meta
         // server: etcd keeps the membership). Claimed before any listener on an ephemeral port,
         // so the kernel cannot hand the configured meta port to one of this node's own sockets;

@@ -325,3 +325,99 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     assert_eq!(reader.stats().transport_local_read_bytes, local);
     reader.shutdown();
 }
+
+/// The body of `GET /metrics` on `addr`.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_client_cannot_replace_a_page_another_node_holds_with_other_bytes() {
+    let port = common::free_port();
+    let extra = json!({"client_enabled": true, "cluster_secret": common::secret()});
+    let a = common::node(48, 48, port, extra);
+    let (client_port, metrics_port) = (common::free_port(), common::free_port());
+    let _c = common::Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
+            .args(["--discovery-addr", &format!("127.0.0.48:{port}")])
+            .args(["--host", "127.0.0.49", "--set", "node_id=forger"])
+            .args(["--set", "protocol=tcp", "--set", "global_segment_size=64mb"])
+            .args(["--set", "client_enabled=true"])
+            .args(["--set", &format!("client_port={client_port}")])
+            .args(["--set", &format!("metrics_port={metrics_port}")])
+            .args(["--set", "log_level=warn"])
+            .env("PEERCACHE_CLUSTER_SECRET", common::secret())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(a.wait_members(2, Duration::from_secs(15)));
+    a.sync_membership();
+    let timeout = Duration::from_secs(5);
+    let ca = Client::new(a.client_endpoint().unwrap(), auth(), timeout);
+    let cc = Client::new(
+        format!("127.0.0.49:{client_port}").parse().unwrap(),
+        auth(),
+        timeout,
+    );
+    let len = 16 << 10;
+    let keys: Vec<String> = (0..3).map(|i| format!("owned/{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..3).map(|i| common::page(700 + i, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    assert!(ca.put(&keys, &refs).unwrap().iter().all(|s| *s));
+    // The other process sees a's copies (a condition, not a sleep).
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while cc
+        .locate(&keys)
+        .map_or(true, |l| l.iter().any(|o| o.is_empty()))
+    {
+        assert!(std::time::Instant::now() < until, "c never saw a's pages");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Through c: two forged pages, the same bytes again, and a new key.
+    let forged: Vec<Vec<u8>> = (0..2).map(|i| common::page(800 + i, len)).collect();
+    let fresh = common::page(900, len);
+    let batch = ["owned/0", "owned/1", "owned/2", "fresh/0"];
+    let bodies: Vec<&[u8]> = vec![&forged[0], &forged[1], &pages[2], &fresh];
+    assert_eq!(
+        cc.put(&batch, &bodies).unwrap(),
+        vec![false, false, true, true],
+        "the forged pages are refused, the same bytes and a new key stored"
+    );
+    // Every reader, through either node, gets the original bytes.
+    for (who, client) in [("a", &ca), ("c", &cc)] {
+        let got = client.get(&batch, len).unwrap();
+        for (i, want) in [&pages[0], &pages[1], &pages[2], &fresh]
+            .into_iter()
+            .enumerate()
+        {
+            let g = got[i]
+                .as_ref()
+                .unwrap_or_else(|| panic!("{who}: {} missing", batch[i]));
+            assert!(
+                g.bytes == *want,
+                "{who}: {} is not the page first written",
+                batch[i]
+            );
+        }
+    }
+    let (hits, got) = common::get(&a, &keys, len);
+    assert!(hits.iter().all(|&h| h) && got == pages);
+    // Counted on the node that refused them, once each.
+    let text = scrape(&format!("127.0.0.49:{metrics_port}"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("peercache_client_overwrites_refused_total"))
+        .unwrap_or_else(|| panic!("no refusal series in {text}"));
+    assert!(line.ends_with(" 2"), "{line}");
+    a.shutdown();
+}

@@ -36,6 +36,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+pub use security::{SECRET_KEYS, argv_secret_warning, secret_file_mode_warning};
 pub use values::{parse_bool, parse_size};
 
 /// A setting that could not be accepted.

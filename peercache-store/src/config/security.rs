@@ -38,6 +38,16 @@ impl PeerCacheConfig {
         })
     }
 
+    /// A warning when the secret comes from `cluster_secret_file` and that file can be read by
+    /// its group or by other users (any of mode `0o077`): the secret is only as private as the
+    /// file. None when the file is private, not used or cannot be read (reading it reports that).
+    pub fn secret_file_warning(&self) -> Option<String> {
+        if !self.cluster_secret.is_empty() || self.cluster_secret_file.is_empty() {
+            return None;
+        }
+        secret_file_mode_warning(std::path::Path::new(&self.cluster_secret_file))
+    }
+
     /// The addresses this node would listen on, advertise or contact that are not loopback
     /// (a wildcard bind counts: it listens on every interface).
     pub fn reachable_beyond_loopback(&self) -> Vec<String> {
@@ -111,4 +121,58 @@ impl PeerCacheConfig {
         }
         Err(ConfigError::Unauthenticated { reachable: beyond })
     }
+}
+
+/// A warning when the secret file at `path` is readable or writable by its group or by other
+/// users; None when it is private (or cannot be inspected).
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("pc-secret-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// let f = dir.join("secret");
+/// std::fs::write(&f, "0123456789abcdef0123").unwrap();
+/// use std::os::unix::fs::PermissionsExt;
+/// std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+/// assert!(peercache_store::config::secret_file_mode_warning(&f).unwrap().contains("0644"));
+/// std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+/// assert!(peercache_store::config::secret_file_mode_warning(&f).is_none());
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn secret_file_mode_warning(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "the cluster secret file {} has mode {mode:04o}: other users can read the secret \
+             (chmod 600 it)",
+            path.display()
+        )
+    })
+}
+
+/// The config keys that carry a secret: given on a command line (`--set`), they show in `ps`
+/// to every local user.
+pub const SECRET_KEYS: [&str; 2] = ["cluster_secret", "cluster_secret_accept"];
+
+/// A warning naming each secret key in `overrides` (settings from the command line), with the
+/// private ways to pass it; None when there is none.
+///
+/// ```
+/// let set = peercache_store::config::parse_overrides(&["cluster_secret=x".into()]).unwrap();
+/// assert!(peercache_store::config::argv_secret_warning(&set).unwrap().contains("ps"));
+/// ```
+pub fn argv_secret_warning(
+    overrides: &serde_json::Map<String, serde_json::Value>,
+) -> Option<String> {
+    let named: Vec<&str> = SECRET_KEYS
+        .into_iter()
+        .filter(|k| overrides.contains_key(*k))
+        .collect();
+    (!named.is_empty()).then(|| {
+        format!(
+            "{} given on the command line: every local user sees it in ps; pass it in \
+             PEERCACHE_CLUSTER_SECRET or a private cluster_secret_file instead",
+            named.join(" and ")
+        )
+    })
 }
