@@ -15,12 +15,53 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+pyo3::create_exception!(
+    _peercache,
+    PeerCacheError,
+    PyRuntimeError,
+    "A node could not do what was asked: the cluster's fault, not the caller's (a bad \
+     argument raises ValueError)."
+);
+pyo3::create_exception!(
+    _peercache,
+    DirectoryError,
+    PeerCacheError,
+    "The directory could not answer: its shard owners unreachable, timed out or refusing."
+);
+pyo3::create_exception!(
+    _peercache,
+    TransportError,
+    PeerCacheError,
+    "A transport or control-plane connection failed, or a node refused a client request."
+);
+pyo3::create_exception!(
+    _peercache,
+    DiscoveryError,
+    PeerCacheError,
+    "Discovery failed, or the node did not join the cluster in time."
+);
+pyo3::create_exception!(
+    _peercache,
+    ShutdownError,
+    PeerCacheError,
+    "The node was closed."
+);
+
+/// A store error as the Python exception of its kind: the caller's mistakes as `ValueError`,
+/// the cluster's as a [`PeerCacheError`] subclass (all `RuntimeError`s).
 fn to_py(e: StoreError) -> PyErr {
+    let msg = e.to_string();
     match e {
         StoreError::Config(_) | StoreError::BadRequest(_) | StoreError::Unsupported(_) => {
-            PyValueError::new_err(e.to_string())
+            PyValueError::new_err(msg)
         }
-        other => PyRuntimeError::new_err(other.to_string()),
+        StoreError::Directory(_) => DirectoryError::new_err(msg),
+        StoreError::Transport(_) | StoreError::Wire(_) | StoreError::Remote { .. } => {
+            TransportError::new_err(msg)
+        }
+        StoreError::Discovery(_) => DiscoveryError::new_err(msg),
+        StoreError::Shutdown => ShutdownError::new_err(msg),
+        StoreError::Pool(_) | StoreError::Io(_) => PeerCacheError::new_err(msg),
     }
 }
 
@@ -547,5 +588,11 @@ fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_meta, m)?)?;
     m.add_function(wrap_pyfunction!(run_storage_server, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let py = m.py();
+    m.add("PeerCacheError", py.get_type::<PeerCacheError>())?;
+    m.add("DirectoryError", py.get_type::<DirectoryError>())?;
+    m.add("TransportError", py.get_type::<TransportError>())?;
+    m.add("DiscoveryError", py.get_type::<DiscoveryError>())?;
+    m.add("ShutdownError", py.get_type::<ShutdownError>())?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import peercache
 from peercache.core import KeyScheme, PageStore, Segments, as_bool, layout_fingerprint, ptr_len
 from conftest import node_config
 
@@ -34,6 +35,20 @@ def test_the_module_example_round_trips_a_page(port):
         assert store.contains(["model|nope", "model|h1"]) == [False, True]
     finally:
         store.close()
+
+
+def test_errors_raise_by_kind_the_callers_as_value_error_the_clusters_as_peercache_error(port):
+    store = PageStore(node_config(62, 62, port), startup_timeout=10)
+    assert store.wait_ready()
+    with pytest.raises(ValueError, match="seconds"):
+        store.wait_members(1, -1.0)  # the caller's mistake
+    store.close()
+    # A closed node: the cluster side, typed, and still a RuntimeError for older handlers.
+    with pytest.raises(peercache.ShutdownError, match="shut down") as e:
+        store._node.batch_exists(["model|a"])
+    assert isinstance(e.value, peercache.PeerCacheError) and isinstance(e.value, RuntimeError)
+    for kind in (peercache.DirectoryError, peercache.TransportError, peercache.DiscoveryError):
+        assert issubclass(kind, peercache.PeerCacheError) and not issubclass(kind, ValueError)
 
 
 def test_a_large_pool_serves_while_it_warms_and_says_how_far_it_is(port, caplog):

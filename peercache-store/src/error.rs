@@ -20,6 +20,10 @@ pub enum StoreError {
     /// Discovery failed or did not become ready.
     #[error("discovery: {0}")]
     Discovery(#[from] peercache_discovery::DiscoveryError),
+    /// The directory could not answer (its shard owners unreachable, timed out or refusing):
+    /// the cluster's fault, not the caller's.
+    #[error("directory: {0}")]
+    Directory(#[from] peercache_directory::DirError),
     /// A control-plane socket failed.
     #[error("control plane: {0}")]
     Wire(#[from] peercache_wire::WireError),

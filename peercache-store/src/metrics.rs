@@ -63,6 +63,9 @@ peercache_wire::metric_names! {
     pub const BYTES_WRITTEN: &str = "peercache_bytes_written_total";
     /// Client-API pages refused because another node already holds the key with other bytes.
     pub const CLIENT_OVERWRITES_REFUSED: &str = "peercache_client_overwrites_refused_total";
+    /// Read batches whose directory lookup failed (shard owners unreachable or timed out):
+    /// their pages missed.
+    pub const LOOKUP_FAILURES: &str = "peercache_read_lookup_failures_total";
     /// Pages evicted from the pool.
     pub const EVICTIONS: &str = "peercache_evictions_total";
     /// Eviction notices sent to the directory.
@@ -138,6 +141,8 @@ pub(crate) struct Handles {
     pub(crate) read_local_hits: Tally,
     pub(crate) read_remote_hits: Tally,
     pub(crate) read_failures: Tally,
+    /// Read batches whose directory lookup failed ([`LOOKUP_FAILURES`]).
+    pub(crate) lookup_failures: Tally,
     pub(crate) verify_rejects: Tally,
     pub(crate) layout_mismatches: Tally,
     pub(crate) staged_reads: Tally,
@@ -206,6 +211,7 @@ impl Handles {
             read_local_hits: c(READ_LOCAL_HITS),
             read_remote_hits: c(READ_REMOTE_HITS),
             read_failures: c(READ_FAILURES),
+            lookup_failures: c(LOOKUP_FAILURES),
             verify_rejects: c(VERIFY_REJECTS),
             layout_mismatches: c(LAYOUT_MISMATCHES),
             staged_reads: c(STAGED_READS),

@@ -64,9 +64,7 @@ impl Core {
 
     /// Where the directory says `keys` live.
     pub(crate) fn locate(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, StoreError> {
-        self.dir
-            .lookup(keys)
-            .map_err(|e| StoreError::BadRequest(e.to_string()))
+        self.dir.lookup(keys).map_err(StoreError::from)
     }
 
     /// # Safety
@@ -243,7 +241,17 @@ impl Core {
             return;
         }
         let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-        if let Ok(mut found) = inner.dir.lookup(&ks) {
+        let found = inner.dir.lookup(&ks);
+        if let Err(e) = &found {
+            // Every page of the batch misses: counted once per batch, logged once per 10 s.
+            static FAILED: peercache_wire::limits::Throttle =
+                peercache_wire::limits::Throttle::new();
+            inner.metrics.lookup_failures.add(1);
+            if let Some(held) = FAILED.admit() {
+                tracing::warn!(error = %e, pages = ks.len(), failed_since_last = held, "directory lookup failed; the batch misses");
+            }
+        }
+        if let Ok(mut found) = found {
             // Each page present only in another layout is counted once, here: it is never
             // fetched.
             let refused = self.keep_my_layout(&mut found);

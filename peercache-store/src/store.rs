@@ -520,11 +520,7 @@ impl Store {
         let pk = self.page_keys(keys);
         let (mut named, mut stale) = (0, 0);
         for chunk in pk.chunks(4096) {
-            let found = self
-                .inner
-                .dir
-                .lookup(chunk)
-                .map_err(|e| StoreError::BadRequest(e.to_string()))?;
+            let found = self.inner.dir.lookup(chunk).map_err(StoreError::from)?;
             for (k, o) in chunk.iter().zip(found) {
                 for l in o
                     .iter()

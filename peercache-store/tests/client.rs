@@ -326,18 +326,6 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     reader.shutdown();
 }
 
-/// The body of `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
 #[test]
 fn a_client_cannot_replace_a_page_another_node_holds_with_other_bytes() {
     let port = common::free_port();
@@ -413,11 +401,10 @@ fn a_client_cannot_replace_a_page_another_node_holds_with_other_bytes() {
     let (hits, got) = common::get(&a, &keys, len);
     assert!(hits.iter().all(|&h| h) && got == pages);
     // Counted on the node that refused them, once each.
-    let text = scrape(&format!("127.0.0.49:{metrics_port}"));
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("peercache_client_overwrites_refused_total"))
-        .unwrap_or_else(|| panic!("no refusal series in {text}"));
-    assert!(line.ends_with(" 2"), "{line}");
+    let text = common::scrape(&format!("127.0.0.49:{metrics_port}"));
+    assert_eq!(
+        common::sample_of(&text, "peercache_client_overwrites_refused_total"),
+        2.0
+    );
     a.shutdown();
 }

@@ -6,10 +6,26 @@
 ``peercache.vllm.PeerCacheConnector`` a vLLM KV connector. ``peercache.Node`` is the Rust node
 underneath; ``peercache.Client`` talks to a running node's client API (``client_enabled``) from
 a process that does not run a node.
+
+Errors: a bad argument raises ``ValueError``; a failure of the cluster raises a
+``PeerCacheError`` (a ``RuntimeError``) of its kind — ``DirectoryError``, ``TransportError``,
+``DiscoveryError`` or ``ShutdownError``.
 """
 
-from ._peercache import Client, Node, __version__
+from ._peercache import (
+    Client,
+    DirectoryError,
+    DiscoveryError,
+    Node,
+    PeerCacheError,
+    ShutdownError,
+    TransportError,
+    __version__,
+)
 from .core import PageStore
 from .store import PeerCacheStore
 
-__all__ = ["Client", "Node", "PageStore", "PeerCacheStore", "__version__"]
+__all__ = [
+    "Client", "DirectoryError", "DiscoveryError", "Node", "PageStore", "PeerCacheError",
+    "PeerCacheStore", "ShutdownError", "TransportError", "__version__",
+]

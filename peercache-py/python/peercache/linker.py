@@ -48,7 +48,7 @@ import contextlib
 import logging
 import threading
 from queue import Empty, Queue
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, cast
 
 try:
     import torch
@@ -63,7 +63,20 @@ except ImportError as e:  # pragma: no cover - only without SGLang
         "peercache.linker needs SGLang 0.5.23+ and torch: it subclasses SGLang's UnifiedCacheLinker"
     ) from e
 
-from .core import Segments
+from .core import ConfigValue, Segments
+from .sglang_types import (
+    DeviceKVCache,
+    DevicePoolEntry,
+    DevicePoolGroup,
+    Event,
+    Indices,
+    LinkerParams,
+    LinkerTransfer,
+    MHAKVCache,
+    MLAKVCache,
+    PoolKey,
+    Tensor,
+)
 from .store import PeerCacheStore, pool_name
 
 logger = logging.getLogger(__name__)
@@ -72,8 +85,11 @@ _STAGING_MODES = ("auto", "always")
 _GPUDIRECT_MODES = ("off", "peermem")
 _DEFAULT_STAGING_BYTES = 64 << 20
 
+#: One pool's share of a batch: (pool name, page hashes, page numbers in the pool's buffers).
+PoolPages = Tuple[PoolKey, List[str], List[int]]
 
-def _device_pool_group(kvcache: Any, params: Any, components: Any) -> Any:
+
+def _device_pool_group(kvcache: DeviceKVCache, params: LinkerParams, components: Iterable[object]) -> DevicePoolGroup:
     """SGLang's device pool group for ``kvcache``. Hybrid models go through SGLang's own
     resolver; plain MHA and MLA pools (which that resolver refuses) get one entry built from
     SGLang's ``DevicePoolEntry``, as its hybrid strategies build their full-attention entries."""
@@ -94,16 +110,18 @@ def _device_pool_group(kvcache: Any, params: Any, components: Any) -> Any:
         raise ValueError("peercache linker: draft KV pools are not supported on plain MHA/MLA models")
     layers = int(kvcache.layer_num)
     if type(kvcache) is MHATokenToKVPool:
+        mha = cast(MHAKVCache, kvcache)
         if getattr(kvcache, "k_scale_buffer", None) is not None or \
                 getattr(kvcache, "native_k_scale_buffer", None) is not None:
             raise ValueError("peercache linker: scaled KV caches are not supported")
         entry = DevicePoolEntry(name=PoolName.KV, indices_from_pool=PoolName.KV, device_pool=kvcache,
-                                components=[[*kvcache.k_buffer, *kvcache.v_buffer]],
+                                components=[[*mha.k_buffer, *mha.v_buffer]],
                                 layer_mapping={layer: (layer, layers + layer) for layer in range(layers)},
                                 page_size=page, rows_are_pages=False)
         return DevicePoolGroup([entry], layers, page, rank_replicated=False)
+    mla = cast(MLAKVCache, kvcache)
     entry = DevicePoolEntry(name=PoolName.KV, indices_from_pool=PoolName.KV, device_pool=kvcache,
-                            components=[list(kvcache.kv_buffer)],
+                            components=[list(mla.kv_buffer)],
                             layer_mapping={layer: layer for layer in range(layers)},
                             page_size=page, rows_are_pages=False)
     return DevicePoolGroup([entry], layers, page, rank_replicated=True)
@@ -113,7 +131,7 @@ class _PoolView:
     """One device pool entry as the page store sees a host pool: page geometry, dtype, host
     layout and ``get_page_buffer_meta``, whose segments come in the stored page's order."""
 
-    def __init__(self, entry: Any, interleave: bool, host_layout: str, num_layers: int) -> None:
+    def __init__(self, entry: DevicePoolEntry, interleave: bool, host_layout: str, num_layers: int) -> None:
         self.entry = entry
         self.page_size = int(entry.page_size)
         buffers = list(entry.kv_buffer)
@@ -134,7 +152,7 @@ class _PoolView:
         self.on_device = any(b.device.type != "cpu" for b in buffers)
         self.buffers = buffers
         # Host tensors the node registers for the zero-copy path (set by the linker).
-        self.kv_buffer: List[Any] = []
+        self.kv_buffer: List[Tensor] = []
         self.layer_members = self._layer_members(num_layers)
 
     def _layer_members(self, num_layers: int) -> List[List[int]]:
@@ -154,12 +172,12 @@ class _PoolView:
         per_layer[0].extend(i for i in range(len(self.buffers)) if i not in named)
         return per_layer
 
-    def pages(self, indices: Any) -> List[int]:
+    def pages(self, indices: Indices) -> List[int]:
         """Page numbers of ``indices`` in units of one page of each buffer (validated by SGLang's
         entry: aligned, contiguous, in range)."""
         return [row // self.row_span for row in self.entry.prepare_locations(indices)]
 
-    def get_page_buffer_meta(self, indices: Any) -> Tuple[List[int], List[int]]:
+    def get_page_buffer_meta(self, indices: Indices) -> Tuple[List[int], List[int]]:
         return self.rows_meta(self.entry.prepare_locations(indices))
 
     def rows_meta(self, rows: Sequence[int]) -> Tuple[List[int], List[int]]:
@@ -173,7 +191,7 @@ class _PoolView:
                 sizes.append(size)
         return ptrs, sizes
 
-    def page_rows(self, i: int) -> Any:
+    def page_rows(self, i: int) -> Tensor:
         """Buffer ``i`` as a ``(pages, segment bytes)`` uint8 view: one row per page."""
         b = self.buffers[i]
         if not b.is_contiguous():
@@ -190,12 +208,12 @@ class _Arena:
     block, all carved from one tensor (pinned when the pools are on CUDA) registered with the
     node once, so the transport reads and writes it with no further copy."""
 
-    def __init__(self, store: PeerCacheStore, views: Dict[Any, _PoolView], budget: int, pinned: bool) -> None:
+    def __init__(self, store: PeerCacheStore, views: Dict[PoolKey, _PoolView], budget: int, pinned: bool) -> None:
         per_page = sum(v.page_bytes for v in views.values())
         self.capacity = max(1, budget // max(per_page, 1))
-        self.tensor = torch.empty(self.capacity * per_page, dtype=torch.uint8, pin_memory=pinned)
+        self.tensor: Tensor = torch.empty(self.capacity * per_page, dtype=torch.uint8, pin_memory=pinned)
         store.core.register_host(int(self.tensor.data_ptr()), int(self.tensor.numel()))
-        self.blocks: Dict[Any, List[Any]] = {}
+        self.blocks: Dict[PoolKey, List[Tensor]] = {}
         off = 0
         for name, view in views.items():
             blocks = []
@@ -205,7 +223,7 @@ class _Arena:
                 off += n
             self.blocks[name] = blocks  # in page segment order
 
-    def meta(self, name: Any, count: int) -> Tuple[List[int], List[int]]:
+    def meta(self, name: PoolKey, count: int) -> Tuple[List[int], List[int]]:
         """Pointers and sizes of arena pages ``0..count`` of pool ``name``, segment by segment."""
         blocks = self.blocks[name]
         ptrs: List[int] = []
@@ -225,8 +243,8 @@ class PeerCacheLinker(UnifiedCacheLinker):
     ``PeerCacheLinker(server_args, params, components=..., extra_config=..., forward_stream=...)``.
     """
 
-    def __init__(self, server_args: Any, params: Any, *, components: Any, extra_config: Any = None,
-                 forward_stream: Any = None) -> None:
+    def __init__(self, server_args: object, params: LinkerParams, *, components: Iterable[object],
+                 extra_config: Optional[Mapping[str, ConfigValue]] = None, forward_stream: object = None) -> None:
         from sglang.srt.runtime_context import get_model, get_parallel  # noqa: PLC0415
 
         self.forward_stream = forward_stream
@@ -266,7 +284,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         try:
             plain = set(self.pools) == {PoolName.KV}
             interleave = plain and not replicated
-            self.views: Dict[Any, _PoolView] = {
+            self.views: Dict[PoolKey, _PoolView] = {
                 name: _PoolView(entry, interleave, "layer_first" if plain else "linker", self.num_layers)
                 for name, entry in self.pools.items()}
             on_device = any(v.on_device for v in self.views.values())
@@ -292,12 +310,13 @@ class PeerCacheLinker(UnifiedCacheLinker):
             raise
         self._device = get_device_module()
         self.layer_done_counter = LayerWiseLoadCounter(self.num_layers)
-        if PoolName.MAMBA in self.pools and getattr(params, "req_to_token_pool", None) is not None:
-            params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
-        self.pending_loads: Dict[str, List[Any]] = {}
-        self.load_queue: Queue = Queue()
-        self.offload_queue: Queue = Queue()
-        self.offload_results: Queue = Queue()
+        req_to_token_pool = getattr(params, "req_to_token_pool", None)
+        if PoolName.MAMBA in self.pools and req_to_token_pool is not None:
+            req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
+        self.pending_loads: Dict[str, List[LinkerTransfer]] = {}
+        self.load_queue: Queue[Optional[Tuple[int, List[LinkerTransfer], Event]]] = Queue()
+        self.offload_queue: Queue[Optional[Tuple[Optional[List[LinkerTransfer]], Sequence[Event]]]] = Queue()
+        self.offload_results: Queue[bool] = Queue()
         self._closed = False
         self._load_thread = threading.Thread(target=self._load_loop, daemon=True,
                                              name=f"peercache-load-tp{tp_rank}")
@@ -325,7 +344,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         return True
 
     # ----- lookup -----
-    def lookup(self, rid: str, transfers: List[Any]) -> List[int]:
+    def lookup(self, rid: str, transfers: Sequence[LinkerTransfer]) -> List[int]:
         """Every prefix length (pages) this rank can restore across all pools: the KV pages
         present from the start, cut at each side pool's boundary by its hit policy (a
         trailing-window pool leaves holes, so the set is sparse). One directory fan-out."""
@@ -338,7 +357,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         return list(result.restorable_prefix_pages or [])
 
     # ----- load -----
-    def load(self, rid: str, transfers: List[Any]) -> bool:
+    def load(self, rid: str, transfers: Sequence[LinkerTransfer]) -> bool:
         expanded = self.pool_group.resolve_transfers(transfers, allow_partial=True, allow_missing_kv=True)
         if not expanded:
             return False
@@ -349,7 +368,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         self.pending_loads[rid] = expanded
         return True
 
-    def _slots_valid(self, expanded: List[Any], what: str) -> bool:
+    def _slots_valid(self, expanded: Sequence[LinkerTransfer], what: str) -> bool:
         """Misaligned, partial or out-of-range device slots refuse the transfer up front (SGLang
         then recomputes), rather than failing later in a transfer thread."""
         for t in expanded:
@@ -395,7 +414,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
             finally:
                 self.load_queue.task_done()
 
-    def _load_direct(self, index: int, transfers: List[Any]) -> None:
+    def _load_direct(self, index: int, transfers: Sequence[LinkerTransfer]) -> None:
         """Host pools: the node lands each verified page in place; every layer of the batch is
         in the pools once the call returns."""
         got = self.store.batch_get_v2(transfers)
@@ -405,15 +424,14 @@ class PeerCacheLinker(UnifiedCacheLinker):
         for layer in range(self.num_layers):
             self.layer_done_counter.complete(index, layer)
 
-    def _per_pool(self, transfers: List[Any]) -> List[Tuple[Any, List[str], List[int]]]:
+    def _per_pool(self, transfers: Sequence[LinkerTransfer]) -> List[PoolPages]:
         """The batch as (pool, keys, page numbers), one entry per transfer with keys."""
         return [(t.name, list(t.keys), self.views[t.name].pages(t.host_indices)) for t in transfers if t.keys]
 
     @staticmethod
-    def _chunks(per_pool: List[Tuple[Any, List[str], List[int]]], capacity: int
-                ) -> List[List[Tuple[Any, List[str], List[int]]]]:
+    def _chunks(per_pool: List[PoolPages], capacity: int) -> List[List[PoolPages]]:
         """``per_pool`` in chunks of at most ``capacity`` pages per pool, so each fits the arena."""
-        chunks: List[List[Tuple[Any, List[str], List[int]]]] = []
+        chunks: List[List[PoolPages]] = []
         start = 0
         longest = max((len(k) for _, k, _ in per_pool), default=0)
         while start < longest:
@@ -423,13 +441,13 @@ class PeerCacheLinker(UnifiedCacheLinker):
             start += capacity
         return chunks
 
-    def _node_batch(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]]
+    def _node_batch(self, arena: _Arena, chunk: Sequence[PoolPages]
                     ) -> Tuple[List[str], List[int], List[int], List[int]]:
         """A node batch of `chunk`'s pages landing in (or leaving from) `arena`."""
         return self._batch(chunk, lambda name, view, hashes, _: arena.meta(name, len(hashes)))
 
-    def _batch(self, chunk: Sequence[Tuple[Any, List[str], List[int]]],
-               meta: Callable[[Any, "_PoolView", List[str], List[int]],
+    def _batch(self, chunk: Sequence[PoolPages],
+               meta: Callable[[PoolKey, "_PoolView", List[str], List[int]],
                               Tuple[List[int], List[int]]]
                ) -> Tuple[List[str], List[int], List[int], List[int]]:
         """Keys, segment pointers and sizes, and segments per page of `chunk`'s pages, each
@@ -447,7 +465,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
             counts.extend([len(view.order)] * len(hashes))
         return keys, ptrs, sizes, counts
 
-    def _load_staged(self, index: int, transfers: List[Any]) -> None:
+    def _load_staged(self, index: int, transfers: Sequence[LinkerTransfer]) -> None:
         """Device pools: verified pages land in the load arena, then each layer's segments are
         copied into the device pools and the layer is reported once its copy finished."""
         arena = self._load_arena
@@ -472,8 +490,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 if last:
                     self.layer_done_counter.complete(index, layer)
 
-    def _load_device(self, per_pool: List[Tuple[Any, List[str], List[int]]]
-                     ) -> List[Tuple[Any, List[str], List[int]]]:
+    def _load_device(self, per_pool: List[PoolPages]) -> List[PoolPages]:
         """GPUDirect: one node call lands every page other nodes hold straight in the pools over
         RDMA (each checked by its header before and after); returns the pages it could not land
         (this node's own, peers reached without RDMA, misses) for the staged path."""
@@ -481,7 +498,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
             per_pool,
             lambda _, view, __, pages: view.rows_meta([page * view.row_span for page in pages]))
         landed = self.store.core.get_device(keys, Segments(ptrs, sizes, counts))
-        rest: List[Tuple[Any, List[str], List[int]]] = []
+        rest: List[PoolPages] = []
         at = 0
         for name, hashes, pages in per_pool:
             flags = landed[at:at + len(hashes)]
@@ -492,7 +509,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         return rest
 
     @contextlib.contextmanager
-    def _copies(self) -> Any:
+    def _copies(self) -> Iterator[None]:
         """Runs the copies issued inside on the side stream (CUDA pools) and returns once they
         finished; plain CPU copies otherwise."""
         stream = self._copy_stream
@@ -503,13 +520,13 @@ class PeerCacheLinker(UnifiedCacheLinker):
             yield
         stream.synchronize()
 
-    def _slots(self, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> Dict[Any, Any]:
+    def _slots(self, chunk: Sequence[PoolPages]) -> Dict[PoolKey, Tensor]:
         """Each pool's page numbers of the chunk as an index tensor on the pool's device."""
         return {name: torch.tensor(pages, dtype=torch.int64).to(self.views[name].device, non_blocking=True)
                 for name, _, pages in chunk}
 
-    def _scatter_layer(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]],
-                       slots: Dict[Any, Any], layer: int) -> None:
+    def _scatter_layer(self, arena: _Arena, chunk: Sequence[PoolPages],
+                       slots: Dict[PoolKey, Tensor], layer: int) -> None:
         with self._copies():
             for name, hashes, _ in chunk:
                 view = self.views[name]
@@ -519,7 +536,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
                     view.page_rows(i).index_copy_(0, slots[name], src)
 
     # ----- offload -----
-    def offload(self, transfers: List[Any], session_id: Optional[str] = None) -> bool:
+    def offload(self, transfers: Sequence[LinkerTransfer], session_id: Optional[str] = None) -> bool:
         expanded = self.pool_group.resolve_transfers(transfers, allow_partial=True)
         if not expanded:
             return False
@@ -528,7 +545,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
         if not self.offload_owner:
             # The owner rank writes the same bytes; this rank reports the set as persisted in
             # order with its own queue, so results pop in submission order.
-            self.offload_queue.put((None, None))
+            self.offload_queue.put((None, ()))
             return True
         self.offload_queue.put((expanded, self.record_offload_ready()))
         return True
@@ -554,11 +571,11 @@ class PeerCacheLinker(UnifiedCacheLinker):
             finally:
                 self.offload_queue.task_done()
 
-    def _offload_direct(self, expanded: List[Any]) -> bool:
+    def _offload_direct(self, expanded: Sequence[LinkerTransfer]) -> bool:
         res = self.store.batch_set_v2(expanded)
         return all(all(flags) for flags in res.values())
 
-    def _offload_staged(self, expanded: List[Any]) -> bool:
+    def _offload_staged(self, expanded: Sequence[LinkerTransfer]) -> bool:
         arena = self._offload_arena
         ok = True
         for chunk in self._chunks(self._per_pool(expanded), arena.capacity):
@@ -567,7 +584,7 @@ class PeerCacheLinker(UnifiedCacheLinker):
             ok &= all(self.store.core.put(keys, Segments(ptrs, sizes, counts)))
         return ok
 
-    def _gather(self, arena: _Arena, chunk: Sequence[Tuple[Any, List[str], List[int]]]) -> None:
+    def _gather(self, arena: _Arena, chunk: Sequence[PoolPages]) -> None:
         slots = self._slots(chunk)
         with self._copies():
             for name, hashes, _ in chunk:

@@ -29,15 +29,38 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import (
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Sized,
+    Tuple,
+    TypedDict,
+    Union,
+    cast,
+)
 
 from . import policy as policy_fns
-from .core import PageStore, Segments, as_bool, ptr_len
+from .core import ConfigValue, PageStore, Segments, as_bool, ptr_len
+from .sglang_types import (
+    HostPool,
+    HostPoolGroup,
+    Indices,
+    PoolEntry,
+    PoolKey,
+    PoolTransfer,
+    StorageMetrics,
+    TransferResult,
+)
 
 logger = logging.getLogger("peercache")
 
 
-def _hicache_base():
+def _hicache_base() -> type:
     """SGLang's real base class when importable (imported on its own, so a missing optional
     name elsewhere cannot break the subclass check), else a stand-in."""
     try:
@@ -49,7 +72,7 @@ def _hicache_base():
         class HiCacheStorage:  # type: ignore[no-redef]
             """Stand-in with the attributes SGLang's base class sets."""
 
-            def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+            def register_mem_pool_host(self, mem_pool_host: object) -> None:
                 self.mem_pool_host = mem_pool_host
 
         return HiCacheStorage
@@ -58,7 +81,7 @@ def _hicache_base():
 _Base = _hicache_base()
 
 
-def _storage_metrics_class() -> Any:
+def _storage_metrics_class() -> Optional[Callable[[], StorageMetrics]]:
     """SGLang's ``StorageMetrics``: ``sglang.srt.observability.metrics_collector`` since 0.5.6,
     ``sglang.srt.metrics.collector`` before. SGLang's collector checks ``isinstance`` against it,
     so a look-alike would not do. None when sglang is absent."""
@@ -79,10 +102,10 @@ _BUFFER_SUFFIXES = ("_buffer", "_buffers")
 _POLICIES = ("all_pages", "trailing_pages", "block_groups")
 
 
-def _host_tensors(pool: Any) -> List[Any]:
+def _host_tensors(pool: object) -> List[object]:
     """The host tensors (or arrays) a pool keeps its pages in: every ``*_buffer`` attribute
     that is one, or a list of them, on the CPU. Device mirrors are skipped."""
-    out: List[Any] = []
+    out: List[object] = []
     attrs = getattr(pool, "__dict__", {})
     for name, v in attrs.items():
         if not name.endswith(_BUFFER_SUFFIXES) or name.startswith("device"):
@@ -96,17 +119,18 @@ def _host_tensors(pool: Any) -> List[Any]:
     return out
 
 
-def pool_name(x: Any) -> str:
+def pool_name(x: object) -> str:
     """``PoolName.MAMBA`` → ``"mamba"``; plain strings pass through."""
     return str(getattr(x, "value", x))
 
 
-def _numel(x: Any) -> int:
+def _numel(x: Optional[Indices]) -> int:
     if x is None:
         return 0
-    if hasattr(x, "numel"):
-        return int(x.numel())
-    return len(x)
+    numel = getattr(x, "numel", None)  # a tensor; lists and arrays have a length
+    if callable(numel):
+        return int(numel())
+    return len(cast(Sized, x))
 
 
 @dataclass
@@ -114,12 +138,39 @@ class _PoolTransferResult:
     """Stand-in for SGLang's ``PoolTransferResult`` on releases without it."""
 
     kv_hit_pages: int
-    extra_pool_hit_pages: Dict[Any, int]
+    extra_pool_hit_pages: Dict[PoolKey, int]
     restorable_prefix_pages: Optional[List[int]] = None
 
 
+class PoolSpec(TypedDict):
+    """One pool of a :class:`LayoutSpec`."""
+
+    name: str
+    tokens_per_page: int
+    host_layout: str
+    bytes_per_page: int
+
+
+class LayoutSpec(TypedDict):
+    """The layout spec of a rank's pages (what :meth:`PeerCacheStore.layout_spec` returns and
+    the node fingerprints)."""
+
+    model: str
+    kv_dtype: str
+    pp_rank: int
+    tp: Optional[List[int]]
+    pools: List[PoolSpec]
+
+
+class _ResultClass(Protocol):
+    """``PoolTransferResult``'s constructor (older releases take no restorable pages)."""
+
+    def __call__(self, kv_hit_pages: int, extra_pool_hit_pages: Dict[PoolKey, int],
+                 restorable_prefix_pages: Optional[List[int]] = ...) -> TransferResult: ...
+
+
 @functools.lru_cache(maxsize=1)
-def _v2_types() -> Tuple[Any, Any]:
+def _v2_types() -> Tuple[_ResultClass, PoolKey]:
     """(``PoolTransferResult``, ``PoolName.KV``) from SGLang 0.5.19+, else stand-ins."""
     try:
         from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransferResult  # noqa: PLC0415
@@ -129,7 +180,7 @@ def _v2_types() -> Tuple[Any, Any]:
         return _PoolTransferResult, "kv"
 
 
-def _transfer_result(kv: int, hits: Dict[Any, int], restorable: List[int]) -> Any:
+def _transfer_result(kv: int, hits: Dict[PoolKey, int], restorable: List[int]) -> TransferResult:
     cls, _ = _v2_types()
     try:
         return cls(kv, hits, restorable)
@@ -138,7 +189,7 @@ def _transfer_result(kv: int, hits: Dict[Any, int], restorable: List[int]) -> An
         return r
 
 
-def _extra(extra_info: Any) -> Dict[str, Any]:
+def _extra(extra_info: object) -> Mapping[str, ConfigValue]:
     """The free-form part of a call's extra info: ``HiCacheStorageExtraInfo.extra_info`` or a
     plain dict; empty for anything else (None, or an object without it)."""
     if isinstance(extra_info, dict):
@@ -150,8 +201,8 @@ def _extra(extra_info: Any) -> Dict[str, Any]:
 class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
     """SGLang HiCache storage backend on a PeerCache node (one node per rank)."""
 
-    def __init__(self, storage_config: Any = None, kwargs: Any = None) -> None:
-        extra: Dict[str, Any] = {}
+    def __init__(self, storage_config: object = None, kwargs: object = None) -> None:
+        extra: Dict[str, ConfigValue] = {}
         if storage_config is not None:
             extra.update(getattr(storage_config, "extra_config", None) or {})
         if isinstance(kwargs, dict):  # built-in convention passes mem_pool_host here: ignore
@@ -179,12 +230,12 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         cfg.update({"tp_rank": self.tp_rank, "tp_size": self.tp_size, "pp_rank": self.pp_rank, "pp_size": self.pp_size})
         cfg.setdefault("dp_rank", int(get("dp_rank", 0) or 0))
         self._closed = False
-        self.mem_pool_host = None
-        self._page_pool: Any = None
+        self.mem_pool_host: Optional[Union[HostPool, HostPoolGroup]] = None
+        self._page_pool: Optional[HostPool] = None
         self._kv_page_bytes = 0  # bytes of one KV page of the registered pool (0: unknown)
-        self.registered_pools: Dict[Any, Any] = {}
-        self._pools_by_name: Dict[str, Any] = {}
-        self._warned: set = set()
+        self.registered_pools: Dict[PoolKey, HostPool] = {}
+        self._pools_by_name: Dict[str, HostPool] = {}
+        self._warned: set[str] = set()
         self._stats_lock = threading.Lock()
         self._stats: Dict[str, List[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                                                "backup_bandwidth": []}
@@ -215,15 +266,16 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return [self._key(k) for k in keys]
 
     # ----- registration -----
-    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+    def register_mem_pool_host(self, mem_pool_host: Union[HostPool, HostPoolGroup]) -> None:
         """Registers SGLang's host KV pool for zero-copy transfers. A ``HostPoolGroup``
         (DeepSeek-V4 and other multi-pool models) is resolved to its anchor pool for page
         geometry, and every entry's ``kv_buffer`` is registered."""
         self.mem_pool_host = mem_pool_host
-        anchor = getattr(mem_pool_host, "anchor_entry", None)
-        self._page_pool = anchor.host_pool if anchor is not None else mem_pool_host
-        entries = list(getattr(mem_pool_host, "entries", [])) if anchor is not None else []
-        pools = [e.host_pool for e in entries] if anchor is not None else [mem_pool_host]
+        anchor: Optional[PoolEntry] = getattr(mem_pool_host, "anchor_entry", None)
+        page_pool = anchor.host_pool if anchor is not None else cast(HostPool, mem_pool_host)
+        self._page_pool = page_pool
+        entries: List[PoolEntry] = list(getattr(mem_pool_host, "entries", [])) if anchor is not None else []
+        pools = [e.host_pool for e in entries] if anchor is not None else [page_pool]
         # A group's side pools are known by name from here on, whether or not SGLang also
         # registers each of them through register_mem_host_pool_v2.
         for e in entries:
@@ -236,7 +288,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             logger.info("peercache: host pool has no kv_buffer (logical anchor); nothing to register")
         self._declare_layout()
 
-    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+    def register_mem_host_pool_v2(self, host_pool: HostPool, host_pool_name: PoolKey) -> None:
         """Registers one more host pool (Mamba, SWA, DSA indexer, draft, DeepSeek-V4
         compressed pools…) under its name; its buffers become zero-copy destinations."""
         self.registered_pools[host_pool_name] = host_pool
@@ -251,7 +303,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         node (the zero-copy path), of sizes that add up to a page; a logical anchor (no
         buffers) is accepted, and its v1 calls will miss. Raises ``ValueError`` naming the pool
         and what is wrong."""
-        checks: List[Tuple[str, Any]] = []
+        checks: List[Tuple[str, HostPool]] = []
         if self._page_pool is not None:
             checks.append(("kv", self._page_pool))
         checks.extend((n, p) for n, p in self._pools_by_name.items() if n != "kv" or p is not self._page_pool)
@@ -283,13 +335,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                                  f"{outside[0][1]} bytes): register the pool before the attach completes")
         self._declare_layout()
 
-    def layout_spec(self) -> Optional[Dict[str, Any]]:
+    def layout_spec(self) -> Optional[LayoutSpec]:
         """The layout spec of this rank's pages, from the registered pools: model, KV dtype,
         PP rank, the TP shard for MHA (none for MLA, whose latent every TP rank shares) and each
         pool's name, tokens per page, host layout and bytes per page. None before a pool with
         page buffers is registered."""
-        pools: List[Dict[str, Any]] = []
-        named: List[Tuple[str, Any]] = []
+        pools: List[PoolSpec] = []
+        named: List[Tuple[str, HostPool]] = []
         if self._page_pool is not None:
             named.append(("kv", self._page_pool))
         named.extend((n, p) for n, p in self._pools_by_name.items() if p is not self._page_pool)
@@ -307,8 +359,9 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 host_layout += f"+{tag}"
             pools.append({"name": str(name), "tokens_per_page": page_size, "host_layout": host_layout,
                           "bytes_per_page": per_token * page_size})
-            if dtype is None and getattr(pool, "dtype", None) is not None:
-                dtype = str(pool.dtype)
+            pool_dtype = getattr(pool, "dtype", None)
+            if dtype is None and pool_dtype is not None:
+                dtype = str(pool_dtype)
         if not pools:
             return None
         # Host pools keep the storage dtype (fp8 caches are stored as uint8): the deployment's
@@ -330,7 +383,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             logger.info("peercache: page layout %s (%s, %d pool(s))", fp, spec["kv_dtype"], len(spec["pools"]))
 
     @staticmethod
-    def _one_page_indices(pool: Any, name: str, page_size: int) -> Any:
+    def _one_page_indices(pool: HostPool, name: str, page_size: int) -> Indices:
         """Host indices of the first page of ``pool`` in the form its ``get_page_buffer_meta``
         takes: a torch tensor when torch is importable (SGLang's pools), else a list."""
         # Mamba pools index one slot per page; token pools page_size tokens.
@@ -338,11 +391,11 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         try:
             import torch  # noqa: PLC0415
 
-            return torch.arange(0, count, dtype=torch.int64)
+            return cast(Indices, torch.arange(0, count, dtype=torch.int64))
         except Exception:
             return list(range(count))
 
-    def _register_buffers(self, pool: Any) -> int:
+    def _register_buffers(self, pool: object) -> int:
         """Registers every host tensor of ``pool`` (``kv_buffer``, Mamba's ``temporal_buffer``
         and ``conv_buffer``, indexer buffers…), each span once. Returns how many it added."""
         added = 0
@@ -359,17 +412,18 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return added
 
     # ----- v1 zero-copy -----
-    def _meta(self, keys: Sequence[str], host_indices: Any) -> Optional[Tuple[List[int], List[int], List[int]]]:
-        if self.mem_pool_host is None or not keys:
+    def _meta(self, keys: Sequence[str], host_indices: Indices) -> Optional[Tuple[List[int], List[int], List[int]]]:
+        pool = self._page_pool
+        if self.mem_pool_host is None or pool is None or not keys:
             return None
-        if getattr(self._page_pool, "kv_buffer", None) is None:
+        if getattr(pool, "kv_buffer", None) is None:
             # A logical anchor (DeepSeek-V4's LogicalHostPool) holds no bytes: v1 has nothing
             # to move; the v2 side pools carry the pages. Every key misses (0.8.4 behaviour).
             self._warn_once("v1:anchor", "peercache: the KV host pool is a logical anchor (no page "
                             "buffers): v1 calls miss; side pools carry the pages (v2)")
             return None
         try:
-            ptrs, sizes = self._page_pool.get_page_buffer_meta(host_indices)
+            ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         except Exception as e:
             self._warn_once("v1:meta", "peercache: the KV host pool gave no page buffer meta (%s); its pages miss", e)
             return None
@@ -380,7 +434,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             return None
         return list(map(int, ptrs)), list(map(int, sizes)), [per] * n
 
-    def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+    def batch_set_v1(self, keys: List[str], host_indices: Indices, extra_info: object = None) -> List[bool]:
         """Publishes the pages at ``host_indices``. With ``extra_info`` carrying
         ``{"last_page_valid_tokens": n}`` (a ``HiCacheStorageExtraInfo``'s ``extra_info``, or
         a plain dict), the last page is a partial tail holding ``n`` valid tokens — see
@@ -398,7 +452,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._record("backup", sum(res), sum(m[1]), time.perf_counter() - t0)
         return res
 
-    def batch_set_v1_partial(self, keys: List[str], host_indices: Any, last_page_valid_tokens: int) -> List[bool]:
+    def batch_set_v1_partial(self, keys: List[str], host_indices: Indices, last_page_valid_tokens: int) -> List[bool]:
         """Publishes pages whose last one is a partial tail: only its first
         ``last_page_valid_tokens`` tokens hold data (a prefill rank handing off a prompt that
         does not end on a page boundary). The whole page is stored; readers see the count
@@ -422,7 +476,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._record("backup", sum(res), sum(sizes), time.perf_counter() - t0)
         return res
 
-    def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+    def batch_get_v1(self, keys: List[str], host_indices: Indices, extra_info: object = None) -> List[bool]:
         m = self._meta(keys, host_indices)
         if m is None:
             return [False] * len(keys)
@@ -431,7 +485,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         self._record("prefetch", sum(res), sum(m[1]), time.perf_counter() - t0)
         return res
 
-    def batch_get_v1_valid(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[Optional[int]]:
+    def batch_get_v1_valid(self, keys: List[str], host_indices: Indices, extra_info: object = None) -> List[Optional[int]]:
         """Like :meth:`batch_get_v1`, but per page how many of its tokens are valid (the page
         size for a whole page, fewer for a partial tail, ``None`` for a miss)."""
         m = self._meta(keys, host_indices)
@@ -449,14 +503,14 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             out.append(None if v is None else (page_size if v >= page else v * page_size // page))
         return out
 
-    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists(self, keys: List[str], extra_info: object = None) -> int:
         # `extra_info.prefix_keys` (the hashes before these keys) saves nothing here: a page
         # hash already names its whole prefix, so the keys alone decide; it is ignored.
         if not keys:
             return 0
         return self.core.leading(self._keys(keys))
 
-    def batch_exists_tokens(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists_tokens(self, keys: List[str], extra_info: object = None) -> int:
         """The restorable prefix in tokens: whole leading pages times the page size, plus a
         partial tail's valid tokens (a decode rank seeing a prefill rank's last page)."""
         if not keys:
@@ -492,13 +546,13 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return self.core.wait_for_full_prefix(self._keys(keys), float(timeout_s))
 
     # ----- v2: KV plus sidecar pools (SGLang 0.5.19+) -----
-    def _pool(self, name: str) -> Any:
+    def _pool(self, name: str) -> Optional[HostPool]:
         pool = self._pools_by_name.get(name)
         if pool is None and name == "kv":
             pool = self._page_pool
         return pool
 
-    def _pool_shared(self, name: str, pool: Any) -> bool:
+    def _pool_shared(self, name: str, pool: object) -> bool:
         """Whether a pool's pages are the same on every TP rank (so one key serves all
         ranks): the KV pool of an MLA model and, in MLA models, its MLA-shaped side pools
         (DSA indexer, DeepSeek-V4 compressed pools, an MLA draft). Mamba state and MHA-shaped
@@ -509,23 +563,23 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             return False
         return not (hasattr(pool, "v_buffer") or type(pool).__name__.startswith("MHA"))
 
-    def pool_key(self, name: str, pool: Any, h: str) -> str:
+    def pool_key(self, name: str, pool: object, h: str) -> str:
         """The key of page ``h`` of host pool ``name`` (the KV pool's is the page key)."""
         if name == "kv":
             return self._key(h)
         return f"{self._key(h, self._pool_shared(name, pool))}|{name}"
 
-    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+    def _warn_once(self, what: str, msg: str, *args: object) -> None:
         if what not in self._warned:
             self._warned.add(what)
             logger.warning(msg, *args)
 
-    def _v2_io(self, transfers: Sequence[Any], write: bool) -> Dict[Any, List[bool]]:
+    def _v2_io(self, transfers: Optional[Sequence[PoolTransfer]], write: bool) -> Dict[PoolKey, List[bool]]:
         """Every pool of the call in one node batch: each page's buffers (2–3 for Mamba and
         DeepSeek-V4 layouts) are the segments of one key, gathered on write and scattered on
         read by the transport — no packing copy."""
-        results: Dict[Any, List[bool]] = {}
-        spans: List[Tuple[Any, int, int]] = []
+        results: Dict[PoolKey, List[bool]] = {}
+        spans: List[Tuple[PoolKey, int, int]] = []
         keys_all: List[str] = []
         ptrs: List[int] = []
         sizes: List[int] = []
@@ -542,13 +596,14 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 results.setdefault(t.name, []).extend([False] * len(keys))
                 continue
             page_size = int(getattr(pool, "page_size", 1) or 1)
-            if _numel(t.host_indices) != len(keys) * page_size:
+            indices = t.host_indices
+            if indices is None or _numel(indices) != len(keys) * page_size:
                 self._warn_once("idx:" + name, "peercache: pool %r got %d host indices for %d pages of %d; refusing the batch",
                                 name, _numel(t.host_indices), len(keys), page_size)
                 results.setdefault(t.name, []).extend([False] * len(keys))
                 continue
             try:
-                p, sz = pool.get_page_buffer_meta(t.host_indices)
+                p, sz = pool.get_page_buffer_meta(indices)
             except Exception as e:  # e.g. a Mamba pool in a layout with no zero-copy meta
                 self._warn_once("meta:" + name, "peercache: pool %r has no page buffer meta (%s); its pages miss", name, e)
                 results.setdefault(t.name, []).extend([False] * len(keys))
@@ -569,21 +624,22 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             op = self.core.put if write else self.core.get
             res = op(keys_all, Segments(ptrs, sizes, counts))
             self._record("backup" if write else "prefetch", sum(res), sum(sizes), time.perf_counter() - t0)
-            for name, start, n in spans:
-                results.setdefault(name, []).extend(res[start:start + n])
+            for pool_key, start, n in spans:
+                results.setdefault(pool_key, []).extend(res[start:start + n])
         return results
 
-    def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+    def batch_set_v2(self, transfers: Sequence[PoolTransfer], extra_info: object = None) -> Dict[PoolKey, List[bool]]:
         """Writes each ``PoolTransfer``'s pages from its host pool; per pool, one flag a page."""
         if not self.is_storage_writer:
             return {t.name: [True] * len(t.keys or []) for t in transfers or []}
         return self._v2_io(transfers, write=True)
 
-    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
+    def batch_get_v2(self, transfers: Sequence[PoolTransfer], extra_info: object = None) -> Dict[PoolKey, List[bool]]:
         """Reads each ``PoolTransfer``'s pages into its host pool; per pool, one flag a page."""
         return self._v2_io(transfers, write=False)
 
-    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None, extra_info: Any = None) -> Any:
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[Sequence[PoolTransfer]] = None,
+                        extra_info: object = None) -> TransferResult:
         """The usable prefix over the KV pool and every side pool, by each pool's hit policy
         (``all_pages``, ``trailing_pages``, ``block_groups``), in one directory fan-out.
 
@@ -598,7 +654,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         # A logical anchor (DeepSeek-V4 groups) has no KV bytes: the side pools decide.
         logical = self._page_pool is not None and getattr(self._page_pool, "kv_buffer", None) is None
         probe: List[str] = [] if logical else [self._key(h) for h in keys]
-        plan: List[Tuple[Any, Optional[int]]] = []
+        plan: List[Tuple[PoolTransfer, Optional[int]]] = []
         for t in pool_transfers or []:
             name = pool_name(t.name)
             policy = pool_name(getattr(t, "hit_policy", "all_pages"))
@@ -613,7 +669,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             probe.extend(self.pool_key(name, pool, h) for h in keys)
         present = self.core.contains(probe) if probe else []
         kv_pages = n if logical else _leading(present[:n])
-        hits: Dict[Any, int] = {kv_name: kv_pages} if kv_pages else {}
+        hits: Dict[PoolKey, int] = {kv_name: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
         for t, start in plan:
             ex = present[start:start + n] if start is not None else [False] * n
@@ -642,14 +698,18 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         return _transfer_result(restorable[-1] if restorable else 0, hits, restorable)
 
     # ----- generic (legacy) path -----
-    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+    def batch_set(self, keys: List[str], values: Optional[Sequence[object]] = None,
+                  target_locations: Optional[Sequence[int]] = None,
+                  target_sizes: Optional[Sequence[int]] = None) -> bool:
         if not keys:
             return True
         if values is None and target_locations is not None:
+            if target_sizes is None:
+                raise ValueError("batch_set with target_locations needs target_sizes")
             ptrs = [int(p) for p in target_locations]
             sizes = [int(s) for s in target_sizes]
             return all(self.core.put(self._keys(keys), Segments(ptrs, sizes, [1] * len(keys))))
-        values = list(values)
+        values = list(values or [])
         pl = [_ptr_len(v) for v in values]
         ok = True
         at = [(i, p) for i, p in enumerate(pl) if p is not None]
@@ -661,12 +721,16 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             ok &= all(self.core.put_buffers(self._keys([keys[i] for i in idx_buf]), [values[i] for i in idx_buf]))
         return bool(ok)
 
-    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+    def set(self, key: str, value: object = None, target_location: Optional[int] = None,
+            target_sizes: Optional[int] = None) -> bool:
         if value is None and target_location is not None:
+            if target_sizes is None:
+                raise ValueError("set with target_location needs target_sizes")
             return self.batch_set([key], None, [target_location], [target_sizes])
         return self.batch_set([key], [value])
 
-    def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> Any:
+    def batch_get(self, keys: List[str], target_locations: Optional[Sequence[object]] = None,
+                  target_sizes: Optional[Sequence[int]] = None) -> Union[int, List[Optional[object]]]:
         """Fills each destination (tensor, array or writable bytes-like) and returns it, or
         None for a miss. With integer addresses and ``target_sizes`` it returns the number of
         leading pages read. A read-only destination (``bytes``) raises ValueError."""
@@ -675,9 +739,20 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
         targets = list(target_locations or [])
         if len(targets) != len(keys):
             raise ValueError("batch_get needs one destination per key")
-        if targets and all(isinstance(t, int) for t in targets):
-            got = self.core.get(self._keys(keys), Segments(targets, [int(s) for s in target_sizes], [1] * len(keys)))
-            return _leading(got)
+        addrs = [t for t in targets if isinstance(t, int)]
+        if targets and len(addrs) == len(targets):
+            if target_sizes is None:
+                raise ValueError("batch_get with integer addresses needs target_sizes")
+            return self._get_addresses(keys, addrs, target_sizes)
+        return self._get_buffers(keys, targets)
+
+    def _get_addresses(self, keys: List[str], addrs: List[int], sizes: Sequence[int]) -> int:
+        """Reads page ``i`` to address ``addrs[i]`` (``sizes[i]`` bytes); the leading pages read."""
+        got = self.core.get(self._keys(keys), Segments(addrs, [int(s) for s in sizes], [1] * len(keys)))
+        return _leading(got)
+
+    def _get_buffers(self, keys: List[str], targets: List[object]) -> List[Optional[object]]:
+        """Fills each destination buffer; the destination for a hit, None for a miss."""
         pl = [_ptr_len(t) for t in targets]
         res: List[bool] = [False] * len(keys)
         at = [(i, p) for i, p in enumerate(pl) if p is not None]
@@ -693,12 +768,14 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
                 res[i] = g
         return [t if ok else None for t, ok in zip(targets, res)]
 
-    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+    def get(self, key: str, target_location: object = None, target_sizes: Optional[int] = None) -> object:
         if target_location is None:
             raise ValueError("PeerCacheStore.get needs a destination (target_location)")
         if isinstance(target_location, int):
-            return self.batch_get([key], [target_location], [target_sizes]) == 1
-        return self.batch_get([key], [target_location])[0]
+            if target_sizes is None:
+                raise ValueError("PeerCacheStore.get with an address needs target_sizes")
+            return self._get_addresses([key], [target_location], [target_sizes]) == 1
+        return self._get_buffers([key], [target_location])[0]
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -709,7 +786,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             self._stats[f"{kind}_pgs"].append(pages)
             self._stats[f"{kind}_bandwidth"].append(nbytes / secs / 1e9 if secs > 0 else 0.0)
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> Optional[StorageMetrics]:
         """A real ``StorageMetrics`` with this interval's values (cleared on read), or None
         when sglang is not importable."""
         StorageMetrics = _storage_metrics_class()
@@ -722,7 +799,7 @@ class PeerCacheStore(_Base):  # type: ignore[misc,valid-type]
             setattr(m, k, v)
         return m
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> Dict[str, object]:
         """Node counters (pool pages, evictions, directory RPCs, bytes read, members…)."""
         return self.core.stats()
 

@@ -155,3 +155,24 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// The body of `GET /metrics` at `addr` (one request, the connection closed after it).
+pub(crate) fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of the first sample of series `name` in a scrape (panics when absent).
+pub(crate) fn sample_of(text: &str, name: &str) -> f64 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -13,12 +13,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from ..core import KeyScheme, PageStore
+from ..core import ConfigValue, KeyScheme, PageStore
 from .config import Layout, check_hash_algo, node_configs, settings
 from .meta import PeerCacheMeta
 from .scheduler import SchedulerSide
 from .stats import PeerCachePromMetrics, PeerCacheStats
-from .worker import WorkerSide
+from .worker import StorageTensor, WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -65,7 +65,7 @@ class PeerCacheConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         assert ktc is not None  # the base class refused None
-        extra: Dict[str, Any] = dict(ktc.kv_connector_extra_config or {})
+        extra: Dict[str, ConfigValue] = dict(ktc.kv_connector_extra_config or {})
         self.settings = settings(extra, str(ktc.kv_role))
         check_hash_algo(str(vllm_config.cache_config.prefix_caching_hash_algo))
         if ktc.kv_load_failure_policy != "recompute":
@@ -95,11 +95,11 @@ class PeerCacheConnector(KVConnectorBase_V1):
                     self.store.node_id if self.store else "none")
 
     # ----- worker side -----
-    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: Mapping[str, StorageTensor]) -> None:
         assert self._worker is not None
         self._worker.register(kv_caches)
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: object) -> None:
         meta = self._get_connector_metadata()
         if self._worker is not None and isinstance(meta, PeerCacheMeta):
             self._worker.load(meta)
@@ -107,7 +107,7 @@ class PeerCacheConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the forward pass
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: object, attn_metadata: object, **kwargs: object) -> None:
         return  # whole blocks of every layer are published in wait_for_save
 
     def wait_for_save(self) -> None:
@@ -132,12 +132,12 @@ class PeerCacheConnector(KVConnectorBase_V1):
         return PeerCacheStats(data=data) if any(data.values()) else None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> PeerCacheStats:
+    def build_kv_connector_stats(cls, data: Optional[Mapping[str, object]] = None) -> PeerCacheStats:
         return PeerCacheStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: Any, labelnames: Any,
-                           per_engine_labelvalues: Any) -> PeerCachePromMetrics:
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: Mapping[type, type], labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[object]]) -> PeerCachePromMetrics:
         return PeerCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
@@ -162,7 +162,7 @@ class PeerCacheConnector(KVConnectorBase_V1):
                for i, (rid, ids) in enumerate(zip(cached.req_ids, cached.new_block_ids))]
         return self._sched.build_meta(new, old, dict(so.num_scheduled_tokens), list(so.finished_req_ids))
 
-    def request_finished(self, request: "Request", block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+    def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, object]]]:
         if self._sched is not None:
             self._sched.finished(request.request_id)
         return False, None

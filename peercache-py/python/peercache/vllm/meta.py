@@ -22,7 +22,7 @@ class BlockIO:
 
 
 @dataclass
-class PeerCacheMeta(_MetaBase):
+class PeerCacheMeta(_MetaBase):  # type: ignore[explicit-any]  # vLLM's base, unfollowed, is Any
     """One step's loads and saves."""
 
     loads: List[BlockIO] = field(default_factory=list)

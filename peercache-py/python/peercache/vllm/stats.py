@@ -4,9 +4,12 @@ published, failed loads, seconds spent)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Protocol
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 # stats key -> (Prometheus name, help)
 _COUNTERS = {
@@ -44,19 +47,25 @@ class PeerCacheStats(KVConnectorStats):
         return not any(self.data.values())
 
 
+class _Counter(Protocol):
+    """One labelled Prometheus counter child."""
+
+    def inc(self, amount: float = ...) -> None: ...
+
+
 class PeerCachePromMetrics(KVConnectorPromMetrics):
     """One counter per figure, labelled per engine as vLLM's own series are."""
 
-    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: List[str],
+    def __init__(self, vllm_config: "VllmConfig", metric_types: Mapping[type, type], labelnames: List[str],
                  per_engine_labelvalues: Dict[int, List[object]]) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._per_engine: Dict[str, Dict[int, Any]] = {}
+        self._per_engine: Dict[str, Dict[int, _Counter]] = {}
         for key, (name, doc) in _COUNTERS.items():
             metric = self._counter_cls(name=name, documentation=doc, labelnames=labelnames)
             self._per_engine[key] = {i: metric.labels(*vals) for i, vals in per_engine_labelvalues.items()}
 
-    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+    def observe(self, transfer_stats_data: Mapping[str, float], engine_idx: int = 0) -> None:
         for key, v in transfer_stats_data.items():
-            child: Optional[Any] = self._per_engine.get(key, {}).get(engine_idx)
+            child: Optional[_Counter] = self._per_engine.get(key, {}).get(engine_idx)
             if child is not None and v:
                 child.inc(v)
