@@ -26,6 +26,27 @@ fn member(me: &NodeInfo) -> RpcClient {
     })
 }
 
+/// A discovery server on loopback whose members live 30 s past their last heartbeat.
+fn server() -> DiscoveryServer {
+    DiscoveryServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(30),
+        None,
+        Auth::from_secret(SECRET).unwrap(),
+    )
+    .unwrap()
+}
+
+/// A tool's connection: the secret, no node id.
+fn tool() -> RpcClient {
+    RpcClient::new(rpc::ClientConfig {
+        hello: Hello::new(Plane::Discovery, None, Incarnation(5)),
+        max_idle_per_peer: 1,
+        max_frame: 8 << 20,
+        auth: Auth::from_secret(SECRET).unwrap(),
+    })
+}
+
 fn send(c: &RpcClient, at: SocketAddr, req: &DiscRequest) -> Result<DiscReply, WireError> {
     let f = envelope::encode(req, &[]).unwrap();
     rpc::decode_reply::<DiscReply>(&c.call(at, &f, T)?)
@@ -50,13 +71,7 @@ fn forbidden(r: Result<DiscReply, WireError>) {
 
 #[test]
 fn a_member_cannot_register_heartbeat_or_deregister_another() {
-    let srv = DiscoveryServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Duration::from_secs(30),
-        None,
-        Auth::from_secret(SECRET).unwrap(),
-    )
-    .unwrap();
+    let srv = server();
     let at = srv.local_addr();
     let (a, b) = (info("node-a", 1), info("node-b", 2));
     let (ca, cb) = (member(&a), member(&b));
@@ -91,12 +106,7 @@ fn a_member_cannot_register_heartbeat_or_deregister_another() {
     other_life.incarnation = Incarnation(99);
     forbidden(send(&ca, at, &DiscRequest::Register(other_life)));
     // A tool connection (no node id) may read the table but announce nothing.
-    let tool = RpcClient::new(rpc::ClientConfig {
-        hello: Hello::new(Plane::Discovery, None, Incarnation(5)),
-        max_idle_per_peer: 1,
-        max_frame: 8 << 20,
-        auth: Auth::from_secret(SECRET).unwrap(),
-    });
+    let tool = tool();
     forbidden(send(&tool, at, &DiscRequest::Register(info("node-c", 5))));
 
     assert_eq!(srv.identity_refused(), 5);
@@ -119,13 +129,7 @@ fn a_member_cannot_register_heartbeat_or_deregister_another() {
 
 #[test]
 fn an_oversized_announcement_is_refused_and_counted() {
-    let srv = DiscoveryServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Duration::from_secs(30),
-        None,
-        Auth::from_secret(SECRET).unwrap(),
-    )
-    .unwrap();
+    let srv = server();
     let at = srv.local_addr();
     let mut big = info("node-big", 1);
     big.attrs = (0..65).map(|i| (format!("k{i}"), "v".into())).collect();
@@ -156,13 +160,7 @@ fn an_oversized_announcement_is_refused_and_counted() {
 
 #[test]
 fn a_registration_in_a_live_members_name_is_counted_and_repaired_by_the_member() {
-    let srv = DiscoveryServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        Duration::from_secs(30),
-        None,
-        Auth::from_secret(SECRET).unwrap(),
-    )
-    .unwrap();
+    let srv = server();
     let at = srv.local_addr();
     let b = info("node-b", 2);
     let victim = peercache_discovery::DiscoveryClient::start(
@@ -187,12 +185,7 @@ fn a_registration_in_a_live_members_name_is_counted_and_repaired_by_the_member()
     assert!(srv.live_changes() >= 1);
     // ... and B, seeing an entry in its name that it did not announce, registers its own
     // again: the table shows B's endpoints within a few heartbeats, and stays that way.
-    let tool = RpcClient::new(rpc::ClientConfig {
-        hello: Hello::new(Plane::Discovery, None, Incarnation(5)),
-        max_idle_per_peer: 1,
-        max_frame: 8 << 20,
-        auth: Auth::from_secret(SECRET).unwrap(),
-    });
+    let tool = tool();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while members(&tool, at) != vec![b.clone()] {
         assert!(
