@@ -403,6 +403,15 @@ impl Client {
         Ok(out)
     }
 
+    /// Where a request's prefix is (see [`crate::Store::prefix_locations`]): the keys'
+    /// owners in one `Locate`, folded into each node's leading run.
+    pub fn prefix_locations<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Vec<crate::PrefixRun>, StoreError> {
+        Ok(crate::prefix_runs(&self.locate(keys)?))
+    }
+
     /// Reads pages of `page_bytes` each: one entry per key, None = a miss.
     pub fn get<K: AsRef<str>>(
         &self,

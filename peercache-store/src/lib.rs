@@ -41,6 +41,7 @@ mod node;
 pub mod observe;
 pub mod page_layout;
 mod parts;
+mod prefix;
 mod prime;
 mod promote;
 mod promotion;
@@ -65,6 +66,7 @@ pub use config::{
 pub use error::StoreError;
 pub use keys::Keyspace;
 pub use peercache_transport::DeviceMemory;
+pub use prefix::{PrefixRun, prefix_runs};
 pub use scratch::RawSeg;
 pub use store::{Store, StoreStats};
 

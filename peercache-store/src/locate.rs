@@ -26,6 +26,10 @@ pub struct LocateArgs {
     /// Print JSON instead of lines.
     #[arg(long)]
     pub json: bool,
+    /// Treat the keys as one request's pages, in order, and print each node's leading run of
+    /// them (and its part in memory), longest first: where a router should send the request.
+    #[arg(long)]
+    pub prefix: bool,
     /// The keys, as the application passed them (the node applies its `prefix`).
     #[arg(required = true)]
     pub keys: Vec<String>,
@@ -66,6 +70,9 @@ pub fn run(args: LocateArgs) -> Result<()> {
     let found = Client::new(ep, auth, timeout)
         .locate(&args.keys)
         .with_context(|| format!("asking {node}"))?;
+    if args.prefix {
+        return print_prefix(&args, &found);
+    }
     if args.json {
         let rows: Vec<serde_json::Value> = args
             .keys
@@ -102,6 +109,41 @@ pub fn run(args: LocateArgs) -> Result<()> {
                 }
             );
         }
+    }
+    Ok(())
+}
+
+/// `--prefix`: each node's leading run of the keys.
+fn print_prefix(args: &LocateArgs, found: &[Vec<peercache_directory::Location>]) -> Result<()> {
+    let runs = crate::prefix_runs(found);
+    if args.json {
+        let rows: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "node": r.node.as_str(), "leading": r.leading, "resident": r.resident,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "keys": args.keys.len(), "nodes": rows,
+            }))?
+        );
+        return Ok(());
+    }
+    if runs.is_empty() {
+        println!("no node holds the first of {} keys", args.keys.len());
+    }
+    for r in &runs {
+        println!(
+            "{}: {} of {} leading pages ({} in memory)",
+            r.node,
+            r.leading,
+            args.keys.len(),
+            r.resident
+        );
     }
     Ok(())
 }

@@ -597,6 +597,23 @@ impl Store {
         self.inner.locate(&self.page_keys(keys))
     }
 
+    /// Where a request's prefix is: for the page keys of one request, in order, every node
+    /// that holds the first page with the length of the leading run it holds (and of the part
+    /// in memory), longest first — one directory fan-out. What a cache-aware router asks to
+    /// send the request where its KV already is.
+    pub fn prefix_locations<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Vec<crate::PrefixRun>, StoreError> {
+        self.check_open()?;
+        let owners: Vec<Vec<peercache_directory::Location>> = self
+            .locate(keys)?
+            .into_iter()
+            .map(|o| o.map(|o| o.into_vec()).unwrap_or_default())
+            .collect();
+        Ok(crate::prefix_runs(&owners))
+    }
+
     fn check_open(&self) -> Result<(), StoreError> {
         self.inner.check_open()
     }

@@ -239,6 +239,21 @@ fn the_drive_tool_writes_on_one_node_and_verifies_reads_on_the_others() {
         stdout.contains("no-such-key: not in the directory"),
         "{stdout}"
     );
+    // The same keys as one request's pages: the writer holds the first two, then a miss.
+    let stdout = node_tool_ok(&[
+        "locate",
+        "--discovery-addr",
+        &seed,
+        "--prefix",
+        "drive/0",
+        "drive/1",
+        "no-such-key",
+        "drive/2",
+    ]);
+    assert!(
+        stdout.contains(&format!("{writer}: 2 of 4 leading pages (2 in memory)")),
+        "{stdout}"
+    );
     // A reader that does not exist: a clear failure, not a hang.
     let out = node_tool(&[
         "drive",

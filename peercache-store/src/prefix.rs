@@ -1,0 +1,157 @@
+//! Prefix location for routers: given a request's page keys in order and where the directory
+//! says each lives, how long a leading run of them every node holds — the answer a
+//! cache-aware router needs to send the request where its prefix already is.
+
+use std::collections::BTreeMap;
+
+use peercache_directory::Location;
+use peercache_wire::NodeId;
+
+/// One node's share of a request's prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixRun {
+    /// The node.
+    pub node: NodeId,
+    /// Leading keys this node holds a copy of (in its pool or on its disk tier).
+    pub leading: usize,
+    /// Leading keys this node holds in memory (the fast part of the run: no disk promotion).
+    pub resident: usize,
+}
+
+/// Every node that holds the first key, with its leading run, longest first (ties by node
+/// id). `owners[i]` are key `i`'s copies as the directory lists them; a node absent from the
+/// answer holds no leading key.
+///
+/// ```
+/// use peercache_directory::{CopyClass, Location};
+/// use peercache_store::prefix_runs;
+/// use peercache_wire::{Incarnation, NodeId};
+///
+/// let at = |node: &str, resident: bool| Location {
+///     node: NodeId::new(node).unwrap(), incarnation: Incarnation(1), rails: Default::default(),
+///     addr: 0, len: 4096, valid_len: 4096, generation: 1, checksum: 0, resident,
+///     class: CopyClass::Retained, layout: Default::default(),
+/// };
+/// // Keys 0–2: a holds all three (the last only on disk), b the first two.
+/// let owners = vec![
+///     vec![at("a", true), at("b", true)],
+///     vec![at("a", true), at("b", true)],
+///     vec![at("a", false)],
+/// ];
+/// let runs = prefix_runs(&owners);
+/// assert_eq!((runs[0].node.as_str(), runs[0].leading, runs[0].resident), ("a", 3, 2));
+/// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 2, 2));
+/// ```
+pub fn prefix_runs<O: AsRef<[Location]>>(owners: &[O]) -> Vec<PrefixRun> {
+    // Per node: (leading run still open, leading, resident run still open, resident).
+    let mut runs: BTreeMap<&NodeId, (bool, usize, bool, usize)> = BTreeMap::new();
+    if let Some(first) = owners.first() {
+        for l in first.as_ref() {
+            runs.entry(&l.node).or_insert((true, 0, true, 0));
+        }
+    }
+    for here in owners {
+        let here = here.as_ref();
+        let mut open = false;
+        for (node, run) in runs.iter_mut() {
+            let mut copies = here.iter().filter(|l| &l.node == *node).peekable();
+            let held = copies.peek().is_some();
+            let in_memory = copies.any(|l| l.resident);
+            if run.0 {
+                run.0 = held;
+                run.1 += usize::from(held);
+            }
+            if run.2 {
+                run.2 = in_memory;
+                run.3 += usize::from(in_memory);
+            }
+            open |= run.0;
+        }
+        if !open {
+            break;
+        }
+    }
+    let mut out: Vec<PrefixRun> = runs
+        .into_iter()
+        .map(|(node, (_, leading, _, resident))| PrefixRun {
+            node: node.clone(),
+            leading,
+            resident,
+        })
+        .collect();
+    out.sort_by(|a, b| b.leading.cmp(&a.leading).then_with(|| a.node.cmp(&b.node)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peercache_directory::CopyClass;
+    use peercache_wire::Incarnation;
+
+    fn at(node: &str, resident: bool) -> Location {
+        Location {
+            node: NodeId::new(node).unwrap(),
+            incarnation: Incarnation(1),
+            rails: Default::default(),
+            addr: 0,
+            len: 1,
+            valid_len: 1,
+            generation: 1,
+            checksum: 0,
+            resident,
+            class: CopyClass::Retained,
+            layout: Default::default(),
+        }
+    }
+
+    /// The run of `node` by the definition: leading keys with a copy on it.
+    fn brute(owners: &[Vec<Location>], node: &str, resident_only: bool) -> usize {
+        owners
+            .iter()
+            .take_while(|o| {
+                o.iter()
+                    .any(|l| l.node.as_str() == node && (l.resident || !resident_only))
+            })
+            .count()
+    }
+
+    #[test]
+    fn runs_equal_a_brute_force_scan_on_random_placements() {
+        let nodes = ["a", "b", "c"];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..500 {
+            let len = (x % 40) as usize;
+            let owners: Vec<Vec<Location>> = (0..len)
+                .map(|_| {
+                    let mut o = Vec::new();
+                    for n in nodes {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        if x % 10 < 8 {
+                            o.push(at(n, !x.is_multiple_of(3)));
+                        }
+                    }
+                    o
+                })
+                .collect();
+            let runs = prefix_runs(&owners);
+            for n in nodes {
+                let got = runs.iter().find(|r| r.node.as_str() == n);
+                let (leading, resident) = (brute(&owners, n, false), brute(&owners, n, true));
+                match got {
+                    Some(r) => assert_eq!((r.leading, r.resident), (leading, resident), "{n}"),
+                    None => assert_eq!(leading, 0, "{n} holds the first key"),
+                }
+            }
+            assert!(runs.windows(2).all(|w| w[0].leading >= w[1].leading));
+        }
+    }
+
+    #[test]
+    fn no_keys_or_no_first_copy_is_no_run() {
+        assert!(prefix_runs::<Vec<Location>>(&[]).is_empty());
+        assert!(prefix_runs(&[vec![], vec![at("a", true)]]).is_empty());
+    }
+}
