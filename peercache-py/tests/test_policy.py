@@ -27,6 +27,25 @@ def test_external_hits_count_only_what_the_engine_lacks():
 def test_a_load_fills_the_blocks_between_the_engines_own_and_the_hits_end():
     assert policy.load_range(64, 128, 32) == (2, 6)
     assert policy.load_range(0, 0, 32) == (0, 0)
+    assert policy.load_range(64, 128 + 20, 32) == (2, 7), "a hit ending inside a block loads it"
+
+
+def test_a_prompt_tail_is_a_page_only_after_a_full_block_and_with_two_tokens():
+    assert policy.prompt_tail(100, 32, 3) == (3, 4)
+    assert policy.prompt_tail(97, 32, 3) is None, "a 1-token tail is computed anyway"
+    assert policy.prompt_tail(96, 32, 3) is None, "no tail"
+    assert policy.prompt_tail(20, 32, 0) is None, "nothing keys a tail without a full block"
+    assert policy.prompt_tail(100, 32, 2) is None, "the parent block has no hash yet"
+    assert policy.prompt_tail(100, 0, 3) is None
+
+
+def test_a_tail_hash_depends_on_the_parent_and_every_tail_token_and_is_never_a_block_hash():
+    a = policy.tail_hash("ab" * 16, [1, 2, 3])
+    assert a == policy.tail_hash("ab" * 16, [1, 2, 3]), "deterministic (no seed)"
+    assert a != policy.tail_hash("cd" * 16, [1, 2, 3])
+    assert a != policy.tail_hash("ab" * 16, [1, 2, 4])
+    assert a != policy.tail_hash("ab" * 16, [1, 2])
+    assert a.startswith("t") and len(a) == 33 and all(c in "0123456789abcdef" for c in a[1:])
 
 
 def test_only_newly_full_hashed_blocks_are_published():

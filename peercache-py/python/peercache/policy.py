@@ -4,7 +4,9 @@ No sockets, no engine objects; ``peercache-py/tests/test_policy.py`` drives ever
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence, Set, Tuple
+import hashlib
+from array import array
+from typing import Iterable, Optional, Sequence, Set, Tuple
 
 
 def leading(flags: Iterable[bool]) -> int:
@@ -35,10 +37,37 @@ def external_hit_tokens(hit_blocks: int, block_size: int, num_computed_tokens: i
 
 def load_range(num_computed_tokens: int, num_external_tokens: int, block_size: int) -> Tuple[int, int]:
     """Block indices ``[start, end)`` a load fills: from the first block the engine does not
-    hold to the end of the external hit. Both counts are block-aligned where this is used."""
+    hold to the block holding the external hit's last token (a hit that ends inside a block,
+    a partial tail, loads that block too)."""
     start = num_computed_tokens // block_size
-    end = (num_computed_tokens + num_external_tokens) // block_size
+    end = -(-(num_computed_tokens + num_external_tokens) // block_size)
     return start, max(start, end)
+
+
+def tail_hash(parent_hash: str, tail_tokens: Sequence[int]) -> str:
+    """The page hash of a prompt's partial last block: the hash of the full block before it
+    (which chains every earlier token, the cache salt and LoRA) and the tail's own token ids.
+    The same on every process and host (SHA-256, no seed); ``t`` + 32 hex digits, so it never
+    equals an engine's full-block hash."""
+    h = hashlib.sha256(b"peercache-tail\0")
+    h.update(parent_hash.encode())
+    h.update(b"\0")
+    h.update(array("q", tail_tokens).tobytes())
+    return "t" + h.hexdigest()[:32]
+
+
+def prompt_tail(num_prompt_tokens: int, block_size: int, num_hashes: int) -> Optional[Tuple[int, int]]:
+    """``(block index, tokens)`` of a prompt's partial last block when it is worth a page of
+    its own: it follows at least one full hashed block (whose hash keys it) and holds at least
+    2 tokens (a 1-token tail gains nothing: the engine computes the last prompt token anyway).
+    None otherwise."""
+    if block_size <= 0:
+        return None
+    full = num_prompt_tokens // block_size
+    tokens = num_prompt_tokens - full * block_size
+    if full < 1 or tokens < 2 or num_hashes < full:
+        return None
+    return full, tokens
 
 
 def new_full_blocks(saved_upto: int, tokens_done: int, block_size: int, num_hashes: int) -> Tuple[int, int]:

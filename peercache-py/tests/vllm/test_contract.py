@@ -123,11 +123,43 @@ class Engine:
         self.sched.shutdown()
 
 
+def settle(*engines):
+    """Waits until every node of ``engines`` sees all of them: a page is published to, and
+    looked up at, the directory shard each node's member view names."""
+    for e in engines:
+        for store in (e.sched.store, e.worker.store):
+            assert store is not None and store.wait_members(2 * len(engines), 10), "the nodes never met"
+
+
+def finish(e, req, deadline=10.0):
+    """vLLM's end of a request whose saves may be running: ``request_finished`` says to keep
+    its blocks, the next step tells the worker, and the worker reports it once its saves
+    ended (the only time its blocks may be reused)."""
+    import time  # noqa: PLC0415
+
+    delay, _ = e.sched.request_finished(req, [])
+    so = SchedulerOutput.make_empty()
+    so.finished_req_ids = {req.request_id}
+    e.worker.bind_connector_metadata(e.sched.build_connector_meta(so))
+    e.worker.start_load_kv(None)
+    e.worker.wait_for_save()
+    sent, recving = e.worker.get_finished({req.request_id})
+    until = time.monotonic() + deadline
+    while delay and not sent and time.monotonic() < until:
+        time.sleep(0.01)
+        sent, recving = e.worker.get_finished(set())
+    e.worker.clear_connector_metadata()
+    assert recving is None
+    assert sent == ({req.request_id} if delay else None), (delay, sent)
+    return delay
+
+
 def publish(a, rid, ids, block_ids):
     req = a.request(rid, ids)
     assert a.sched.get_num_new_matched_tokens(req, 0) == (0, False)
     a.alloc(req, block_ids, 0)
     a.step(req, block_ids, 0, len(ids))
+    assert finish(a, req), "a request that saved keeps its blocks until its saves end"
     return req
 
 
@@ -135,29 +167,78 @@ def test_b_finds_and_loads_a_s_blocks_byte_exact_into_other_blocks(env):
     a = Engine(env, "127.0.0.31", fill=1)
     b = Engine(env, "127.0.0.32", fill=0)
     try:
+        settle(a, b)
         ids = prompts_sharing(10 * BLOCK + 5, 0, 1, seed=7)[0]
         src = list(range(3, 3 + 11))
         publish(a, "a1", ids, src)
         stats = a.worker.get_kv_connector_stats()
-        assert stats is not None and stats.data["saved_blocks"] == 10
+        assert stats is not None and stats.data["saved_blocks"] == 11, "10 full blocks and the 5-token tail"
         req = b.request("b1", ids)
         n, asynchronous = b.sched.get_num_new_matched_tokens(req, 0)
-        assert (n, asynchronous) == (10 * BLOCK, False)
+        # Every prompt token but the last: vLLM computes only that one.
+        assert (n, asynchronous) == (10 * BLOCK + 4, False)
         # vLLM's own prefix cache holding the first 2 blocks: the cluster supplies the rest.
-        assert b.sched.get_num_new_matched_tokens(req, 2 * BLOCK) == (8 * BLOCK, False)
+        assert b.sched.get_num_new_matched_tokens(req, 2 * BLOCK) == (8 * BLOCK + 4, False)
         dst = list(range(20, 31))
-        b.alloc(req, dst, 8 * BLOCK)
-        meta = b.step(req, dst, 10 * BLOCK, 5)
-        assert sum(len(io.block_ids) for io in meta.loads) == 8
+        b.alloc(req, dst, 8 * BLOCK + 4)
+        meta = b.step(req, dst, 10 * BLOCK + 4, 1)
+        assert sum(len(io.block_ids) for io in meta.loads) == 9
         assert b.worker.get_block_ids_with_load_errors() == set()
         for name in a.kv:
-            assert torch.equal(b.kv[name][dst[2:10]], a.kv[name][src[2:10]]), name
+            assert torch.equal(b.kv[name][dst[2:11]], a.kv[name][src[2:11]]), name
             assert not b.kv[name][dst[:2]].any(), "blocks vLLM holds itself are not overwritten"
         loaded = b.worker.get_kv_connector_stats()
-        assert loaded is not None and loaded.data["loaded_blocks"] == 8
+        assert loaded is not None and loaded.data["loaded_blocks"] == 9
+        assert not meta.saves, "B publishes neither blocks nor a tail it loaded"
+        assert not finish(b, req), "a request that saved nothing frees its blocks at once"
     finally:
         a.close()
         b.close()
+
+
+def test_a_tail_is_found_only_for_the_same_tokens_and_never_without_its_blocks(env):
+    a = Engine(env, "127.0.0.41", fill=1)
+    b = Engine(env, "127.0.0.42", fill=0)
+    off = Engine(env, "127.0.0.43", fill=0, tail_pages=False)
+    try:
+        settle(a, b, off)
+        ids = prompts_sharing(6 * BLOCK + 9, 0, 1, seed=11)[0]
+        publish(a, "a5", ids, list(range(0, 7)))
+        other_tail = ids[:-1] + [ids[-1] % 3999 + 1]
+        assert b.sched.get_num_new_matched_tokens(b.request("t1", other_tail), 0) == (6 * BLOCK, False), \
+            "another tail after the same blocks: the blocks only"
+        assert b.sched.get_num_new_matched_tokens(b.request("t2", ids[:-2]), 0) == (6 * BLOCK, False), \
+            "a shorter tail is another page"
+        assert off.sched.get_num_new_matched_tokens(off.request("t3", ids), 0) == (6 * BLOCK, False), \
+            "tail_pages off: full blocks only"
+        a.worker.store.clear()
+        publish(a, "a6", ids[:3 * BLOCK] + [1] * (3 * BLOCK) + ids[6 * BLOCK:], list(range(10, 17)))
+        assert b.sched.get_num_new_matched_tokens(b.request("t4", ids), 0) == (3 * BLOCK, False), \
+            "the tail of other blocks is never found: its key chains every block before it"
+    finally:
+        for e in (a, b, off):
+            e.close()
+
+
+def test_a_preempted_or_finished_request_s_blocks_are_held_until_its_saves_end(env):
+    a = Engine(env, "127.0.0.44", fill=1)
+    try:
+        ids = prompts_sharing(8 * BLOCK, 0, 1, seed=12)[0]
+        req = a.request("p1", ids)
+        assert a.sched.get_num_new_matched_tokens(req, 0) == (0, False)
+        a.alloc(req, list(range(0, 8)), 0)
+        meta = a.step(req, list(range(0, 8)), 0, 8 * BLOCK)
+        assert [len(io.block_ids) for io in meta.saves] == [8]
+        so = SchedulerOutput.make_empty()
+        so.preempted_req_ids = {"p1"}
+        pmeta = a.sched.build_connector_meta(so)
+        assert pmeta.preempted == ["p1"]
+        a.worker.handle_preemptions(pmeta)  # returns once p1's saves ended: its blocks may go
+        stats = a.worker.get_kv_connector_stats()
+        assert stats is not None and stats.data["saved_blocks"] == 8, "every save ended before"
+        assert finish(a, req)
+    finally:
+        a.close()
 
 
 def test_a_layout_mismatch_is_a_miss(env):
@@ -165,6 +246,7 @@ def test_a_layout_mismatch_is_a_miss(env):
     other_dtype = Engine(env, "127.0.0.34", fill=0, dtype="float16")
     other_block = Engine(env, "127.0.0.35", fill=0, block_size=64)
     try:
+        settle(a, other_dtype, other_block)
         ids = prompts_sharing(4 * 64 + 3, 0, 1, seed=8)[0]
         publish(a, "a2", ids, list(range(0, 9)))
         for e in (other_dtype, other_block):
@@ -178,6 +260,7 @@ def test_a_missing_page_is_reported_for_recompute_never_loaded_wrong(env):
     a = Engine(env, "127.0.0.36", fill=1)
     b = Engine(env, "127.0.0.37", fill=0)
     try:
+        settle(a, b)
         ids = prompts_sharing(6 * BLOCK + 1, 0, 1, seed=9)[0]
         publish(a, "a3", ids, list(range(0, 7)))
         req = b.request("b3", ids)
@@ -211,6 +294,7 @@ def test_a_wrong_secret_and_a_dead_owner_are_misses_within_the_deadline(env, tmp
         stranger.close()
     b = Engine(env, "127.0.0.40", fill=0)
     try:
+        settle(a, b)
         req = b.request("b4", ids)
         assert b.sched.get_num_new_matched_tokens(req, 0) == (4 * BLOCK, False)
         a.close()  # the owner leaves between the lookup and the load

@@ -60,9 +60,10 @@ def secret(workdir):
 def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_dead(workdir, model, secret):
     value, path = secret
     meta = Meta("127.0.0.10", path)
-    shared = prompts_sharing(PREFIX, 64, 3, seed=1)       # A answers these cold and publishes
-    variants = prompts_sharing(PREFIX, 64, 6, seed=1)[3:]  # same prefix, other suffixes
-    after_kill = prompts_sharing(PREFIX, 64, 9, seed=1)[6:]
+    # A 2,132-token prompt: 66 full blocks and a 20-token tail, which B loads too.
+    shared = prompts_sharing(PREFIX, 84, 3, seed=1)       # A answers these cold and publishes
+    variants = prompts_sharing(PREFIX, 84, 6, seed=1)[3:]  # same prefix, other suffixes
+    after_kill = prompts_sharing(PREFIX, 84, 9, seed=1)[6:]
     m_a, m_b = free_port("127.0.0.11"), free_port("127.0.0.12")
     engines = []
     try:

@@ -12,7 +12,8 @@ from ..core import ConfigValue, as_bool, layout_fingerprint
 
 # Connector keys; every other key of `kv_connector_extra_config` is a node config key
 # (docs/configuration.md), passed through as the SGLang backend does.
-CONNECTOR_KEYS = ("model_name", "prefix_wait_s", "load", "save", "scheduler_pool_size")
+CONNECTOR_KEYS = ("model_name", "prefix_wait_s", "load", "save", "scheduler_pool_size", "save_async",
+                  "tail_pages")
 
 # vLLM's non-cryptographic prefix hashes: their root is random per process unless
 # PYTHONHASHSEED is shared, so two engines would never agree on a block hash.
@@ -32,6 +33,8 @@ class ConnectorSettings:
     prefix_wait_s: float
     model_name: Optional[str]
     scheduler_pool_size: str
+    save_async: bool = True
+    tails: bool = True
 
 
 def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
@@ -52,7 +55,9 @@ def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
     name = extra.get("model_name")
     return ConnectorSettings(load=load, save=save, prefix_wait_s=wait,
                              model_name=str(name) if name else None,
-                             scheduler_pool_size=str(extra.get("scheduler_pool_size", "16mb")))
+                             scheduler_pool_size=str(extra.get("scheduler_pool_size", "16mb")),
+                             save_async=as_bool(extra.get("save_async", True), "save_async"),
+                             tails=as_bool(extra.get("tail_pages", True), "tail_pages"))
 
 
 def check_hash_algo(algo: str, env: Mapping[str, str] = os.environ) -> None:

@@ -85,11 +85,13 @@ class PeerCacheConnector(KVConnectorBase_V1):
                 self.store = PageStore(sched_cfg, startup_timeout=startup)
                 self.store.wait_ready()
             self._sched = SchedulerSide(self.store, self.scheme, self.layout.block_size,
-                                        self.settings.load, self.settings.save, self.settings.prefix_wait_s)
+                                        self.settings.load, self.settings.save, self.settings.prefix_wait_s,
+                                        tails=self.settings.tails, save_async=self.settings.save_async)
         else:
             self.store = PageStore(worker_cfg, startup_timeout=startup)
             self.store.wait_ready()
-            self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks))
+            self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks),
+                                      save_async=self.settings.save_async)
         logger.info("peercache: vLLM connector (%s) layout %s, load=%s save=%s, node %s",
                     role.name.lower(), self.scheme.namespace, self.settings.load, self.settings.save,
                     self.store.node_id if self.store else "none")
@@ -99,9 +101,14 @@ class PeerCacheConnector(KVConnectorBase_V1):
         assert self._worker is not None
         self._worker.register(kv_caches)
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self._worker is not None and isinstance(kv_connector_metadata, PeerCacheMeta):
+            self._worker.preempted(kv_connector_metadata.preempted)
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: object) -> None:
         meta = self._get_connector_metadata()
         if self._worker is not None and isinstance(meta, PeerCacheMeta):
+            self._worker.begin_step(meta)
             self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -118,9 +125,10 @@ class PeerCacheConnector(KVConnectorBase_V1):
             self._worker.save(meta)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        if self._worker is not None:
-            self._worker.finished(finished_req_ids)
-        return None, None  # loads and saves are synchronous: nothing is ever in flight
+        if self._worker is None:
+            return None, None
+        sent = self._worker.finished(finished_req_ids)
+        return (sent or None), None  # loads are synchronous: nothing is ever being received
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         return self._worker.take_errors() if self._worker is not None else set()
@@ -141,6 +149,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
         return PeerCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
         if self.store is not None:
             self.store.close()
 
@@ -160,9 +170,11 @@ class PeerCacheConnector(KVConnectorBase_V1):
         new = [(r.req_id, r.block_ids[0], r.num_computed_tokens) for r in so.scheduled_new_reqs]
         old = [(rid, ids[0] if ids else None, rid in cached.resumed_req_ids, cached.num_computed_tokens[i])
                for i, (rid, ids) in enumerate(zip(cached.req_ids, cached.new_block_ids))]
-        return self._sched.build_meta(new, old, dict(so.num_scheduled_tokens), list(so.finished_req_ids))
+        return self._sched.build_meta(new, old, dict(so.num_scheduled_tokens), list(so.finished_req_ids),
+                                      sorted(so.preempted_req_ids or ()))
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, object]]]:
-        if self._sched is not None:
-            self._sched.finished(request.request_id)
-        return False, None
+        # True: saves of the request may still be running; vLLM frees its blocks when the
+        # workers report it in get_finished.
+        delay = self._sched.finished(request.request_id) if self._sched is not None else False
+        return delay, None

@@ -1,5 +1,6 @@
 """What the scheduler side hands the workers each step: pages to load into blocks before the
-forward pass, pages to publish from blocks after it. Plain data (it crosses processes)."""
+forward pass, pages to publish from blocks after it, requests that ended or were preempted.
+Plain data (it crosses processes)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,16 @@ class BlockIO:
 
 @dataclass
 class PeerCacheMeta(_MetaBase):  # type: ignore[explicit-any]  # vLLM's base, unfollowed, is Any
-    """One step's loads and saves."""
+    """One step's loads and saves, and what the workers must know of requests that ended."""
 
     loads: List[BlockIO] = field(default_factory=list)
     saves: List[BlockIO] = field(default_factory=list)
+    # Requests that finished with saves possibly in flight: vLLM keeps their blocks until the
+    # workers report them done (``get_finished``).
+    delayed: List[str] = field(default_factory=list)
+    # Requests vLLM preempted this step: their blocks may be reused by this step's forward, so
+    # their saves in flight must end first (``handle_preemptions``).
+    preempted: List[str] = field(default_factory=list)
 
     def load_pairs(self) -> Tuple[List[str], List[int]]:
         """Every load of the step as (hashes, block ids), one batch."""

@@ -28,6 +28,18 @@ class EngineRequest(Protocol):
     @property
     def block_hashes(self) -> Sequence[bytes]: ...
 
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def prompt_token_ids(self) -> Optional[Sequence[int]]: ...
+
+    @property
+    def lora_request(self) -> object: ...
+
+    @property
+    def mm_features(self) -> Sequence[object]: ...
+
 
 class Directory(Protocol):
     """What the scheduler asks of the cluster (a :class:`peercache.core.PageStore`)."""
@@ -50,20 +62,28 @@ class _ReqState:
     matched: Tuple[int, int] = (0, 0)  # (engine's own tokens, cluster tokens) at the last ask
     first_ask: float = 0.0
     pending_load: Optional[Tuple[int, int]] = None  # block range to load next step
+    tail: Optional[Tuple[int, str]] = None  # (block index, page hash) of the prompt's partial tail
+    tail_hit: bool = False     # the cluster's tail page was promised to vLLM (loaded, not saved)
+    tail_done: bool = False    # the tail was published (or can no longer be)
+    had_saves: bool = False    # a save was sent to the workers (they may still be running it)
 
 
 class SchedulerSide:
     """Per-engine scheduler state; every method is called from vLLM's scheduler thread."""
 
     def __init__(self, directory: Optional[Directory], scheme: KeyScheme, block_size: int,
-                 load: bool, save: bool, prefix_wait_s: float) -> None:
+                 load: bool, save: bool, prefix_wait_s: float, tails: bool = True,
+                 save_async: bool = True) -> None:
         self.directory = directory
         self.scheme = scheme
         self.block_size = block_size
         self.load = load and directory is not None
         self.save = save
         self.prefix_wait_s = prefix_wait_s
+        self.tails = tails
+        self.save_async = save_async
         self.reqs: Dict[str, _ReqState] = {}
+        self._delayed: List[str] = []
         self.lookup_errors = 0
         self._last_error_log = 0.0
 
@@ -75,20 +95,54 @@ class SchedulerSide:
         st.request = request
         return st
 
+    def _tail(self, st: _ReqState) -> Optional[Tuple[int, str]]:
+        """The prompt's partial tail page: ``(block index, page hash)``, or None when it has
+        none worth a page or its key could alias (LoRA, multimodal inputs, no token ids)."""
+        if st.tail is not None or not self.tails:
+            return st.tail
+        r = st.request
+        ids = r.prompt_token_ids
+        if ids is None or r.lora_request is not None or r.mm_features:
+            return None
+        found = policy.prompt_tail(r.num_prompt_tokens, self.block_size, len(r.block_hashes))
+        if found is None:
+            return None
+        index, _ = found
+        st.tail = (index, policy.tail_hash(hash_hex(r.block_hashes[index - 1]),
+                                           ids[index * self.block_size:r.num_prompt_tokens]))
+        return st.tail
+
+    def _page_hashes(self, st: _ReqState, a: int, b: int) -> List[str]:
+        """Page hashes of blocks ``[a, b)``: full blocks by vLLM's hash, the tail by its own."""
+        hashes = st.request.block_hashes
+        out = [hash_hex(h) for h in hashes[a:min(b, len(hashes))]]
+        if st.tail_hit and st.tail is not None and a <= st.tail[0] < b and len(out) == st.tail[0] - a:
+            out.append(st.tail[1])
+        return out
+
     def matched_tokens(self, request: EngineRequest, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         """``get_num_new_matched_tokens``: the tokens past ``num_computed_tokens`` whose blocks
-        the cluster holds as one leading run. ``None`` while a consumer waits for a prefix
-        (``prefix_wait_s``). A lookup that fails is a miss (logged at most once a minute)."""
+        the cluster holds as one leading run, the prompt's partial tail included when every
+        full block before it is held (then vLLM computes only the last prompt token). ``None``
+        while a consumer waits for a prefix (``prefix_wait_s``). A lookup that fails is a miss
+        (logged at most once a minute)."""
         st = self._state(request)
         st.matched = (num_computed_tokens, 0)
+        st.tail_hit = False
         if not self.load or self.directory is None:
             return 0, False
         bs = self.block_size
         n = policy.loadable_blocks(request.num_tokens, bs, len(request.block_hashes))
         start = num_computed_tokens // bs
-        if n <= start:
+        # A fresh request's prompt is its whole sequence: its tail page can complete the hit.
+        tail = self._tail(st) if request.num_tokens == request.num_prompt_tokens else None
+        if tail is not None and (tail[0] != n or num_computed_tokens > n * bs):
+            tail = None
+        if n <= start and tail is None:
             return 0, False
         hashes = [hash_hex(h) for h in request.block_hashes[start:n]]
+        if tail is not None:
+            hashes.append(tail[1])
         try:
             held = self.directory.leading(self.scheme.keys(hashes))
         except Exception as e:  # a node down or a timeout: the engine computes
@@ -98,9 +152,13 @@ class SchedulerSide:
                 self._last_error_log = now
                 logger.warning("peercache: lookup failed (%s); computing instead", e)
             return 0, False
-        if held < n - start and self.prefix_wait_s > 0 and time.monotonic() - st.first_ask < self.prefix_wait_s:
+        if held < len(hashes) and self.prefix_wait_s > 0 and time.monotonic() - st.first_ask < self.prefix_wait_s:
             return None, False  # a producer is still publishing this prefix: ask again
-        tokens = policy.external_hit_tokens(start + held, bs, num_computed_tokens)
+        if tail is not None and held == len(hashes):
+            st.tail_hit = True
+            tokens = request.num_prompt_tokens - 1 - num_computed_tokens
+        else:
+            tokens = policy.external_hit_tokens(start + min(held, max(0, n - start)), bs, num_computed_tokens)
         st.matched = (num_computed_tokens, tokens)
         return tokens, False
 
@@ -113,15 +171,22 @@ class SchedulerSide:
         local, _ = st.matched
         if num_external_tokens > 0:
             st.pending_load = policy.load_range(local, num_external_tokens, self.block_size)
+        else:
+            st.tail_hit = False
+        if st.tail_hit:
+            st.tail_done = True  # the cluster holds it already
         st.saved_upto = max(st.saved_upto, (local + num_external_tokens) // self.block_size)
 
     def build_meta(self, new_reqs: Sequence[Tuple[str, Sequence[int], int]],
                    cached_reqs: Sequence[Tuple[str, Optional[Sequence[int]], bool, int]],
-                   scheduled: Dict[str, int], finished: Sequence[str]) -> PeerCacheMeta:
+                   scheduled: Dict[str, int], finished: Sequence[str],
+                   preempted: Sequence[str] = ()) -> PeerCacheMeta:
         """``build_connector_meta``. ``new_reqs``: (id, block ids, computed tokens);
         ``cached_reqs``: (id, new block ids or None, resumed, computed tokens); ``scheduled``:
-        tokens scheduled per request this step; ``finished``: requests that ended."""
-        meta = PeerCacheMeta()
+        tokens scheduled per request this step; ``finished``: requests that ended;
+        ``preempted``: requests whose blocks vLLM took back this step."""
+        meta = PeerCacheMeta(delayed=self._delayed, preempted=list(preempted))
+        self._delayed = []
         for req_id, block_ids, computed in new_reqs:
             st = self.reqs.get(req_id)
             if st is None:
@@ -151,9 +216,10 @@ class SchedulerSide:
         if st.pending_load is not None:
             a, b = st.pending_load
             st.pending_load = None
-            b = min(b, len(st.block_ids), len(hashes))
-            if b > a:
-                meta.loads.append(BlockIO(req_id, [hash_hex(h) for h in hashes[a:b]], list(st.block_ids[a:b])))
+            b = min(b, len(st.block_ids))
+            page_hashes = self._page_hashes(st, a, b)
+            if page_hashes:
+                meta.loads.append(BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)])))
         if not self.save:
             return
         a, b = policy.new_full_blocks(st.saved_upto, tokens_done, self.block_size, len(hashes))
@@ -161,7 +227,20 @@ class SchedulerSide:
         if b > a:
             meta.saves.append(BlockIO(req_id, [hash_hex(h) for h in hashes[a:b]], list(st.block_ids[a:b])))
             st.saved_upto = b
+            st.had_saves = True
+        if not st.tail_done and tokens_done >= st.request.num_prompt_tokens:
+            # The step that writes the prompt's last rows publishes its partial tail block.
+            st.tail_done = True
+            tail = self._tail(st)
+            if tail is not None and tail[0] < len(st.block_ids):
+                meta.saves.append(BlockIO(req_id, [tail[1]], [st.block_ids[tail[0]]]))
+                st.had_saves = True
 
-    def finished(self, req_id: str) -> None:
-        """``request_finished``: the request's state goes (saves were synchronous)."""
-        self.reqs.pop(req_id, None)
+    def finished(self, req_id: str) -> bool:
+        """``request_finished``: the request's state goes. True when its saves may still be
+        running on the workers: vLLM then keeps its blocks until they report it done."""
+        st = self.reqs.pop(req_id, None)
+        if st is None or not (st.had_saves and self.save_async):
+            return False
+        self._delayed.append(req_id)
+        return True

@@ -1,7 +1,8 @@
 """The worker side of the vLLM connector: registers vLLM's KV tensors with the node, loads the
 step's pages straight into their blocks before the forward pass (one batch), publishes the
-step's full blocks after it (one batch), and reports blocks that failed to load so vLLM
-recomputes them — never a wrong token."""
+step's new full blocks and prompt tails after it (one batch, on a background thread unless
+``save_async`` is off), and reports blocks that failed to load so vLLM recomputes them —
+never a wrong token."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set
 from ..core import KeyScheme, Segments
 from .blocks import BlockTable, KVTensor
 from .meta import PeerCacheMeta
+from .saver import SaveJob, SaveQueue
 
 logger = logging.getLogger("peercache.vllm")
 
@@ -59,7 +61,8 @@ class StepCounts:
 class WorkerSide:
     """One worker rank's connector state."""
 
-    def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int) -> None:
+    def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int, save_async: bool = True,
+                 save_wait_s: float = 60.0) -> None:
         self.pages = pages
         self.scheme = scheme
         self.num_blocks = num_blocks
@@ -69,6 +72,9 @@ class WorkerSide:
         self._tainted: Set[str] = set()
         self._lock = threading.Lock()
         self.counts = StepCounts()
+        self.save_wait_s = save_wait_s
+        self._saves: Optional[SaveQueue] = SaveQueue(pages.put, self._saved) if save_async else None
+        self._delayed: List[str] = []
 
     def register(self, kv_caches: Mapping[str, StorageTensor]) -> None:
         """``register_kv_caches``: the block table, and every tensor's storage registered
@@ -126,31 +132,63 @@ class WorkerSide:
             self._errors.update(block_ids)
             self.counts.load_failed_blocks += len(block_ids)
 
+    def begin_step(self, meta: PeerCacheMeta) -> None:
+        """Before the step's loads: preempted requests' saves end (their blocks may be reused
+        now), and finished requests vLLM waits on are noted for :meth:`finished`."""
+        self.preempted(meta.preempted)
+        self._delayed.extend(meta.delayed)
+
+    def preempted(self, req_ids: Sequence[str]) -> None:
+        """``handle_preemptions``: waits until no save of ``req_ids`` is in flight."""
+        if self._saves is None or not req_ids:
+            return
+        if not self._saves.wait_for(req_ids, self.save_wait_s):
+            logger.warning("peercache: saves of %d preempted request(s) still running after %.0f s",
+                           len(req_ids), self.save_wait_s)
+
     def save(self, meta: PeerCacheMeta) -> None:
-        """Publishes the step's full blocks, after the forward pass wrote them."""
+        """Publishes the step's new full blocks and prompt tails, after the forward pass wrote
+        them: queued for the save thread, or here with ``save_async`` off."""
         if self._tainted:
             meta = PeerCacheMeta(saves=[io for io in meta.saves if io.req_id not in self._tainted])
         hashes, block_ids = meta.save_pairs()
         if not hashes or self.table is None:
             return
         segs = self.table.segments(block_ids)
+        keys = self.scheme.keys(hashes)
+        if self._saves is not None:
+            self._saves.submit(SaveJob(keys, segs, [io.req_id for io in meta.saves]))
+            return
         t0 = time.perf_counter()
         try:
-            ok = self.pages.put(self.scheme.keys(hashes), segs)
+            ok = self.pages.put(keys, segs)
         except Exception as e:  # a full pool or a node down costs future hits, nothing else
             logger.warning("peercache: %d block(s) not published (%s)", len(hashes), e)
             ok = [False] * len(hashes)
-        dt = time.perf_counter() - t0
         saved = sum(ok)
+        self._saved(saved, len(ok) - saved, time.perf_counter() - t0)
+
+    def _saved(self, saved: int, failed: int, seconds: float) -> None:
+        block_bytes = self.table.block_bytes if self.table is not None else 0
         with self._lock:
             self.counts.saved_blocks += saved
-            self.counts.save_failed_blocks += len(ok) - saved
-            self.counts.save_bytes += saved * self.table.block_bytes
-            self.counts.save_seconds += dt
+            self.counts.save_failed_blocks += failed
+            self.counts.save_bytes += saved * block_bytes
+            self.counts.save_seconds += seconds
 
-    def finished(self, req_ids: Set[str]) -> None:
-        """Forgets requests that ended."""
+    def finished(self, req_ids: Set[str]) -> Set[str]:
+        """``get_finished``: forgets requests that ended; returns the finished requests vLLM
+        waits on whose saves have all ended (each once)."""
         self._tainted.difference_update(req_ids)
+        if self._saves is None:
+            return set()
+        delayed, self._delayed = self._delayed, []
+        return self._saves.finished(delayed)
+
+    def close(self) -> None:
+        """Lets queued saves end (bounded), then stops the save thread."""
+        if self._saves is not None and not self._saves.close(self.save_wait_s):
+            logger.warning("peercache: saves still running at shutdown after %.0f s", self.save_wait_s)
 
     def take_errors(self) -> Set[int]:
         """Blocks that failed to load since the last call."""
