@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use peercache_store::slot_layout::{MAX_REGION_BYTES, MAX_WAYS, decode_layout};
+use peercache_store::layout::slot::{MAX_REGION_BYTES, MAX_WAYS, decode_layout};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else {

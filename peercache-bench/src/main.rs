@@ -1,9 +1,11 @@
 //! `peercache-bench`: the benchmark users run (see the library docs for the result contract).
 
-use peercache_bench::{
-    alloc, compare, dirbench, diskbench, drive, latency, mainjob, micro, modesbench, mooncake,
-    poolbench, replicabench, report, saturation, scale, serve, startup, suite, throughput,
+use peercache_bench::cmd::{
+    compare, directory as dirbench, disk as diskbench, drive, latency, main_job as mainjob, micro,
+    modes as modesbench, mooncake, pool as poolbench, replicas as replicabench, saturation, scale,
+    serve, startup, suite, throughput,
 };
+use peercache_bench::{load::alloc, report};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -83,7 +85,7 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     // One line with the cause chain on failure, never a backtrace.
-    peercache_store::cli::report(run())
+    peercache_store::tools::cli::report(run())
 }
 
 fn run() -> Result<()> {
@@ -102,11 +104,14 @@ fn run() -> Result<()> {
             gid_index,
             ib_port,
         }) => {
-            let device = rdma_device.map(|device| peercache_bench::verbs_transport::VerbsDevice {
-                device,
-                gid_index,
-                ib_port,
-            });
+            let device =
+                rdma_device.map(
+                    |device| peercache_bench::load::verbs_transport::VerbsDevice {
+                        device,
+                        gid_index,
+                        ib_port,
+                    },
+                );
             micro::serve(region_mib, device.as_ref())
         }
         Some(Cmd::Serve(args)) => serve::run(&args),

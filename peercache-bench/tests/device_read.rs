@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use peercache_bench::devpool::{DevicePool, MemfdArena, device_read_caller};
-use peercache_bench::sglwork::{Checks, HostLayout, HostPool, Layout, ReadKind, ShapeArgs};
-use peercache_bench::throughput::start_node;
+use peercache_bench::cmd::drive::devpool::{DevicePool, MemfdArena, device_read_caller};
+use peercache_bench::cmd::throughput::start_node;
+use peercache_bench::load::sglang::{Checks, HostLayout, HostPool, Layout, ReadKind, ShapeArgs};
 use peercache_store::Store;
 use serde_json::json;
 
@@ -97,7 +97,7 @@ fn pages_land_in_device_memory_and_every_one_is_checked() {
         .enumerate()
     {
         let s = shape(host_layout);
-        let set = peercache_bench::sglwork::working_set(&s, REQUESTS, PAGES);
+        let set = peercache_bench::load::sglang::working_set(&s, REQUESTS, PAGES);
         let port = free_port();
         let o_ip = format!("127.0.0.{}", 71 + 2 * n);
         let r_ip = format!("127.0.0.{}", 72 + 2 * n);

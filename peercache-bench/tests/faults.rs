@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use peercache_bench::serve::{key_for, page_for};
+use peercache_bench::cmd::serve::{key_for, page_for};
 use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 

@@ -94,7 +94,7 @@ fn what_this_build_cannot_do_is_one_clear_line() {
     let gpu = vec!["drive", "--gpu", "--protocol", "rdma"];
     if !cfg!(feature = "rdma") {
         cases.push((gpu, "built without RDMA support"));
-    } else if peercache_bench::cuda::Cuda::load().is_err() {
+    } else if peercache_bench::cmd::drive::cuda::Cuda::load().is_err() {
         cases.push((gpu, "no CUDA runtime"));
     }
     for (args, says) in cases {

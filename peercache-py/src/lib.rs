@@ -260,7 +260,7 @@ impl Node {
     /// pp_rank, tp, pools); returns the fingerprint as 16 hex digits. A malformed spec is a
     /// `ValueError` naming the field.
     fn set_layout(&self, spec_json: &str) -> PyResult<String> {
-        let spec = peercache_store::page_layout::LayoutSpec::from_json(spec_json)
+        let spec = peercache_store::layout::page::LayoutSpec::from_json(spec_json)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(self.store.set_layout(&spec).to_string())
     }
@@ -457,9 +457,9 @@ struct SendSegs(Vec<RawSeg>);
 #[pyfunction]
 fn run_node(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
     use clap::Parser;
-    let args = peercache_store::cli::NodeArgs::try_parse_from(argv)
+    let args = peercache_store::tools::cli::NodeArgs::try_parse_from(argv)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    py.detach(|| peercache_store::cli::run_node(args, peercache_store::Role::Inference))
+    py.detach(|| peercache_store::tools::cli::run_node(args, peercache_store::Role::Inference))
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
@@ -467,9 +467,9 @@ fn run_node(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
 #[pyfunction]
 fn run_storage_server(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
     use clap::Parser;
-    let args = peercache_store::cli::NodeArgs::try_parse_from(argv)
+    let args = peercache_store::tools::cli::NodeArgs::try_parse_from(argv)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    py.detach(|| peercache_store::cli::run_node(args, peercache_store::Role::Storage))
+    py.detach(|| peercache_store::tools::cli::run_node(args, peercache_store::Role::Storage))
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
@@ -477,9 +477,9 @@ fn run_storage_server(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
 #[pyfunction]
 fn run_meta(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
     use clap::Parser;
-    let args = peercache_store::cli::MetaArgs::try_parse_from(argv)
+    let args = peercache_store::tools::cli::MetaArgs::try_parse_from(argv)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    py.detach(|| peercache_store::cli::run_meta(args))
+    py.detach(|| peercache_store::tools::cli::run_meta(args))
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
@@ -571,7 +571,7 @@ impl Client {
             .map(|owners| {
                 owners
                     .iter()
-                    .map(peercache_store::locate::location_json)
+                    .map(peercache_store::tools::locate::location_json)
                     .collect()
             })
             .collect();

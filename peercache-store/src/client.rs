@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use crate::StoreError;
-use crate::base::Core;
-use crate::scratch::RawSeg;
+use crate::node::core::Core;
+use crate::read::scratch::RawSeg;
 
 /// Most keys in one client request.
 pub const MAX_CLIENT_KEYS: usize = 4096;
@@ -208,7 +208,6 @@ fn put(
     page_bytes: usize,
     data: &[u8],
 ) -> Result<ClientReply, StoreError> {
-    static REFUSALS: peercache_wire::limits::Throttle = peercache_wire::limits::Throttle::new();
     let page_keys = core.page_keys(keys);
     let pages: Vec<&[u8]> = data.chunks_exact(page_bytes).collect();
     let owners = core.locate(&page_keys)?;
@@ -236,7 +235,7 @@ fn put(
             .map(ClientReply::Stored);
     }
     core.metrics.overwrites_refused.add(refused as u64);
-    if let Some(held) = REFUSALS.admit() {
+    if let Some(held) = core.servers.client_refusals.admit() {
         let first = foreign
             .iter()
             .position(|f| *f)

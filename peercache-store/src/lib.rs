@@ -17,58 +17,31 @@
 //!   after the payload.
 //!
 //! [`PeerCacheConfig`] holds every setting; the binaries in `src/bin/` are thin wrappers over
-//! [`cli`] (with the [`status`], [`drive`] and [`locate`] tools). [`client`] lets a process that does not
+//! [`tools::cli`] (with the [`tools::status`], [`tools::drive`] and [`tools::locate`] tools). [`client`] lets a process that does not
 //! embed a node put, get and check pages through one (`client_enabled`).
 
-mod base;
-mod central;
-pub mod cli;
 pub mod client;
 pub mod config;
 pub mod control;
-mod device_read;
-pub mod drive;
 mod error;
-mod evict;
-mod exists;
-mod fdlimit;
-mod http;
-pub mod keys;
-pub mod locate;
-pub mod metrics;
-mod mode_state;
+pub mod layout;
+mod modes;
 mod node;
 pub mod observe;
-pub mod page_layout;
-mod parts;
-mod prefix;
-mod prime;
-mod promote;
-mod promotion;
 mod read;
-mod read_plan;
-pub mod read_timing;
-mod republish;
-mod scratch;
-pub mod slot_layout;
-mod slotmode;
-mod start;
-pub mod status;
-mod storage_view;
-mod store;
-mod store_rpc;
-pub mod tool;
-mod write;
+mod serve;
+mod tasks;
+pub mod tools;
 
 pub use config::{
     ConfigError, DiscoveryKind, Mode, PeerCacheConfig, Protocol, RdmaBackend, Role, WritePolicy,
 };
 pub use error::StoreError;
-pub use keys::Keyspace;
+pub use node::keys::Keyspace;
+pub use node::store::{Store, StoreStats};
 pub use peercache_transport::DeviceMemory;
-pub use prefix::{PrefixRun, prefix_runs};
-pub use scratch::RawSeg;
-pub use store::{Store, StoreStats};
+pub use read::prefix::{PrefixRun, prefix_runs};
+pub use read::scratch::RawSeg;
 
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

@@ -241,9 +241,9 @@ fn a_tool_without_the_secret_is_told_it_is_not_authenticated_and_how_to_fix_it()
     let seed = format!("127.0.0.23:{port}");
     // The library call: a typed refusal.
     let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
-    let e =
-        peercache_store::status::members(&seeds, Duration::from_secs(2), Auth::none()).unwrap_err();
-    assert!(e.is::<peercache_store::status::Refused>(), "{e:#}");
+    let e = peercache_store::tools::status::members(&seeds, Duration::from_secs(2), Auth::none())
+        .unwrap_err();
+    assert!(e.is::<peercache_store::tools::status::Refused>(), "{e:#}");
     // The binaries: a clear line on stderr, a failing exit code, no long wait.
     for args in [
         vec![

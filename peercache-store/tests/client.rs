@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use peercache_store::StoreError;
 use peercache_store::client::{Client, ClientRequest, MAX_CLIENT_KEYS};
-use peercache_store::page_layout::{LayoutSpec, PoolShape};
+use peercache_store::layout::page::{LayoutSpec, PoolShape};
 use peercache_wire::rpc::{self, RpcClient, RpcError};
 use peercache_wire::{Auth, Incarnation, WireError, envelope};
 use serde_json::json;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use peercache_store::Store;
-use peercache_store::page_layout::{LayoutSpec, PoolShape};
+use peercache_store::layout::page::{LayoutSpec, PoolShape};
 use serde_json::json;
 
 mod common;

@@ -112,7 +112,7 @@ fn metrics_dashboard_cluster_and_labelled_series() {
 
     // `peercache-node status` asks discovery for the same members.
     let seeds = vec![format!("127.0.0.40:{port}").parse().unwrap()];
-    let seen = peercache_store::status::members(
+    let seen = peercache_store::tools::status::members(
         &seeds,
         Duration::from_secs(2),
         peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),

@@ -3,7 +3,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    peercache_store::cli::report(peercache_store::cli::run_meta(
-        peercache_store::cli::MetaArgs::parse(),
+    peercache_store::tools::cli::report(peercache_store::tools::cli::run_meta(
+        peercache_store::tools::cli::MetaArgs::parse(),
     ))
 }

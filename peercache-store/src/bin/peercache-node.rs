@@ -3,8 +3,8 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    peercache_store::cli::report(peercache_store::cli::run_node(
-        peercache_store::cli::NodeArgs::parse(),
+    peercache_store::tools::cli::report(peercache_store::tools::cli::run_node(
+        peercache_store::tools::cli::NodeArgs::parse(),
         peercache_store::Role::Inference,
     ))
 }

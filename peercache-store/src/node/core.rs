@@ -1,0 +1,121 @@
+//! [`Core`]: everything a running node owns, shared (`Arc<Core>`) by the node runtime
+//! (`lifecycle.rs`), the public API (`store.rs`), the read, write and exists paths, the modes, the
+//! client API and the observability code — none of which this module knows: its fields' types
+//! come from the lower crates and the leaf modules of this crate only.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+use peercache_directory::{DirectoryClient, DirectoryService};
+use peercache_discovery::Membership;
+use peercache_pool::Pool;
+use peercache_transport::{RegionHandle, Transport};
+use peercache_wire::{Incarnation, NodeId, PageKey};
+
+use crate::StoreError;
+use crate::config::PeerCacheConfig;
+use crate::node::keys::Keyspace;
+use crate::node::parts::{ReadState, Servers, Tasks};
+use crate::observe::series::Handles;
+use crate::read::scratch::RawSeg;
+
+/// Where request handlers that start before the node exists find it once it does.
+pub(crate) type NodeCell = Arc<OnceLock<Weak<Core>>>;
+
+/// Everything a running node owns. Field order is drop order: the pool's registration goes
+/// before the pool, the transport before the memory it serves.
+pub(crate) struct Core {
+    pub(crate) cfg: PeerCacheConfig,
+    pub(crate) me: NodeId,
+    pub(crate) incarnation: Incarnation,
+    /// Connections prove the cluster secret (false: an open node, loopback or `insecure`).
+    pub(crate) auth_enabled: bool,
+    pub(crate) keys: Keyspace,
+    pub(crate) metrics: Handles,
+    /// Background work: eviction notices, promotions, membership.
+    pub(crate) tasks: Tasks,
+    pub(crate) discovery: Membership,
+    pub(crate) dir: Arc<DirectoryClient>,
+    pub(crate) dir_service: Arc<DirectoryService>,
+    /// The listeners besides the data server.
+    pub(crate) servers: Servers,
+    pub(crate) client_endpoint: Option<SocketAddr>,
+    /// The read path's caches and memory (its registrations go before the transport).
+    pub(crate) reads: ReadState,
+    pub(crate) pool_region: Mutex<Option<RegionHandle>>,
+    pub(crate) transport: Arc<Transport>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
+    pub(crate) data_endpoint: SocketAddr,
+    pub(crate) control_endpoint: SocketAddr,
+    pub(crate) pool_key: u64,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) metrics_endpoint: Option<SocketAddr>,
+    /// The deployment mode and the state only it has (matched once per operation).
+    pub(crate) mode: crate::modes::state::ModeState,
+    /// The layout fingerprint pages are written with and readers expect (0: none declared).
+    pub(crate) layout: std::sync::atomic::AtomicU64,
+}
+
+impl Core {
+    /// The layout this node writes and expects, loaded once per batch.
+    pub(crate) fn layout(&self) -> peercache_wire::Layout {
+        peercache_wire::Layout(self.layout.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The envelope extension that carries this node's layout to an owner it writes to.
+    pub(crate) fn layout_extension(&self) -> Vec<peercache_wire::Extension> {
+        peercache_wire::Extension::of(crate::control::EXT_LAYOUT, &self.layout().0)
+            .into_iter()
+            .collect()
+    }
+
+    /// The page keys of `keys` in this node's keyspace (`prefix`).
+    pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
+        keys.iter()
+            .map(|k| self.keys.page_key(k.as_ref()))
+            .collect()
+    }
+
+    /// Refuses calls once the node is stopping.
+    pub(crate) fn check_open(&self) -> Result<(), StoreError> {
+        if self.stopping.load(Ordering::Acquire) {
+            Err(StoreError::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Where each page's segments start in `segs` (page `i` has `counts[i]` of them) and each
+/// page's length in bytes; `counts` already checked by [`check_counts`].
+pub(crate) fn page_spans(segs: &[RawSeg], counts: &[usize]) -> (Vec<usize>, Vec<u64>) {
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut lens = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
+        at += c;
+    }
+    (starts, lens)
+}
+
+/// Checks that `counts` (segments per page) fit `n` pages and `segs` segments.
+pub(crate) fn check_counts(n: usize, segs: usize, counts: &[usize]) -> Result<(), StoreError> {
+    if counts.len() != n {
+        return Err(StoreError::BadRequest(format!(
+            "{} segment counts for {n} keys",
+            counts.len()
+        )));
+    }
+    let total: usize = counts.iter().sum();
+    if total != segs {
+        return Err(StoreError::BadRequest(format!(
+            "segment counts add up to {total}, {segs} segments given"
+        )));
+    }
+    Ok(())
+}

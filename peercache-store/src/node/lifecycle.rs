@@ -1,0 +1,242 @@
+//! The running node: keeps the directory ring in step with discovery (membership sync, the
+//! departed and strangers forgotten, re-announcements), waits until ready, and shuts down in
+//! order. Recovered disk pages are re-published by [`crate::tasks::republish`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use peercache_directory::Member;
+use peercache_discovery::NodeInfo;
+
+use crate::StoreError;
+use crate::node::core::Core;
+
+impl Core {
+    /// Counts and logs each member's refused slotmap layout once per announcement.
+    fn count_refused_layouts(
+        &self,
+        slots: &crate::modes::state::SlotMode,
+        infos: &[NodeInfo],
+        refused: Vec<crate::layout::slot::Refused>,
+    ) {
+        let mut seen = slots.refused.lock();
+        let mut now = std::collections::HashMap::new();
+        for r in refused {
+            let attr = infos
+                .iter()
+                .find(|m| m.node == r.node)
+                .and_then(|m| {
+                    m.attrs
+                        .iter()
+                        .find(|(k, _)| k == crate::modes::slot::LAYOUT_ATTR)
+                })
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            if seen.get(&r.node) != Some(&attr) {
+                self.metrics.layouts_refused.add(1);
+                tracing::warn!(
+                    member = %r.node,
+                    error = %r.error,
+                    "refused a member's slotmap layout: its keys are misses"
+                );
+            }
+            now.insert(r.node, attr);
+        }
+        *seen = now;
+    }
+
+    /// Installs discovery's current members as the directory ring.
+    pub(crate) fn sync_membership(&self) {
+        let infos = self.discovery.members();
+        if let Some(slots) = self.mode.slots() {
+            let (good, refused) = crate::modes::slot::layouts(&infos);
+            *slots.layouts.write() = Arc::new(good);
+            self.count_refused_layouts(slots, &infos, refused);
+        } else if let Some(st) = self.mode.storage() {
+            *st.view.write() = Arc::new(crate::modes::storage_view::StorageView::of(
+                &infos,
+                self.cfg.vnodes,
+            ));
+        }
+        self.reap_reservations();
+        self.forget_departed(&infos);
+        if !infos.is_empty() {
+            let storage = infos.iter().filter(|m| m.role == "storage").count();
+            self.metrics.storage_nodes.set(storage as f64);
+        }
+        let members: Vec<Member> = infos
+            .into_iter()
+            .map(|m| Member {
+                node: m.node,
+                control: m.control,
+                incarnation: m.incarnation,
+            })
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        self.metrics.members.set(members.len() as f64);
+        let has_me = members.iter().any(|m| m.node == self.me);
+        let report = self.dir.apply_membership(&members);
+        if has_me && let Some((before, after)) = &report.rings {
+            self.reannounce(before, after);
+        }
+        if has_me {
+            let mut ready = self.tasks.ring_ready.0.lock();
+            if !*ready {
+                *ready = true;
+                self.tasks.ring_ready.1.notify_all();
+            }
+        }
+    }
+
+    /// Tells the transport to drop what it keeps for members that left: their idle pooled
+    /// connections and any host-local attachment.
+    fn forget_departed(&self, infos: &[NodeInfo]) {
+        if infos.is_empty() {
+            // No view of the cluster right now (not "everyone left").
+            return;
+        }
+        let now: std::collections::HashSet<SocketAddr> =
+            infos.iter().flat_map(|m| m.data.iter().copied()).collect();
+        let gone: Vec<SocketAddr> = {
+            let mut known = self.tasks.member_data.lock();
+            let gone = known.difference(&now).copied().collect();
+            *known = now;
+            gone
+        };
+        for peer in gone {
+            tracing::debug!(%peer, "member left; its transport state is dropped");
+            self.transport.forget_peer(peer);
+        }
+    }
+
+    /// Drops transport state for peers that are not members (a read may have reached a member
+    /// after it left, re-creating what [`Core::forget_departed`] dropped). Once a heartbeat.
+    pub(crate) fn forget_strangers(&self) {
+        let known = self.tasks.member_data.lock().clone();
+        if known.is_empty() {
+            return;
+        }
+        for p in self.transport.peer_stats() {
+            if !known.contains(&p.peer) {
+                tracing::debug!(peer = %p.peer, "not a member; its transport state is dropped");
+                self.transport.forget_peer(p.peer);
+            }
+        }
+    }
+
+    /// Announces this pool's pages to the directory replicas a ring change added for them.
+    ///
+    /// Shard-to-shard hand-off moves entries when the ring changes, but nodes see a change at
+    /// slightly different times, and a page published under an older view may miss a replica
+    /// the other shards assume it has. The owner knows its pages and the view it published
+    /// them under: for each page whose replica set gained members between `before` and
+    /// `after`, it sends the entry to those new members only — so the traffic is the changed
+    /// share of this node's pages (about 1/N per join), never the whole pool, and a lookup that
+    /// falls back to a replica (primary down or unreachable) still finds the entry.
+    fn reannounce(&self, before: &peercache_directory::Ring, after: &peercache_directory::Ring) {
+        let mut pages = Vec::new();
+        self.pool.live_pages(&mut pages);
+        let plan = peercache_directory::handoff::reannounce_routes(
+            before,
+            after,
+            self.cfg.directory_replicas,
+            pages.iter().map(|(k, _)| *k),
+        );
+        let entries: Vec<_> = plan
+            .pages
+            .iter()
+            .map(|&i| (pages[i].0, self.resident_location(&pages[i].1)))
+            .collect();
+        if entries.is_empty() {
+            return;
+        }
+        let done = self.dir.insert_routed(&entries, &plan.routes);
+        self.metrics.reannounced.add(done as u64);
+        tracing::debug!(
+            pages = entries.len(),
+            sent = done,
+            "announced pages to the replicas a ring change added"
+        );
+    }
+
+    /// Waits until discovery registered this node and the directory ring includes it.
+    pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.discovery.wait_ready(timeout)?;
+        let mut ready = self.tasks.ring_ready.0.lock();
+        while !*ready {
+            match deadline {
+                Some(d) => {
+                    if self
+                        .tasks
+                        .ring_ready
+                        .1
+                        .wait_until(&mut ready, d)
+                        .timed_out()
+                        && !*ready
+                    {
+                        return Err(StoreError::Discovery(
+                            peercache_discovery::DiscoveryError::NotReady {
+                                after: timeout.unwrap_or_default(),
+                                seeds: Vec::new(),
+                            },
+                        ));
+                    }
+                }
+                None => self.tasks.ring_ready.1.wait(&mut ready),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops everything; idempotent.
+    pub(crate) fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Stop the hosted discovery server first (members see it gone in the same round in
+        // which they see this node leave, so the masters change once), then leave the cluster
+        // so peers stop routing to us, then flush eviction notices.
+        if let Some(mut m) = self.servers.meta.lock().take() {
+            m.shutdown();
+        }
+        self.discovery.shutdown();
+        if let Some(p) = self.tasks.promoter.get() {
+            p.stop();
+        }
+        if let Some(mut e) = self.tasks.evictions.lock().take() {
+            e.stop();
+        }
+        self.stop_republish();
+        if let Some(d) = &self.disk {
+            d.flush();
+        }
+        if let Some(t) = self.tasks.membership.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+        if let Some(mut c) = self.servers.client.lock().take() {
+            c.shutdown();
+        }
+        if let Some(mut c) = self.servers.control.lock().take() {
+            c.shutdown();
+        }
+        if let Some(mut h) = self.servers.http.lock().take() {
+            h.shutdown();
+        }
+        self.transport.shutdown();
+        self.reads.host_buffers.write().clear();
+        self.reads.device_buffers.write().clear();
+        self.reads.scratch.lock().clear();
+        self.pool_region.lock().take();
+        if let Some(slots) = self.mode.slots() {
+            slots.region.lock().take();
+        }
+        tracing::info!(node = %self.me, "peercache node stopped");
+    }
+}

@@ -1,0 +1,11 @@
+//! The node itself: its shared [`core::Core`] and the parts it is made of, start-up, the
+//! write path, membership and shutdown, and the public [`Store`](store::Store) handle.
+
+pub(crate) mod core;
+pub(crate) mod fdlimit;
+pub(crate) mod keys;
+pub(crate) mod lifecycle;
+pub(crate) mod parts;
+pub(crate) mod start;
+pub(crate) mod store;
+pub(crate) mod write;

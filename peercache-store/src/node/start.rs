@@ -1,0 +1,673 @@
+//! Starting a node: validates the config, allocates and registers the pool, starts the
+//! transport, the directory shard and its control listener, the client API, discovery, the
+//! disk tier and the background tasks, and assembles the [`Core`]. `build` is long because it
+//! is one sequence whose order matters (memory before the listeners that serve it; every
+//! listener before discovery advertises it); each step is a few lines.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use peercache_directory::{DirectoryClient, DirectoryService};
+use peercache_discovery::{DiscoveryServer, Hosting, Membership, NodeInfo, Source};
+use peercache_pool::{Pool, PoolConfig};
+use peercache_transport::{Access, Transport};
+use peercache_wire::envelope::Message;
+use peercache_wire::handshake::{Hello, Plane};
+use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
+use peercache_wire::{Incarnation, NodeId};
+
+use crate::StoreError;
+use crate::config::{Mode, PeerCacheConfig, Protocol, Role};
+use crate::control::StoreRequest;
+use crate::modes::state::{ModeState, StorageMode};
+use crate::node::core::Core;
+use crate::node::keys::Keyspace;
+use crate::node::parts::{ReadState, Servers, Tasks};
+use crate::observe::series::Handles;
+use crate::tasks::evict::EvictionBatcher;
+
+/// The address peers should use to reach this node.
+fn resolve_local_host(cfg: &PeerCacheConfig, seeds: &[SocketAddr]) -> IpAddr {
+    if !cfg.local_hostname.is_empty() {
+        if let Ok(ip) = cfg.local_hostname.parse() {
+            return ip;
+        }
+        if let Some(a) = (cfg.local_hostname.as_str(), 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut i| i.next())
+        {
+            return a.ip();
+        }
+    }
+    // The local address that routes to the first seed (no packet is sent).
+    let Some(&seed) = seeds.first() else {
+        return IpAddr::from([127, 0, 0, 1]);
+    };
+    if seed.ip().is_loopback() {
+        return seed.ip();
+    }
+    UdpSocket::bind(("0.0.0.0", 0))
+        .and_then(|s| s.connect(seed).map(|_| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// Opens this node's disk tier (`<disk_path>/<node_id>`); a tier that cannot open is
+/// disabled with a warning and the node runs without it.
+fn open_disk(cfg: &PeerCacheConfig, me: &NodeId) -> Option<Arc<peercache_pool::disk::DiskTier>> {
+    let root = if cfg.disk_path.is_empty() {
+        match peercache_pool::disk::default_root() {
+            Some(r) => r,
+            None => {
+                tracing::warn!(
+                    "disk tier off: neither XDG_DATA_HOME nor HOME is set; set disk_path to a folder of this user's"
+                );
+                return None;
+            }
+        }
+    } else {
+        std::path::PathBuf::from(&cfg.disk_path)
+    };
+    let dir = root.join(me.as_str());
+    let disk_cfg = cfg.disk(dir.clone());
+    match peercache_pool::disk::DiskTier::open(disk_cfg) {
+        Ok(t) => {
+            tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovered = t.stats().recovered, "disk tier open");
+            Some(Arc::new(t))
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "disk tier unavailable; running without it");
+            None
+        }
+    }
+}
+
+/// The RDMA path for `cfg`'s backend, or None (logged) when it cannot open.
+fn rdma_plane(
+    cfg: &PeerCacheConfig,
+    me: &NodeId,
+    auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    use peercache_transport::rdma::path::RdmaPath;
+    let timeout = cfg.op_timeout();
+    match cfg.rdma_backend {
+        crate::RdmaBackend::Soft => {
+            use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
+            static FABRIC: std::sync::OnceLock<Arc<Fabric>> = std::sync::OnceLock::new();
+            let fabric = FABRIC.get_or_init(Fabric::new).clone();
+            let rails = cfg.rdma_devices().len().max(1);
+            let mut verbs = SoftVerbs::new(fabric, rails, 16, 64);
+            verbs.bootstrap = Some(SoftBootstrap {
+                node: Some(me.clone()),
+                auth: auth.clone(),
+                timeout,
+            });
+            Some(RdmaPath::with_channel_limit(
+                verbs,
+                Some(me.clone()),
+                auth.clone(),
+                timeout,
+                cfg.max_channels_per_peer,
+            ))
+        }
+        crate::RdmaBackend::Verbs => verbs_plane(cfg, me, auth),
+    }
+}
+
+#[cfg(feature = "rdma")]
+fn verbs_plane(
+    cfg: &PeerCacheConfig,
+    me: &NodeId,
+    auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
+    let vc = VerbsConfig {
+        devices: cfg.rdma_devices(),
+        ib_port: cfg.ib_port,
+        gid_index: cfg.gid_index,
+        sq_depth: 128,
+        max_sge: 16,
+        node: Some(me.clone()),
+        auth: auth.clone(),
+        bootstrap_timeout: cfg.op_timeout(),
+    };
+    match SidewayVerbs::open(vc) {
+        Ok(v) => Some(
+            peercache_transport::rdma::path::RdmaPath::with_channel_limit(
+                v,
+                Some(me.clone()),
+                auth.clone(),
+                cfg.op_timeout(),
+                cfg.max_channels_per_peer,
+            ),
+        ),
+        Err(why) => {
+            tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn verbs_plane(
+    _cfg: &PeerCacheConfig,
+    _me: &NodeId,
+    _auth: &peercache_wire::auth::Auth,
+) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
+    None
+}
+
+/// A configured base port for this rank: 0 stays 0 (any free port), else the base plus the
+/// local rank, so the ranks of one server that share an extra config never collide.
+fn rank_port(base: u16, cfg: &PeerCacheConfig) -> u16 {
+    if base == 0 {
+        0
+    } else {
+        base.saturating_add(cfg.local_rank() as u16)
+    }
+}
+
+fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| StoreError::BadRequest(format!("cannot resolve bind host {host:?}")))
+}
+
+/// The address peers use for a listener bound at `bound`: `host` when `local_hostname` was set
+/// explicitly (NAT, proxies) or the listener is bound to the wildcard, else the bound address.
+fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> SocketAddr {
+    if explicit || bound.ip().is_unspecified() {
+        SocketAddr::new(host, bound.port())
+    } else {
+        bound
+    }
+}
+
+impl Core {
+    pub(crate) fn start(cfg: PeerCacheConfig) -> Result<Arc<Core>, StoreError> {
+        cfg.validate()?;
+        if cfg.mode == Mode::P2p && cfg.role == Role::Storage {
+            return Err(StoreError::Unsupported(
+                "role storage needs mode centralized or hybrid".into(),
+            ));
+        }
+        let transport_why: String = match (cfg.protocol, cfg.rdma_backend) {
+            (Protocol::Tcp, _) => "protocol=tcp".into(),
+            (Protocol::Rdma, crate::RdmaBackend::Soft) => "rdma (software fabric)".into(),
+            (Protocol::Rdma, crate::RdmaBackend::Verbs) => {
+                use peercache_transport::rdma::{memlock_shortfall, probe};
+                let ready =
+                    probe(&cfg.rdma_devices()).and_then(|devices| {
+                        match memlock_shortfall(cfg.pool_bytes()) {
+                            Some(why) => Err(why),
+                            None => Ok(devices),
+                        }
+                    });
+                match ready {
+                    Ok(devices) => format!("rdma (devices {devices:?}; tcp to peers without)"),
+                    Err(why) => {
+                        tracing::warn!(
+                            "protocol=rdma requested but {why}; using the TCP transport"
+                        );
+                        format!("tcp (rdma fallback: {why})")
+                    }
+                }
+            }
+        };
+        // With etcd there are no seeds: the node routes towards etcd, and a derived id has
+        // meta port 0 unless `discovery_addr` still names one.
+        let seeds = if cfg.discovery_addr.is_empty() {
+            Vec::new()
+        } else {
+            peercache_discovery::parse_seeds(&cfg.discovery_addr).map_err(StoreError::Discovery)?
+        };
+        let meta_port = seeds.first().map_or(0, |s| s.port());
+        let host = if seeds.is_empty() {
+            resolve_local_host(&cfg, &cfg.etcd_addrs())
+        } else {
+            resolve_local_host(&cfg, &seeds)
+        };
+        let me = if cfg.node_id.is_empty() {
+            peercache_discovery::derive_node_id(
+                &host.to_string(),
+                meta_port,
+                cfg.tp_rank,
+                cfg.pp_rank,
+                cfg.dp_rank,
+                &cfg.prefix,
+            )
+            .map_err(StoreError::Wire)?
+        } else {
+            NodeId::new(&cfg.node_id).map_err(StoreError::Wire)?
+        };
+        if cfg.metrics_enabled {
+            // Every handle the node and its crates register gets `node=<id>`.
+            let rec = crate::observe::node_recorder(me.as_str());
+            metrics::with_local_recorder(&rec, || {
+                Self::build(cfg, me, host, seeds, meta_port, transport_why)
+            })
+        } else {
+            Self::build(cfg, me, host, seeds, meta_port, transport_why)
+        }
+    }
+
+    fn build(
+        cfg: PeerCacheConfig,
+        me: NodeId,
+        host: IpAddr,
+        seeds: Vec<SocketAddr>,
+        meta_port: u16,
+        transport_why: String,
+    ) -> Result<Arc<Core>, StoreError> {
+        let incarnation = Incarnation::fresh();
+        let nofile = crate::node::fdlimit::raise_nofile();
+        let conn_cap = crate::node::fdlimit::connection_cap(cfg.max_inbound_connections, nofile);
+        let explicit_host = !cfg.local_hostname.is_empty();
+        let metrics = Handles::register(me.as_str());
+        let auth = cfg.cluster_auth()?;
+        if let Some(warning) = cfg.check_authentication(&auth)? {
+            tracing::warn!("{warning}");
+        }
+        if let Some(warning) = cfg.secret_file_warning() {
+            tracing::warn!("{warning}");
+        }
+        // Discovery: host the meta server if the port is free (with etcd there is no meta
+        // server: etcd keeps the membership). Claimed before any listener on an ephemeral port,
+        // so the kernel cannot hand the configured meta port to one of this node's own sockets;
+        // the node joins once its endpoints are known, below.
+        let source = match cfg.discovery {
+            crate::DiscoveryKind::Builtin => Source::Masters(cfg.discovery(seeds, auth.clone())),
+            crate::DiscoveryKind::Etcd => Source::Etcd(cfg.etcd()?),
+        };
+        let meta = match &source {
+            Source::Masters(_) => {
+                let ttl = Duration::from_secs_f64(cfg.member_ttl);
+                let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
+                match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
+                    Hosting::Hosting(s) => Some(s),
+                    Hosting::PortTaken => {
+                        // Normal for co-located ranks; if nobody answers there, this line
+                        // and the join timeout name the port to look at.
+                        tracing::info!(meta = %meta_bind, "meta port taken: joining the discovery server listening there");
+                        None
+                    }
+                }
+            }
+            Source::Etcd(_) => None,
+        };
+        let cell: crate::node::core::NodeCell = Default::default();
+        let http = if cfg.metrics_enabled {
+            let port = rank_port(cfg.metrics_port, &cfg);
+            // The unauthenticated port binds the node's own address unless told otherwise.
+            let bind = if cfg.metrics_bind_host.is_empty() {
+                SocketAddr::new(host, port)
+            } else {
+                bind_addr(&cfg.metrics_bind_host, port)?
+            };
+            let limits = crate::serve::http::HttpLimits {
+                max_connections: crate::serve::http::HttpLimits::default()
+                    .max_connections
+                    .min(conn_cap),
+                ..Default::default()
+            };
+            let refused =
+                metrics::counter!(crate::observe::series::HTTP_REFUSED, "node" => me.to_string());
+            Some(crate::observe::serve(
+                bind,
+                cell.clone(),
+                cfg.metrics_dashboard,
+                limits,
+                refused,
+            )?)
+        } else {
+            None
+        };
+        let metrics_endpoint = http
+            .as_ref()
+            .map(|h| advertise(h.addr, host, explicit_host));
+
+        // Memory first: allocate and pre-fault the pool once.
+        let storage_role = cfg.role == Role::Storage;
+        // A centralized inference node publishes nothing itself: a minimal pool keeps the
+        // read-side machinery (leases, scratch) uniform.
+        // Slotmap nodes keep their pages in the slot region instead.
+        let pool_bytes =
+            if (cfg.mode == Mode::Centralized && !storage_role) || cfg.mode == Mode::Slotmap {
+                4 << 20
+            } else {
+                cfg.pool_bytes() as usize
+            };
+        // With the host-local path the pool lives in a sealed memory file that readers on this
+        // host map read-only. The first slabs are faulted in now, the rest in the background
+        // while the node serves.
+        let pool_cfg = PoolConfig {
+            fault_threads: cfg.pool_fault_threads,
+            allow_overcommit: cfg.pool_allow_overcommit,
+            ..PoolConfig::new(pool_bytes)
+        };
+        let pool = if cfg.host_local {
+            Pool::with_alloc(pool_cfg, &peercache_pool::mem::MemfdAlloc::default())
+        } else {
+            Pool::new(pool_cfg)
+        };
+        let pool = Arc::new(pool.map_err(|e| match e {
+            peercache_pool::PoolError::HostTooSmall { .. } => {
+                StoreError::Config(crate::config::ConfigError::Invalid {
+                    key: "global_segment_size",
+                    value: cfg.global_segment_size.to_string(),
+                    reason: format!(
+                        "{e} (lower global_segment_size, or set pool_allow_overcommit = true)"
+                    ),
+                })
+            }
+            e => StoreError::Pool(e),
+        })?);
+        let rdma = if transport_why.starts_with("rdma") {
+            rdma_plane(&cfg, &me, &auth)
+        } else {
+            None
+        };
+        let transport_why = if rdma.is_none() && transport_why.starts_with("rdma") {
+            "tcp (rdma fallback: the RDMA backend did not open)".to_string()
+        } else {
+            transport_why
+        };
+        tracing::info!(transport = %transport_why, "transport selected");
+        let transport = Arc::new(Transport::start_with_rdma(
+            cfg.transport(
+                bind_addr(&cfg.rdma_bind_host, rank_port(cfg.rdma_port, &cfg))?,
+                conn_cap,
+                auth.clone(),
+            ),
+            Some(me.clone()),
+            rdma,
+        )?);
+        // Storage servers accept remote writes, only into reserved slots and only from the
+        // node that reserved them; every other pool is remote-read only.
+        let reservations = storage_role.then(|| {
+            Arc::new(Mutex::new(
+                crate::modes::storage_view::Reservations::default(),
+            ))
+        });
+        let pool_region = match &reservations {
+            // SAFETY: the pool's mapping outlives the registration: `Core` drops `pool_region`
+            // (explicitly in shutdown, and by field order) before `pool`.
+            Some(r) => unsafe {
+                transport.register_guarded(
+                    pool.base(),
+                    pool.len(),
+                    Arc::new(crate::modes::storage_view::ReservationGuard(r.clone())),
+                )
+            }?,
+            // SAFETY: as above.
+            None => unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?,
+        };
+        if let Some(fd) = pool.shared_fd() {
+            transport.share(&pool_region, fd, 0)?;
+        }
+        let pool_key = pool_region.key().0;
+        let (slots, slot_layout) = if cfg.mode == Mode::Slotmap {
+            let map = Arc::new(peercache_pool::slotmap::SlotMap::new(
+                cfg.slot_max_page_bytes as u32,
+                cfg.slot_ways,
+                cfg.slot_num_buckets,
+                cfg.pool_bytes(),
+            )?);
+            // SAFETY: the slot region outlives its registration: `Core` drops `slot_region`
+            // (explicitly in shutdown, and by field order) before `slotmap`.
+            let h = unsafe { transport.register(map.base(), map.len(), Access::RemoteRead) }?;
+            let layout =
+                crate::modes::slot::encode_layout(h.key().0, map.base() as u64, &map.geometry());
+            let slots = crate::modes::state::SlotMode {
+                region: Mutex::new(Some(h)),
+                map,
+                layouts: Default::default(),
+                refused: Default::default(),
+            };
+            (Some(slots), Some(layout))
+        } else {
+            (None, None)
+        };
+        let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
+
+        // Directory shard and the control listener that serves it.
+        let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
+        let (svc, node_cell) = (dir_service.clone(), cell.clone());
+        let handler: rpc::Handler = Arc::new(move |peer, env| {
+            if env.kind == StoreRequest::KIND {
+                return crate::serve::store_rpc::serve_store(&node_cell, peer, env);
+            }
+            svc.handle(peer, env).unwrap_or_else(|| Reply::Error {
+                error: RpcError {
+                    code: RpcError::CODE_UNKNOWN_KIND,
+                    message: format!("kind {:#06x} is not served on the control port", env.kind),
+                },
+                close: true,
+            })
+        });
+        let control = RpcServer::start(
+            ServerConfig {
+                bind: bind_addr(&cfg.control_bind_host, rank_port(cfg.control_port, &cfg))?,
+                planes: vec![Plane::Control],
+                node: Some(me.clone()),
+                incarnation,
+                max_frame: cfg.max_frame_bytes as usize,
+                handshake_timeout: cfg.op_timeout(),
+                max_connections: conn_cap,
+                offload: &[StoreRequest::KIND],
+                workers: 1,
+                name: "pc-control",
+                auth: auth.clone(),
+            },
+            handler,
+        )?;
+        let control_endpoint = advertise(control.local_addr(), host, explicit_host);
+        // The client API: its own listener and threads, so client batches (which may read from
+        // peers) never queue behind directory requests on the control port.
+        let client = if cfg.client_enabled {
+            let node_cell = cell.clone();
+            let handler: rpc::Handler = Arc::new(move |_peer, env| {
+                crate::client::serve(node_cell.get().and_then(|w| w.upgrade()), env)
+            });
+            Some(RpcServer::start(
+                ServerConfig {
+                    bind: bind_addr(&cfg.control_bind_host, rank_port(cfg.client_port, &cfg))?,
+                    planes: vec![Plane::Control],
+                    node: Some(me.clone()),
+                    incarnation,
+                    max_frame: crate::client::MAX_CLIENT_BYTES + (1 << 20),
+                    handshake_timeout: cfg.op_timeout(),
+                    max_connections: conn_cap,
+                    offload: &[],
+                    workers: 2,
+                    name: "pc-client",
+                    auth: auth.clone(),
+                },
+                handler,
+            )?)
+        } else {
+            None
+        };
+        let client_endpoint = client
+            .as_ref()
+            .map(|c| advertise(c.local_addr(), host, explicit_host));
+        if let Some(ep) = client_endpoint
+            && !auth.is_enabled()
+        {
+            tracing::warn!(
+                client = %ep,
+                "client API enabled without a cluster_secret: any process that reaches this \
+                 port can publish pages into this node's pool"
+            );
+        }
+        let dir = Arc::new(DirectoryClient::new(
+            me.clone(),
+            dir_service.clone(),
+            RpcClient::new(cfg.rpc_client(
+                Hello::new(Plane::Control, Some(me.clone()), incarnation),
+                auth.clone(),
+            ))
+            .with_suspect_for(Duration::from_secs_f64(cfg.suspect_for)),
+            cfg.directory_client(),
+        ));
+
+        let meta_role = match (&source, meta.is_some()) {
+            (Source::Etcd(_), _) => "etcd member",
+            (_, true) => "hosting meta",
+            (_, false) => "meta client (port taken by a co-located rank)",
+        };
+        let info = NodeInfo {
+            node: me.clone(),
+            incarnation,
+            host,
+            meta: meta
+                .as_ref()
+                .map(|m| advertise(m.local_addr(), host, explicit_host)),
+            control: control_endpoint,
+            data: vec![data_endpoint],
+            role: if storage_role { "storage" } else { "inference" }.into(),
+            attrs: {
+                let mut a = vec![
+                    ("tp_rank".to_string(), cfg.tp_rank.to_string()),
+                    ("pp_rank".to_string(), cfg.pp_rank.to_string()),
+                ];
+                if let Some(m) = metrics_endpoint {
+                    a.push(("metrics".to_string(), m.to_string()));
+                }
+                if let Some(c) = client_endpoint {
+                    a.push((crate::client::CLIENT_ATTR.to_string(), c.to_string()));
+                }
+                if let Some(l) = &slot_layout {
+                    a.push((crate::modes::slot::LAYOUT_ATTR.to_string(), l.clone()));
+                }
+                a
+            },
+        };
+        let discovery = Membership::start(info, source)?;
+        let disk = if cfg.disk_enabled {
+            open_disk(&cfg, &me)
+        } else {
+            None
+        };
+        if disk.is_some() {
+            metrics.disk_capacity.set(cfg.disk_size as f64);
+        }
+        let evictions = EvictionBatcher::start(
+            me.clone(),
+            dir.clone(),
+            disk.clone(),
+            cfg.eviction_queue_depth,
+        );
+        tracing::info!(
+            node = %me, transport = %transport_why, data = %data_endpoint, control = %control_endpoint,
+            meta = meta_role, pool_bytes = pool.len(),
+            discovery = %if cfg.discovery == crate::DiscoveryKind::Etcd { &cfg.etcd_endpoints } else { &cfg.discovery_addr },
+            incarnation = incarnation.0, authenticated = auth.is_enabled(), insecure = cfg.insecure,
+            metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
+            client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
+            "peercache node started"
+        );
+        let mode = match cfg.mode {
+            Mode::P2p => ModeState::P2p,
+            Mode::Hybrid => ModeState::Hybrid(StorageMode::new(cfg.write_policy, reservations)),
+            Mode::Centralized => {
+                ModeState::Centralized(StorageMode::new(cfg.write_policy, reservations))
+            }
+            Mode::Slotmap => ModeState::Slotmap(slots.ok_or_else(|| {
+                StoreError::Unsupported("slotmap mode without a slot region".into())
+            })?),
+        };
+        let republish = disk.as_ref().is_some_and(|d| d.stats().recovered > 0);
+        let inner = Arc::new(Core {
+            keys: Keyspace::new(&cfg.prefix),
+            cfg,
+            me,
+            incarnation,
+            auth_enabled: auth.is_enabled(),
+            metrics,
+            tasks: Tasks::new(evictions, republish),
+            discovery,
+            dir,
+            dir_service,
+            servers: Servers {
+                control: Mutex::new(Some(control)),
+                client: Mutex::new(client),
+                meta: Mutex::new(meta),
+                http: Mutex::new(http),
+                client_refusals: peercache_wire::limits::Throttle::new(),
+            },
+            client_endpoint,
+            reads: ReadState::new(),
+            pool_region: Mutex::new(Some(pool_region)),
+            transport,
+            pool,
+            disk,
+            data_endpoint,
+            control_endpoint,
+            pool_key,
+            stopping: AtomicBool::new(false),
+            metrics_endpoint,
+            mode,
+            layout: std::sync::atomic::AtomicU64::new(0),
+        });
+        let _ = inner
+            .tasks
+            .promoter
+            .set(crate::tasks::promoter::Promoter::start({
+                let node = Arc::downgrade(&inner);
+                move |job: crate::tasks::promoter::Job| {
+                    let Some(inner) = node.upgrade() else {
+                        return false;
+                    };
+                    let (mine, theirs): (crate::tasks::promoter::Job, crate::tasks::promoter::Job) =
+                        job.into_iter().partition(|(n, _)| *n == inner.me);
+                    for (_, keys) in mine {
+                        inner.promote_here(&keys, true);
+                    }
+                    if !theirs.is_empty() {
+                        inner.ask_promote(&theirs);
+                    }
+                    true
+                }
+            })?);
+        let _ = cell.set(Arc::downgrade(&inner));
+        let weak = Arc::downgrade(&inner);
+        let events = inner.discovery.subscribe();
+        let heartbeat = Duration::from_secs_f64(inner.cfg.heartbeat_interval);
+        let t = std::thread::Builder::new()
+            .name("pc-membership".into())
+            .spawn(move || {
+                loop {
+                    let got = events.recv_timeout(heartbeat);
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let ps = inner.pool.stats();
+                    let ds = inner.disk.as_ref().map(|d| d.stats());
+                    inner
+                        .metrics
+                        .refresh(ps.retained + ps.reclaimable, ds.as_ref());
+                    inner.reap_reservations();
+                    inner.dir.drop_due();
+                    inner.forget_strangers();
+                    if got.is_err() && *inner.tasks.ring_ready.0.lock() {
+                        continue;
+                    }
+                    // Coalesce a burst of events into one ring change.
+                    while events.try_recv().is_ok() {}
+                    inner.sync_membership();
+                    crate::tasks::republish::start(&inner);
+                }
+            })?;
+        *inner.tasks.membership.lock() = Some(t);
+        Ok(inner)
+    }
+}

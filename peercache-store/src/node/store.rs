@@ -1,0 +1,629 @@
+//! [`Store`]: the HiCache-shaped API of a node (blocking, thread-safe).
+//!
+//! A page is one or more components, each gathered from (set) or scattered to (get) a list of
+//! segments; segments are given flattened, with `counts[i]` segments for page `i`, so a batch
+//! costs no per-page allocation on the caller's side. Safe slice methods sit on `unsafe`
+//! pointer variants ([`RawSeg`]) that the Python facade uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peercache_directory::Owners;
+use peercache_transport::Access;
+use peercache_wire::{NodeId, PageKey};
+
+use crate::StoreError;
+use crate::config::PeerCacheConfig;
+use crate::node::core::{Core, check_counts};
+use crate::read::scratch::RawSeg;
+
+/// Counters of a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Pages resident in the pool.
+    pub pool_pages: u64,
+    /// Pages evicted from the pool.
+    pub pool_evictions: u64,
+    /// Eviction notices queued.
+    pub evictions_queued: u64,
+    /// Eviction notices delivered.
+    pub evictions_notified: u64,
+    /// Directory requests sent over the network.
+    pub directory_rpcs: u64,
+    /// Directory requests answered by the local shard.
+    pub directory_local_calls: u64,
+    /// Entries in this node's directory shard.
+    pub shard_entries: u64,
+    /// Bytes read from peers by the transport.
+    pub transport_read_bytes: u64,
+    /// Of `transport_read_bytes`: bytes copied from a same-host peer's shared memory.
+    pub transport_local_read_bytes: u64,
+    /// Members known.
+    pub members: u64,
+    /// Locations primed by `batch_exists` and not yet consumed.
+    pub primed: u64,
+    /// Remote pages rejected by verification (stale, torn, wrong key or checksum).
+    pub verify_rejects: u64,
+    /// Pages found but refused because their layout fingerprint is not this node's (another
+    /// deployment's pages under the same keys, or pages written before layouts existed).
+    pub layout_mismatches: u64,
+    /// Pages read through registered staging memory and then copied to the caller, because
+    /// the caller's destination lies outside every registered host buffer (or the mode reads
+    /// into staging to verify first, as slotmap does). 0 on the zero-copy paths.
+    pub staged_reads: u64,
+    /// Bytes read over the RDMA path (0 on TCP).
+    pub rdma_read_bytes: u64,
+    /// Read batches the RDMA path handed to TCP (peers without RDMA).
+    pub rdma_fallbacks: u64,
+    /// Requests refused because they acted for another member: store requests for another
+    /// writer's reservations, and directory requests on this node's shard naming another
+    /// node's copies or a range the sender never held.
+    pub identity_refused: u64,
+    /// Slotmap layouts of peers refused as out of this node's bounds (their keys are misses).
+    pub layouts_refused: u64,
+    /// Pages the disk tier recovered after a restart that the directory took back (re-published
+    /// as this node's disk-only copies).
+    pub disk_republished: u64,
+}
+
+/// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
+///
+/// # Example
+///
+/// A one-node cluster (the node is its own discovery seed) with a cluster secret: publish two
+/// pages, check which are present, read them back byte for byte.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use peercache_store::{PeerCacheConfig, Store};
+///
+/// let meta_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// let settings = serde_json::json!({
+///     "discovery_addr": format!("127.0.0.1:{meta_port}"),
+///     "protocol": "tcp",
+///     "global_segment_size": "16mb",
+///     "metrics_enabled": false,
+///     // Every connection proves it (in production: PEERCACHE_CLUSTER_SECRET or a file).
+///     "cluster_secret": "an example secret of 16+ bytes",
+/// });
+/// let (cfg, warnings) = PeerCacheConfig::from_map(settings.as_object().unwrap())?;
+/// assert!(warnings.is_empty(), "{warnings:?}");
+///
+/// let store = Store::start(cfg)?;
+/// store.wait_ready(Some(Duration::from_secs(10)))?;
+///
+/// let (a, b) = (vec![1u8; 4096], vec![2u8; 4096]);
+/// assert_eq!(store.batch_set(&["p0", "p1"], &[&a[..], &b[..]])?, [true, true]);
+/// assert_eq!(store.batch_exists(&["p0", "p1", "p2"])?, 2); // the leading present pages
+///
+/// let (mut x, mut y) = (vec![0u8; 4096], vec![0u8; 4096]);
+/// assert_eq!(store.batch_get(&["p0", "p1"], &mut [&mut x[..], &mut y[..]])?, [true, true]);
+/// assert_eq!((x, y), (a, b));
+/// store.shutdown();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Core>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("node", &self.inner.me)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Starts a node. Returns at once; see [`Store::wait_ready`].
+    pub fn start(cfg: PeerCacheConfig) -> Result<Store, StoreError> {
+        Ok(Store {
+            inner: Core::start(cfg)?,
+        })
+    }
+
+    /// Waits until the node is registered and in the directory ring (`None`: forever).
+    pub fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        self.inner.wait_ready(timeout)
+    }
+
+    /// How much of the node's pool is faulted in. A node serves (reads, `exists`, publishes
+    /// into its ready part) from the start; a large pool warms in the background and its
+    /// slabs join as they are resident.
+    pub fn pool_readiness(&self) -> peercache_pool::Readiness {
+        self.inner.pool.readiness()
+    }
+
+    /// Waits at most `timeout` until the whole pool is faulted in (a bench measuring the
+    /// steady state waits for this); returns how far it got.
+    pub fn wait_pool_ready(&self, timeout: Duration) -> peercache_pool::Readiness {
+        self.inner.pool.wait_ready(timeout)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.inner.me
+    }
+
+    /// The configuration the node runs with.
+    pub fn config(&self) -> &PeerCacheConfig {
+        &self.inner.cfg
+    }
+
+    /// Members discovery currently sees.
+    pub fn members(&self) -> Vec<peercache_discovery::NodeInfo> {
+        self.inner.discovery.members()
+    }
+
+    /// Waits until discovery sees at least `n` members, then installs them as the directory
+    /// ring. Returns whether `n` was reached within `timeout`.
+    pub fn wait_members(&self, n: usize, timeout: Duration) -> bool {
+        let ok = self.inner.discovery.wait_for(timeout, |m| m.len() >= n);
+        self.sync_membership();
+        ok
+    }
+
+    /// The data endpoint peers read this node's pool from.
+    pub fn data_endpoint(&self) -> std::net::SocketAddr {
+        self.inner.data_endpoint
+    }
+
+    /// The metrics HTTP endpoint, when enabled.
+    pub fn metrics_endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.inner.metrics_endpoint
+    }
+
+    /// The `/cluster` document of this node.
+    pub fn cluster_view(&self) -> serde_json::Value {
+        crate::observe::cluster_view(&self.inner)
+    }
+
+    /// The control endpoint (directory and store RPCs).
+    pub fn control_endpoint(&self) -> std::net::SocketAddr {
+        self.inner.control_endpoint
+    }
+
+    /// Re-reads membership into the directory ring now (it also happens on every change).
+    pub fn sync_membership(&self) {
+        self.inner.sync_membership();
+        crate::tasks::republish::start(&self.inner);
+    }
+
+    /// Declares the shape of the pages this node writes and reads (model, KV dtype, ranks,
+    /// every registered pool's geometry). From now on every page it writes carries the
+    /// spec's fingerprint, and every read path — local pool, same-host copy, TCP, RDMA, disk
+    /// tier, slot regions, storage servers — refuses a page carrying another one as a miss,
+    /// counted in [`StoreStats::layout_mismatches`]. A node that never declares a layout
+    /// writes and reads [`Layout::NONE`](peercache_wire::Layout::NONE) pages only.
+    ///
+    /// Pages this node holds under another layout are replaced when the same key is written
+    /// again. Returns the fingerprint.
+    ///
+    /// ```no_run
+    /// # fn run(store: &peercache_store::Store) -> Result<(), Box<dyn std::error::Error>> {
+    /// use peercache_store::layout::page::LayoutSpec;
+    /// let spec = LayoutSpec::from_json(r#"{"model": "m", "kv_dtype": "bfloat16",
+    ///     "pools": [{"name": "kv", "tokens_per_page": 64, "host_layout": "layer_first",
+    ///                "bytes_per_page": 4096}]}"#)?;
+    /// let layout = store.set_layout(&spec);
+    /// assert_eq!(store.layout(), layout);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_layout(&self, spec: &crate::layout::page::LayoutSpec) -> peercache_wire::Layout {
+        let l = spec.fingerprint();
+        let old = self
+            .inner
+            .layout
+            .swap(l.0, std::sync::atomic::Ordering::AcqRel);
+        if old != l.0 {
+            tracing::info!(layout = %l, model = %spec.model, kv_dtype = %spec.kv_dtype,
+                pools = spec.pools.len(), "page layout declared");
+        }
+        l
+    }
+
+    /// The layout fingerprint this node writes and expects ([`Store::set_layout`]).
+    pub fn layout(&self) -> peercache_wire::Layout {
+        self.inner.layout()
+    }
+
+    /// Registers the caller's KV host memory as a read destination (local-only: peers can
+    /// neither read nor write it). Pages read into it land without an intermediate copy.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until the node shuts down.
+    pub unsafe fn register_host_buffer(&self, ptr: *mut u8, len: usize) -> Result<(), StoreError> {
+        // SAFETY: forwarded from the caller.
+        let h = unsafe { self.inner.transport.register(ptr, len, Access::LocalOnly) }?;
+        self.inner.reads.host_buffers.write().push(h);
+        Ok(())
+    }
+
+    pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
+        self.inner.page_keys(keys)
+    }
+
+    /// Publishes pages, one contiguous segment each. `true` = stored (or already stored).
+    pub fn batch_set<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &[&[u8]],
+    ) -> Result<Vec<bool>, StoreError> {
+        let counts = vec![1; pages.len()];
+        self.batch_set_segments(keys, pages, &counts)
+    }
+
+    /// Publishes pages gathered from segments (`counts[i]` segments for page `i`).
+    pub fn batch_set_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[&[u8]],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        let raw: Vec<RawSeg> = segs
+            .iter()
+            .map(|s| RawSeg {
+                ptr: s.as_ptr() as *mut u8,
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the segments are borrowed for the whole call and only read.
+        unsafe { self.batch_set_raw(keys, &raw, counts) }
+    }
+
+    /// [`Store::batch_set_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of `len` bytes for the duration of the call.
+    pub unsafe fn batch_set_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        // Device memory is a read destination only: publishing copies with the CPU.
+        self.inner.touches_device(segs)?;
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        let slices: Vec<&[u8]> = segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        self.inner.set_pages(&pkeys, &slices, counts)
+    }
+
+    /// Writes pages of which only the first `valid_lens[i]` bytes hold data — the partial
+    /// tail page of a sequence. The whole page is stored (so every page of a layout keeps one
+    /// size); [`Store::batch_get_valid`] and [`Store::batch_exists_valid`] report the valid
+    /// length. A valid length above the page's size is refused.
+    pub fn batch_set_partial<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &[&[u8]],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.batch_set_partial_segments(keys, pages, &vec![1; pages.len()], valid_lens)
+    }
+
+    /// [`Store::batch_set_partial`] for pages gathered from segments (`counts[i]` segments for
+    /// page `i`; `valid_lens[i]` counts bytes over all of them).
+    pub fn batch_set_partial_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[&[u8]],
+        counts: &[usize],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        check_counts(keys.len(), segs.len(), counts)?;
+        if valid_lens.len() != keys.len() {
+            return Err(StoreError::BadRequest(format!(
+                "{} valid lengths for {} pages",
+                valid_lens.len(),
+                keys.len()
+            )));
+        }
+        let mut at = 0;
+        for (i, (&n, &v)) in counts.iter().zip(valid_lens).enumerate() {
+            let bytes: usize = segs[at..at + n].iter().map(|s| s.len()).sum();
+            at += n;
+            if v as usize > bytes {
+                return Err(StoreError::BadRequest(format!(
+                    "page {i}: valid length {v} exceeds its {bytes} bytes"
+                )));
+            }
+        }
+        let pkeys = self.page_keys(keys);
+        Ok(self
+            .inner
+            .set_impl_valid(&pkeys, segs, counts, Some(valid_lens)))
+    }
+
+    /// [`Store::batch_set_partial_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of `len` bytes for the duration of the call.
+    pub unsafe fn batch_set_partial_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+        valid_lens: &[u32],
+    ) -> Result<Vec<bool>, StoreError> {
+        // SAFETY: forwarded from the caller.
+        let slices: Vec<&[u8]> = segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        self.batch_set_partial_segments(keys, &slices, counts, valid_lens)
+    }
+
+    /// How many leading pages are present in the cluster. Their locations are primed for the
+    /// next [`Store::batch_get`] for `exists_prime_ttl`.
+    ///
+    /// With `exists_wait_ms` > 0 this waits up to that long for the whole prefix (see
+    /// [`Store::wait_for_full_prefix`]).
+    pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        let t0 = std::time::Instant::now();
+        let wait = Duration::from_millis(self.inner.cfg.exists_wait_ms);
+        let n = if wait.is_zero() {
+            self.inner.exists_impl(&pkeys)
+        } else {
+            self.inner.wait_impl(&pkeys, wait)
+        };
+        self.inner
+            .metrics
+            .exists_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(n)
+    }
+
+    /// Like [`Store::batch_exists`], but returns the valid length of each leading present page
+    /// (the vector's length is the leading count).
+    pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        let Ok(mut found) = self.inner.dir.lookup(&pkeys) else {
+            return Ok(Vec::new());
+        };
+        self.inner.keep_my_layout(&mut found);
+        Ok(found
+            .iter()
+            .map_while(|o| o.as_ref().and_then(|o| o.first()).map(|l| l.valid_len))
+            .collect())
+    }
+
+    /// Waits until every key is present in the cluster, at most `timeout`, and returns how many
+    /// leading keys are present at the end — for a decode node that knows a prefill node is
+    /// publishing a prefix. Polls the directory (one fan-out per poll) at 1 ms, backing off to
+    /// 10 ms; returns at once when the prefix is complete or the node stops.
+    pub fn wait_for_full_prefix<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<usize, StoreError> {
+        self.check_open()?;
+        let pkeys = self.page_keys(keys);
+        Ok(self.inner.wait_impl(&pkeys, timeout))
+    }
+
+    /// Which keys are present anywhere in the cluster, key by key — not only the leading run
+    /// (the v2 HiCache calls check sidecar pools whose pages may have holes). One directory
+    /// fan-out for the whole batch; every present page's location is primed for the next get,
+    /// and disk-only pages start promoting, as with [`Store::batch_exists`].
+    pub fn batch_contains<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<bool>, StoreError> {
+        self.inner.contains(&self.page_keys(keys))
+    }
+
+    /// Reads pages into one contiguous buffer each. `true` = the buffer holds the page.
+    pub fn batch_get<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, StoreError> {
+        let counts = vec![1; pages.len()];
+        self.batch_get_segments(keys, pages, &counts)
+    }
+
+    /// Reads pages scattered into segments (`counts[i]` segments for page `i`).
+    pub fn batch_get_segments<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &mut [&mut [u8]],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        let raw: Vec<RawSeg> = segs
+            .iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the segments are exclusively borrowed for the whole call.
+        unsafe { self.batch_get_raw(keys, &raw, counts) }
+    }
+
+    /// [`Store::batch_get_segments`] on raw segments.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of `len` bytes for the duration of the call and
+    /// not overlap another segment of the call.
+    pub unsafe fn batch_get_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<bool>, StoreError> {
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { self.inner.get_pages(&pkeys, segs, counts) }?;
+        Ok(r.into_iter().map(|v| v.is_some()).collect())
+    }
+
+    /// Like [`Store::batch_get`], but reports each page's valid length (`None` = miss): a
+    /// partial tail page (see [`Store::batch_set_partial`]) is served whole, and its valid
+    /// length says how many leading bytes hold data.
+    pub fn batch_get_valid<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        let counts = vec![1; pages.len()];
+        let raw: Vec<RawSeg> = pages
+            .iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the pages are exclusively borrowed for the whole call.
+        unsafe { self.batch_get_valid_raw(keys, &raw, &counts) }
+    }
+
+    /// [`Store::batch_get_valid`] for pages scattered into raw segments (`counts[i]` for page
+    /// `i`); the valid length counts bytes over all of a page's segments.
+    ///
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    pub unsafe fn batch_get_valid_raw<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.get_pages(&pkeys, segs, counts) }
+    }
+
+    /// Removes every page this node published from its pool and the directory (HiCache's
+    /// `clear`). Returns how many pages were removed.
+    pub fn clear(&self) -> usize {
+        let gone = self.inner.pool.clear();
+        let n = gone.len();
+        if let Some(b) = self.inner.tasks.evictions.lock().as_ref() {
+            b.push(gone);
+        }
+        self.flush_evictions(self.inner.cfg.op_timeout() * 4);
+        n
+    }
+
+    /// Checks the directory entries of `keys` that name this node against its pool: returns
+    /// (entries naming this node, of which stale — pointing at a slot this node no longer
+    /// holds with that generation). A healthy node has 0 stale entries once eviction notices
+    /// are flushed.
+    pub fn audit<K: AsRef<str>>(&self, keys: &[K]) -> Result<(usize, usize), StoreError> {
+        let pk = self.page_keys(keys);
+        let (mut named, mut stale) = (0, 0);
+        for chunk in pk.chunks(4096) {
+            let found = self.inner.dir.lookup(chunk).map_err(StoreError::from)?;
+            for (k, o) in chunk.iter().zip(found) {
+                for l in o
+                    .iter()
+                    .flatten()
+                    .filter(|l| l.node == self.inner.me && l.resident)
+                {
+                    named += 1;
+                    if self.inner.pool.generation_of(*k) != Some(l.generation) {
+                        stale += 1;
+                    }
+                }
+            }
+        }
+        Ok((named, stale))
+    }
+
+    /// Waits until every page written through to the disk tier is on disk (no-op without a
+    /// disk tier).
+    pub fn flush_disk(&self) {
+        if let Some(d) = &self.inner.disk {
+            d.flush();
+        }
+    }
+
+    /// Waits until queued eviction notices reached the directory.
+    pub fn flush_evictions(&self, timeout: Duration) -> bool {
+        self.inner
+            .tasks
+            .evictions
+            .lock()
+            .as_ref()
+            .is_some_and(|b| b.flush(timeout))
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        let inner = &*self.inner;
+        let p = inner.pool.stats();
+        let d = inner.dir.stats();
+        let t = inner.transport.stats();
+        let (q, nfd) = inner
+            .tasks
+            .evictions
+            .lock()
+            .as_ref()
+            .map(|b| (b.counters.queued.get(), b.counters.notified.get()))
+            .unwrap_or_default();
+        StoreStats {
+            pool_pages: p.retained + p.reclaimable,
+            pool_evictions: p.evicted_retained + p.evicted_reclaimable,
+            evictions_queued: q,
+            evictions_notified: nfd,
+            directory_rpcs: d.rpcs,
+            directory_local_calls: d.local_calls,
+            shard_entries: inner.dir_service.with_shard(|s, _| s.len() as u64),
+            transport_read_bytes: t.read_bytes,
+            transport_local_read_bytes: t.local_read_bytes,
+            rdma_read_bytes: t.rdma_read_bytes,
+            rdma_fallbacks: t.rdma_fallbacks,
+            members: inner.discovery.members().len() as u64,
+            primed: inner.reads.primed.lock().len() as u64,
+            verify_rejects: inner.metrics.verify_rejects.get(),
+            layout_mismatches: inner.metrics.layout_mismatches.get(),
+            staged_reads: inner.metrics.staged_reads.get(),
+            identity_refused: inner.metrics.identity_refused.get()
+                + inner.dir_service.refusals().identity.get(),
+            layouts_refused: inner.metrics.layouts_refused.get(),
+            disk_republished: inner.metrics.republishes.get(),
+        }
+    }
+
+    /// Looks keys up in the directory without reading them (diagnostics and tests).
+    pub fn locate<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<Owners>>, StoreError> {
+        self.inner.locate(&self.page_keys(keys))
+    }
+
+    /// Where a request's prefix is: for the page keys of one request, in order, every node
+    /// that holds the first page with the length of the leading run it holds (and of the part
+    /// in memory), longest first — one directory fan-out. What a cache-aware router asks to
+    /// send the request where its KV already is.
+    pub fn prefix_locations<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Vec<crate::PrefixRun>, StoreError> {
+        self.check_open()?;
+        let found = self.locate(keys)?;
+        // Borrowed slices of the answer: no copy of any key's owners.
+        let owners: Vec<&[peercache_directory::Location]> =
+            found.iter().map(|o| o.as_deref().unwrap_or(&[])).collect();
+        Ok(crate::prefix_runs(&owners))
+    }
+
+    fn check_open(&self) -> Result<(), StoreError> {
+        self.inner.check_open()
+    }
+
+    /// Where this node serves the client API (`client_enabled`), if it does.
+    pub fn client_endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.inner.client_endpoint
+    }
+
+    /// Leaves the cluster and releases everything; idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}

@@ -1,0 +1,124 @@
+//! `exists` on [`Core`]: which leading pages are present (local pool, disk tier, the
+//! directory or the slot regions), priming their owners for the get that follows.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use peercache_wire::{NodeId, PageKey};
+
+use crate::StoreError;
+use crate::node::core::Core;
+
+impl Core {
+    /// Which of `keys` are present, each on its own (not only the leading ones); records the
+    /// latency.
+    pub(crate) fn contains(&self, keys: &[PageKey]) -> Result<Vec<bool>, StoreError> {
+        self.check_open()?;
+        let t0 = std::time::Instant::now();
+        let r = self.presence(keys, false);
+        self.metrics
+            .exists_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(r)
+    }
+
+    pub(crate) fn wait_impl(&self, keys: &[PageKey], timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let n = self.exists_impl(keys);
+            let now = Instant::now();
+            if n == keys.len() || now >= deadline || self.stopping.load(Ordering::Acquire) {
+                return n;
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    pub(crate) fn exists_impl(&self, keys: &[PageKey]) -> usize {
+        self.presence(keys, true).len()
+    }
+
+    /// Presence of each key; with `leading` the vector stops at the first missing key.
+    pub(crate) fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
+        let inner = self;
+        inner.metrics.exists_requests.add(1);
+        if let Some(slots) = inner.mode.slots() {
+            let mut p = self.slot_contains(slots, keys);
+            if leading {
+                let n = p.iter().take_while(|p| **p).count();
+                p.truncate(n);
+            }
+            inner
+                .metrics
+                .exists_pages_found
+                .add(p.iter().filter(|p| **p).count() as u64);
+            return p;
+        }
+        let Ok(mut found) = inner.dir.lookup(keys) else {
+            return if leading {
+                Vec::new()
+            } else {
+                vec![false; keys.len()]
+            };
+        };
+        // Copies of another layout are not present for this node (the get that follows counts
+        // them as layout mismatches).
+        self.keep_my_layout(&mut found);
+        let mut present: Vec<bool> = found
+            .iter()
+            .map(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
+            .collect();
+        if leading {
+            let n = present.iter().take_while(|p| **p).count();
+            present.truncate(n);
+        }
+        let n = present.len();
+        // Present only on some disk tier: start promoting now, so the get that follows finds
+        // the pages in memory.
+        if let Some(p) = inner.tasks.promoter.get() {
+            // At most half a pool's worth, so a long prefix cannot thrash the pool.
+            let mut budget = inner.pool.len() as u64 / 2;
+            let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
+            let mut queued = 0;
+            for (k, o) in keys.iter().zip(&found).take(n) {
+                let Some(o) = o.as_ref().filter(|o| !o.is_empty()) else {
+                    continue;
+                };
+                if o.iter().any(|l| l.resident) {
+                    continue;
+                }
+                let need = u64::from(o[0].len) + peercache_pool::HEADER_LEN as u64;
+                if queued >= crate::tasks::promoter::MAX_KEYS || need > budget {
+                    break;
+                }
+                budget -= need;
+                let owner = &o[0].node;
+                match job.iter_mut().find(|j| j.0 == *owner) {
+                    Some(j) => j.1.push(*k),
+                    None => job.push((owner.clone(), vec![*k])),
+                }
+                queued += 1;
+            }
+            if !job.is_empty() {
+                p.offer(job);
+            }
+        }
+        let ttl = Duration::from_secs_f64(inner.cfg.exists_prime_ttl);
+        if !ttl.is_zero() && n > 0 {
+            let now = Instant::now();
+            let mut primed = inner.reads.primed.lock();
+            for (k, o) in keys.iter().zip(found).take(n) {
+                if let Some(o) = o.filter(|o| !o.is_empty()) {
+                    primed.put(*k, o, ttl, now);
+                }
+            }
+        }
+        inner
+            .metrics
+            .exists_pages_found
+            .add(present.iter().filter(|p| **p).count() as u64);
+        present
+    }
+}

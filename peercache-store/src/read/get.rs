@@ -1,0 +1,590 @@
+//! The read path on [`Core`]: the I/O shell around the sans-IO [`crate::read::plan::ReadPlan`]
+//! — owners from a primed exists, the read cache or the directory; local pages under leases;
+//! disk promotions; remote pages one transport batch per owner, verified; replication.
+
+use std::time::{Duration, Instant};
+
+use peercache_directory::{Location, Owners};
+use peercache_pool::{HEADER_LEN, PageWrite, PublishScratch, Published, ReplClass};
+use peercache_transport::{Batch, RegionHandle, RemoteRange, Segment};
+use peercache_wire::{NodeId, PageKey};
+use smallvec::SmallVec;
+
+use crate::StoreError;
+use crate::node::core::Core;
+use crate::observe::read_timing::Stage;
+use crate::read::plan::ReadPlan;
+use crate::read::scratch::{RawSeg, Scratch};
+
+impl Core {
+    /// The read entry point every API shares: refuses after shutdown, checks the segment
+    /// counts, reads, records the latency. Per page: its valid length if served.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of `len` bytes, and not aliased, for the
+    /// duration of the call.
+    pub(crate) unsafe fn get_pages(
+        &self,
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        self.check_open()?;
+        crate::node::core::check_counts(keys.len(), segs.len(), counts)?;
+        self.touches_device(segs)?;
+        let t0 = std::time::Instant::now();
+        let whole = Stage::start();
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { self.get_impl(keys, segs, counts) };
+        self.metrics.read_latency.record(t0.elapsed().as_secs_f64());
+        whole.end(|s| &mut s.total);
+        Ok(r)
+    }
+
+    /// Drops from `found` the copies of another layout than this node's (the directory keeps
+    /// each owner's layout fingerprint): reading them would only be refused by the slot-header
+    /// check. Returns how many keys had copies, all of another layout — now misses. One compare
+    /// per copy when every copy is of this node's layout.
+    pub(crate) fn keep_my_layout(&self, found: &mut [Option<Owners>]) -> usize {
+        let layout = self.layout();
+        let mut refused = 0;
+        for o in found.iter_mut() {
+            let Some(owners) = o else { continue };
+            if owners.iter().all(|l| l.layout == layout) {
+                continue;
+            }
+            owners.retain(|l| l.layout == layout);
+            if owners.is_empty() {
+                *o = None;
+                refused += 1;
+            }
+        }
+        refused
+    }
+
+    /// Where the directory says `keys` live.
+    pub(crate) fn locate(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, StoreError> {
+        self.dir.lookup(keys).map_err(StoreError::from)
+    }
+
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    pub(crate) unsafe fn get_impl(
+        &self,
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        counts: &[usize],
+    ) -> Vec<Option<u32>> {
+        let inner = self;
+        let m = &inner.metrics;
+        let n = keys.len();
+        m.read_requests.add(n as u64);
+        if let Some(slots) = inner.mode.slots() {
+            // SAFETY: forwarded from the caller.
+            let hit = unsafe { self.slot_get(slots, keys, segs, counts) };
+            let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
+            m.read_hits.add(hits);
+            m.read_misses.add(n as u64 - hits);
+            return hit;
+        }
+        let (starts, lens) = crate::node::core::page_spans(segs, counts);
+        let me = inner.me.clone();
+        let mut plan = ReadPlan::new(&me, keys, &lens);
+        let stage = Stage::start();
+        self.find_owners(keys, &mut plan);
+        stage.end(|s| &mut s.locate);
+        let mut bytes = 0u64;
+
+        // Local pages: lease what is in the pool, promote from the disk tier what is not (the
+        // leases keep the first ones from being evicted by that promotion), copy under leases.
+        let local = plan.local();
+        if !local.is_empty() {
+            let stage = Stage::start();
+            let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
+            let leases = inner.pool.lease_batch(&lk);
+            let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
+            let mut missing = Vec::new();
+            if let Some(disk) = &inner.disk {
+                for (j, k) in lk.iter().enumerate() {
+                    if leases.location(j).is_none() && disk.holds_or_pending(*k) {
+                        promoted_at[j] = Some(missing.len());
+                        missing.push(*k);
+                    }
+                }
+            }
+            let promoted = if missing.is_empty() {
+                None
+            } else {
+                let (got, leased) = inner.promote_and_lease(&missing);
+                m.read_disk_hits
+                    .add(got.iter().filter(|l| l.is_some()).count() as u64);
+                leased
+            };
+            let mut local_hits = 0u64;
+            let layout = inner.layout();
+            for (j, &i) in local.iter().enumerate() {
+                let (ls, at) = match (promoted_at[j], &promoted) {
+                    (Some(p), Some(ls)) => (ls, p),
+                    _ => (&leases, j),
+                };
+                let Some(at_loc) = ls.location(at) else {
+                    continue;
+                };
+                // This node's own copy (or its disk tier's) of another layout: kept pages of
+                // an earlier layout are misses, not bytes of the wrong shape.
+                if at_loc.layout != layout {
+                    m.layout_mismatches.add(1);
+                    continue;
+                }
+                let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
+                    .iter()
+                    // SAFETY: the caller guarantees each segment is valid and unaliased.
+                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
+                    .collect();
+                if inner.pool.read_leased(ls, at, keys[i], &mut dst).is_ok() {
+                    plan.served_local(i, at_loc.valid_len);
+                    bytes += lens[i];
+                    local_hits += 1;
+                }
+            }
+            m.read_local_hits.add(local_hits);
+            stage.end(|s| &mut s.local);
+        }
+
+        // Pages no owner holds in memory but another node holds on disk: ask it to promote.
+        let want = plan.disk_promotions();
+        if !want.is_empty() {
+            self.promote_remote(&want, keys, &lens, plan.owners_mut());
+        }
+
+        // Remote pages: one transport batch per owner and round, then verification; a page
+        // whose read failed goes to its next owner in the next round.
+        let mut remote_hits = 0u64;
+        let mut remote_hit_idx: Vec<usize> = Vec::new();
+        loop {
+            let load = inner.reads.inflight.lock().clone();
+            let fetches = plan.next_fetches(&load);
+            if fetches.is_empty() {
+                break;
+            }
+            for (ep, pages) in fetches {
+                *inner.reads.inflight.lock().entry(ep).or_insert(0) += pages.len();
+                // SAFETY: forwarded from the caller.
+                let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
+                if let Some(c) = inner.reads.inflight.lock().get_mut(&ep) {
+                    *c = c.saturating_sub(pages.len());
+                }
+                for (i, valid) in got {
+                    if let Some(valid) = valid {
+                        plan.served_remote(i, valid);
+                        bytes += lens[i];
+                        remote_hits += 1;
+                        remote_hit_idx.push(i);
+                    } else {
+                        m.read_failures.add(1);
+                    }
+                }
+            }
+        }
+        m.read_remote_hits.add(remote_hits);
+        if inner.cfg.replicate_on_read && !remote_hit_idx.is_empty() {
+            let valid: Vec<u32> = (0..n).map(|i| plan.valid_len(i)).collect();
+            // SAFETY: the caller's segments hold the verified pages and stay valid for the call.
+            unsafe { self.replicate(&remote_hit_idx, keys, segs, &starts, counts, &valid) };
+        }
+        if inner.cfg.directory_read_cache_ttl > 0.0 {
+            // A cached location that did not serve (slot reused, owner gone) is dropped.
+            let mut cache = inner.reads.read_cache.lock();
+            for i in plan.missed_with_owners() {
+                cache.remove(keys[i]);
+            }
+        }
+        let hits = plan.hits();
+        m.read_hits.add(hits);
+        m.read_misses.add(n as u64 - hits);
+        m.bytes_read.add(bytes);
+        plan.finish()
+    }
+
+    /// Fills `plan` with the owners of `keys`: handed over by a preceding `exists` (primed),
+    /// else from the read cache (`directory_read_cache_ttl`), else one directory fan-out.
+    pub(crate) fn find_owners(&self, keys: &[PageKey], plan: &mut ReadPlan<'_>) {
+        let inner = self;
+        let mut need = Vec::new();
+        {
+            let now = Instant::now();
+            let mut primed = inner.reads.primed.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match primed.take(*k, now) {
+                    Some(o) => plan.set_owners(i, Some(o)),
+                    None => need.push(i),
+                }
+            }
+        }
+        let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
+        if !cache_ttl.is_zero() && !need.is_empty() {
+            let now = Instant::now();
+            let cache = inner.reads.read_cache.lock();
+            need.retain(|&i| match cache.get(keys[i], now) {
+                Some(o) => {
+                    plan.set_owners(i, Some(o));
+                    false
+                }
+                None => true,
+            });
+        }
+        inner
+            .metrics
+            .lookups_saved
+            .add((keys.len() - need.len()) as u64);
+        if need.is_empty() {
+            return;
+        }
+        let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
+        let found = inner.dir.lookup(&ks);
+        if let Err(e) = &found {
+            // Every page of the batch misses: counted once per batch, logged once per 10 s.
+            inner.metrics.lookup_failures.add(1);
+            if let Some(held) = inner.reads.lookup_failed.admit() {
+                tracing::warn!(error = %e, pages = ks.len(), failed_since_last = held, "directory lookup failed; the batch misses");
+            }
+        }
+        if let Ok(mut found) = found {
+            // Each page present only in another layout is counted once, here: it is never
+            // fetched.
+            let refused = self.keep_my_layout(&mut found);
+            inner.metrics.layout_mismatches.add(refused as u64);
+            if !cache_ttl.is_zero() {
+                let now = Instant::now();
+                let mut cache = inner.reads.read_cache.lock();
+                for (k, o) in ks.iter().zip(&found) {
+                    if let Some(o) = o {
+                        cache.put(*k, o.clone(), cache_ttl, now);
+                    }
+                }
+            }
+            for (&i, o) in need.iter().zip(found) {
+                plan.set_owners(i, o);
+            }
+        }
+    }
+
+    /// `replicate_on_read`: keeps copies of pages just fetched from peers in the local pool as
+    /// *reclaimable* (first to go under pressure) and registers this node as another owner
+    /// (off the read path, through the background batcher).
+    ///
+    /// # Safety
+    /// The segments of `idx` must be valid for reads for the duration of the call.
+    pub(crate) unsafe fn replicate(
+        &self,
+        idx: &[usize],
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        starts: &[usize],
+        counts: &[usize],
+        valid: &[u32],
+    ) {
+        let inner = self;
+        let slices: Vec<&[u8]> = idx
+            .iter()
+            .flat_map(|&i| segs[starts[i]..starts[i] + counts[i]].iter())
+            // SAFETY: forwarded from the caller.
+            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+            .collect();
+        let mut pages = Vec::with_capacity(idx.len());
+        let mut at = 0;
+        // The copies were verified against this node's layout on the way in.
+        let layout = inner.layout();
+        for &i in idx {
+            let len: usize = segs[starts[i]..starts[i] + counts[i]]
+                .iter()
+                .map(|s| s.len)
+                .sum();
+            pages.push(PageWrite {
+                key: keys[i],
+                segments: &slices[at..at + counts[i]],
+                valid_len: (valid[i] as usize != len).then_some(valid[i]),
+                layout,
+            });
+            at += counts[i];
+        }
+        let (mut out, mut evicted) = (Vec::new(), Vec::new());
+        inner.pool.publish_batch(
+            &pages,
+            ReplClass::Reclaimable,
+            &mut PublishScratch::default(),
+            &mut out,
+            &mut evicted,
+        );
+        let entries: Vec<(PageKey, Location)> = out
+            .iter()
+            .zip(&pages)
+            .filter_map(|(p, w)| match p {
+                Published::New(loc) => Some((w.key, inner.resident_location(loc))),
+                _ => None,
+            })
+            .collect();
+        inner.metrics.replicas.add(entries.len() as u64);
+        let batcher = inner.tasks.evictions.lock();
+        if let Some(b) = batcher.as_ref() {
+            b.push(evicted);
+            b.publish(entries);
+        }
+    }
+
+    /// Pages whose only copies live on other owners' disk tiers: asks each owner (one RPC per
+    /// owner, all at once) to promote them, and points `owners` at the copies it reports.
+    pub(crate) fn promote_remote(
+        &self,
+        want: &[(NodeId, Vec<usize>)],
+        keys: &[PageKey],
+        lens: &[u64],
+        owners: &mut [Option<Owners>],
+    ) {
+        let groups: Vec<(NodeId, Vec<PageKey>)> = want
+            .iter()
+            .map(|(node, idx)| (node.clone(), idx.iter().map(|&i| keys[i]).collect()))
+            .collect();
+        let answers = self.ask_promote(&groups);
+        for ((_, idx), locs) in want.iter().zip(answers) {
+            for (&i, l) in idx.iter().zip(locs) {
+                if let Some(l) = l.filter(|l| l.resident && l.len as u64 == lens[i]) {
+                    owners[i] = Some(smallvec::smallvec![l]);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn host_region(
+        &self,
+        bufs: &[RegionHandle],
+        ptr: u64,
+        len: u64,
+    ) -> Option<peercache_transport::RegionKey> {
+        bufs.iter()
+            .find(|h| ptr >= h.base() && ptr + len <= h.base() + h.len())
+            .map(|h| h.key())
+    }
+
+    pub(crate) fn checkout_scratch(
+        &self,
+        headers: usize,
+        staging: usize,
+    ) -> Result<Scratch, StoreError> {
+        let mut pool = self.reads.scratch.lock();
+        if let Some(pos) = pool.iter().position(|s| s.fits(headers, staging)) {
+            return Ok(pool.swap_remove(pos));
+        }
+        drop(pool);
+        Scratch::new(&self.transport, headers.max(64), staging.max(1 << 20))
+    }
+
+    /// Reads `pages` from one owner: header + payload per page, straight into the caller's
+    /// registered memory when it is registered, else through staging; verifies every page.
+    ///
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    pub(crate) unsafe fn read_remote(
+        &self,
+        ep: std::net::SocketAddr,
+        pages: &[(usize, Location)],
+        keys: &[PageKey],
+        segs: &[RawSeg],
+        starts: &[usize],
+        counts: &[usize],
+    ) -> Vec<(usize, Option<u32>)> {
+        let inner = self;
+        let stage = Stage::start();
+        let bufs = inner.reads.host_buffers.read();
+        // Which pages land directly, which go through staging.
+        // With `lazy_registration` every page lands directly: segments outside registered host
+        // buffers are named unregistered (TCP receives into them; RDMA registers them for the
+        // batch). Without it they go through registered staging and a copy.
+        let lazy = inner.cfg.lazy_registration;
+        let mut staging_need = 0usize;
+        let mut direct = Vec::with_capacity(pages.len());
+        for (i, loc) in pages {
+            let ok = lazy
+                || segs[starts[*i]..starts[*i] + counts[*i]].iter().all(|s| {
+                    self.host_region(&bufs, s.ptr as u64, s.len as u64)
+                        .is_some()
+                });
+            if !ok {
+                staging_need += loc.len as usize;
+            }
+            direct.push(ok);
+        }
+        let staged = direct.iter().filter(|d| !**d).count() as u64;
+        if staged > 0 {
+            inner.metrics.staged_reads.add(staged);
+        }
+        let scratch = match self.checkout_scratch(pages.len(), staging_need) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no scratch memory for a read batch");
+                return pages.iter().map(|(i, _)| (*i, None)).collect();
+            }
+        };
+        let mut batch = Batch::with_capacity(pages.len(), pages.len() * 3);
+        let mut staging_off = Vec::with_capacity(pages.len());
+        let mut soff = 0usize;
+        let mut local: SmallVec<[Segment; 4]> = SmallVec::new();
+        for (j, (i, loc)) in pages.iter().enumerate() {
+            local.clear();
+            local.push(Segment {
+                region: scratch.handle.key(),
+                addr: scratch.header_addr(j),
+                len: HEADER_LEN as u32,
+            });
+            if direct[j] {
+                for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
+                    let region = self
+                        .host_region(&bufs, s.ptr as u64, s.len as u64)
+                        .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
+                    local.push(Segment {
+                        region,
+                        addr: s.ptr as u64,
+                        len: s.len as u32,
+                    });
+                }
+                staging_off.push(usize::MAX);
+            } else {
+                local.push(Segment {
+                    region: scratch.handle.key(),
+                    addr: scratch.staging_addr(soff),
+                    len: loc.len,
+                });
+                staging_off.push(soff);
+                soff += loc.len as usize;
+            }
+            batch.push(
+                RemoteRange {
+                    region: peercache_transport::RegionKey(loc.rails[0].region),
+                    addr: loc.addr,
+                    len: HEADER_LEN as u32 + loc.len,
+                },
+                &local,
+            );
+        }
+        if lazy {
+            // SAFETY: the caller's segments are valid for writes of their length and do not
+            // overlap for the whole call (`batch_get_raw`'s contract); the batch runs within it.
+            unsafe { batch.allow_unregistered() };
+        }
+        stage.end(|s| &mut s.prepare);
+        let layout = inner.layout();
+        // A page that landed directly but is not served (failed op, rejected by verification,
+        // broken batch) is scrubbed: a miss never leaves another key's bytes behind.
+        let scrub = |i: usize| {
+            for s in &segs[starts[i]..starts[i] + counts[i]] {
+                // SAFETY: the caller's segment, valid for `len` writes.
+                unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
+            }
+        };
+        // Checks page `j` of the batch once its bytes are in (and copies it out of staging);
+        // its valid length if it is the page that was written.
+        let check = |j: usize| -> Option<u32> {
+            let (i, loc) = &pages[j];
+            let expect = peercache_pool::Expect {
+                key: keys[*i],
+                generation: loc.generation,
+                len: loc.len,
+                layout,
+            };
+            let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
+            let verdict = if staging_off[j] == usize::MAX {
+                let views: SmallVec<[&[u8]; 4]> = page_segs
+                    .iter()
+                    // SAFETY: the caller's segments, just written by the transport.
+                    .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+                    .collect();
+                peercache_pool::header::verify_segments(scratch.header(j), &views, &expect)
+            } else {
+                let off = scratch.headers * HEADER_LEN + staging_off[j];
+                let staged = &scratch.buf[off..off + loc.len as usize];
+                let v = peercache_pool::header::verify(scratch.header(j), staged, &expect);
+                if v.is_ok() {
+                    let mut at = 0;
+                    for s in page_segs {
+                        // SAFETY: the caller's segment, valid for `len` writes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(staged[at..].as_ptr(), s.ptr, s.len)
+                        };
+                        at += s.len;
+                    }
+                }
+                v
+            };
+            match verdict {
+                // The valid length handed back is the verified header's, not the directory's.
+                Ok(h) => Some(h.valid_len),
+                Err(reason) => {
+                    if staging_off[j] == usize::MAX {
+                        scrub(*i);
+                        if lazy {
+                            // A cached RDMA registration of this memory may predate a
+                            // remapping (it pins the pages it was made on, so the bytes went
+                            // elsewhere): the next read registers the memory afresh.
+                            for s in page_segs {
+                                inner.transport.forget_local(s.ptr, s.len);
+                            }
+                        }
+                    }
+                    if reason == peercache_pool::VerifyError::Layout {
+                        inner.metrics.layout_mismatches.add(1);
+                    } else {
+                        inner.metrics.verify_rejects.add(1);
+                    }
+                    tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
+                    None
+                }
+            }
+        };
+        // Over TCP each page is checked as soon as it has landed, while its bytes are still in
+        // the CPU's caches (the rest of the batch keeps arriving into the socket meanwhile);
+        // pages another path carried are checked after the batch.
+        let mut checked: Vec<Option<Option<u32>>> = vec![None; pages.len()];
+        let verify_before = crate::observe::read_timing::so_far().verify;
+        let stage = Stage::start();
+        let res = inner.transport.read_batch_landing(ep, &batch, &mut |j| {
+            let st = Stage::start();
+            checked[j] = Some(check(j));
+            st.end(|s| &mut s.verify);
+        });
+        let inline = crate::observe::read_timing::so_far()
+            .verify
+            .saturating_sub(verify_before);
+        stage.end_less(|s| &mut s.transport, inline);
+        let stage = Stage::start();
+        drop(bufs);
+        let mut out = Vec::with_capacity(pages.len());
+        match res {
+            Err(e) => {
+                tracing::debug!(peer = %ep, error = %e, "remote read batch failed");
+                // Part of the batch may have landed before the failure: scrub direct pages,
+                // checked or not (a broken batch serves nothing).
+                for (j, (i, _)) in pages.iter().enumerate() {
+                    if staging_off[j] == usize::MAX {
+                        scrub(*i);
+                    }
+                }
+                out.extend(pages.iter().map(|(i, _)| (*i, None)));
+            }
+            Ok(results) => {
+                for (j, ((i, _), r)) in pages.iter().zip(results).enumerate() {
+                    if r.is_err() {
+                        if staging_off[j] == usize::MAX {
+                            scrub(*i);
+                        }
+                        out.push((*i, None));
+                        continue;
+                    }
+                    out.push((*i, checked[j].unwrap_or_else(|| check(j))));
+                }
+            }
+        }
+        inner.reads.scratch.lock().push(scratch);
+        stage.end(|s| &mut s.verify);
+        out
+    }
+}

@@ -1,0 +1,11 @@
+//! The read wing: `get` (local copy or one transport batch per owner, then verification),
+//! device reads, `exists`/`contains`, prefix locations, the sans-IO read plan, the exists →
+//! get hand-off and the registered scratch memory reads land in.
+
+pub(crate) mod device;
+pub(crate) mod exists;
+pub(crate) mod get;
+pub(crate) mod plan;
+pub(crate) mod prefix;
+pub(crate) mod prime;
+pub(crate) mod scratch;
