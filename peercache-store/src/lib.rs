@@ -38,7 +38,8 @@ pub use config::{
 };
 pub use error::StoreError;
 pub use node::keys::Keyspace;
-pub use node::store::{Store, StoreStats};
+pub use node::stats::StoreStats;
+pub use node::store::Store;
 pub use peercache_transport::DeviceMemory;
 pub use read::prefix::{PrefixRun, prefix_runs};
 pub use read::scratch::RawSeg;

@@ -6,6 +6,8 @@ pub(crate) mod fdlimit;
 pub(crate) mod keys;
 pub(crate) mod lifecycle;
 pub(crate) mod parts;
+pub(crate) mod setup;
 pub(crate) mod start;
+pub(crate) mod stats;
 pub(crate) mod store;
 pub(crate) mod write;
