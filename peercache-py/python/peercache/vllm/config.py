@@ -13,7 +13,7 @@ from ..core import ConfigValue, as_bool, layout_fingerprint
 # Connector keys; every other key of `kv_connector_extra_config` is a node config key
 # (docs/configuration.md), passed through as the SGLang backend does.
 CONNECTOR_KEYS = ("model_name", "prefix_wait_s", "load", "save", "scheduler_pool_size", "save_async",
-                  "tail_pages")
+                  "load_async", "tail_pages")
 
 # vLLM's non-cryptographic prefix hashes: their root is random per process unless
 # PYTHONHASHSEED is shared, so two engines would never agree on a block hash.
@@ -35,6 +35,7 @@ class ConnectorSettings:
     scheduler_pool_size: str
     save_async: bool = True
     tails: bool = True
+    load_async: bool = False
 
 
 def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
@@ -57,7 +58,8 @@ def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
                              model_name=str(name) if name else None,
                              scheduler_pool_size=str(extra.get("scheduler_pool_size", "16mb")),
                              save_async=as_bool(extra.get("save_async", True), "save_async"),
-                             tails=as_bool(extra.get("tail_pages", True), "tail_pages"))
+                             tails=as_bool(extra.get("tail_pages", True), "tail_pages"),
+                             load_async=as_bool(extra.get("load_async", False), "load_async"))
 
 
 def check_hash_algo(algo: str, env: Mapping[str, str] = os.environ) -> None:

@@ -86,7 +86,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
                 self.store.wait_ready()
             self._sched = SchedulerSide(self.store, self.scheme, self.layout.block_size,
                                         self.settings.load, self.settings.save, self.settings.prefix_wait_s,
-                                        tails=self.settings.tails, save_async=self.settings.save_async)
+                                        tails=self.settings.tails, save_async=self.settings.save_async,
+                                        load_async=self.settings.load_async)
         else:
             self.store = PageStore(worker_cfg, startup_timeout=startup)
             self.store.wait_ready()
@@ -127,8 +128,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         if self._worker is None:
             return None, None
-        sent = self._worker.finished(finished_req_ids)
-        return (sent or None), None  # loads are synchronous: nothing is ever being received
+        sent, received = self._worker.finished(finished_req_ids)
+        return (sent or None), (received or None)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         return self._worker.take_errors() if self._worker is not None else set()

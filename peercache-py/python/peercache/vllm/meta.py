@@ -28,6 +28,9 @@ class PeerCacheMeta(_MetaBase):  # type: ignore[explicit-any]  # vLLM's base, un
 
     loads: List[BlockIO] = field(default_factory=list)
     saves: List[BlockIO] = field(default_factory=list)
+    # Loads that run between steps (``load_async``): their requests wait in vLLM's
+    # WAITING_FOR_REMOTE_KVS until a worker reports them in ``get_finished``.
+    async_loads: List[BlockIO] = field(default_factory=list)
     # Requests that finished with saves possibly in flight: vLLM keeps their blocks until the
     # workers report them done (``get_finished``).
     delayed: List[str] = field(default_factory=list)

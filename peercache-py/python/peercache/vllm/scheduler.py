@@ -73,7 +73,7 @@ class SchedulerSide:
 
     def __init__(self, directory: Optional[Directory], scheme: KeyScheme, block_size: int,
                  load: bool, save: bool, prefix_wait_s: float, tails: bool = True,
-                 save_async: bool = True) -> None:
+                 save_async: bool = True, load_async: bool = False) -> None:
         self.directory = directory
         self.scheme = scheme
         self.block_size = block_size
@@ -82,8 +82,10 @@ class SchedulerSide:
         self.prefix_wait_s = prefix_wait_s
         self.tails = tails
         self.save_async = save_async
+        self.load_async = load_async
         self.reqs: Dict[str, _ReqState] = {}
         self._delayed: List[str] = []
+        self._async_loads: List[str] = []  # requests whose load goes out with the next meta
         self.lookup_errors = 0
         self._last_error_log = 0.0
 
@@ -160,7 +162,7 @@ class SchedulerSide:
         else:
             tokens = policy.external_hit_tokens(start + min(held, max(0, n - start)), bs, num_computed_tokens)
         st.matched = (num_computed_tokens, tokens)
-        return tokens, False
+        return tokens, self.load_async and tokens > 0
 
     def after_alloc(self, request: EngineRequest, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """``update_state_after_alloc``: remembers the request's blocks; with external tokens,
@@ -171,6 +173,10 @@ class SchedulerSide:
         local, _ = st.matched
         if num_external_tokens > 0:
             st.pending_load = policy.load_range(local, num_external_tokens, self.block_size)
+            if self.load_async:
+                # vLLM does not schedule the request until its load ended: the load goes
+                # out with the next meta on its own.
+                self._async_loads.append(request.request_id)
         else:
             st.tail_hit = False
         if st.tail_hit:
@@ -202,9 +208,27 @@ class SchedulerSide:
             elif new_ids:
                 st.block_ids.extend(new_ids)
             self._plan(meta, req_id, st, computed, scheduled.get(req_id, 0))
+        for req_id in self._async_loads:
+            st = self.reqs.get(req_id)
+            if st is not None and st.pending_load is not None:
+                ios = self._load_io(req_id, st)
+                if ios is not None:
+                    meta.async_loads.append(ios)
+        self._async_loads = []
         for req_id in finished:
             self.reqs.pop(req_id, None)
         return meta
+
+    def _load_io(self, req_id: str, st: _ReqState) -> Optional[BlockIO]:
+        """The request's pending load as one :class:`BlockIO` (None when it has no page)."""
+        assert st.pending_load is not None
+        a, b = st.pending_load
+        st.pending_load = None
+        b = min(b, len(st.block_ids))
+        page_hashes = self._page_hashes(st, a, b)
+        if not page_hashes:
+            return None
+        return BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)]))
 
     def _plan(self, meta: PeerCacheMeta, req_id: str, st: _ReqState, computed: int, scheduled: int) -> None:
         hashes = st.request.block_hashes
@@ -213,13 +237,10 @@ class SchedulerSide:
             # computes now was never published.
             st.saved_upto = computed // self.block_size
         tokens_done = computed + scheduled
-        if st.pending_load is not None:
-            a, b = st.pending_load
-            st.pending_load = None
-            b = min(b, len(st.block_ids))
-            page_hashes = self._page_hashes(st, a, b)
-            if page_hashes:
-                meta.loads.append(BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)])))
+        if st.pending_load is not None and req_id not in self._async_loads:
+            ios = self._load_io(req_id, st)
+            if ios is not None:
+                meta.loads.append(ios)
         if not self.save:
             return
         a, b = policy.new_full_blocks(st.saved_upto, tokens_done, self.block_size, len(hashes))

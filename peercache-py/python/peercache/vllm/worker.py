@@ -10,11 +10,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set
+from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..core import KeyScheme, Segments
 from .blocks import BlockTable, KVTensor
-from .meta import PeerCacheMeta
+from .loader import LoadQueue
+from .meta import BlockIO, PeerCacheMeta
 from .saver import SaveJob, SaveQueue
 
 logger = logging.getLogger("peercache.vllm")
@@ -75,6 +76,7 @@ class WorkerSide:
         self.save_wait_s = save_wait_s
         self._saves: Optional[SaveQueue] = SaveQueue(pages.put, self._saved) if save_async else None
         self._delayed: List[str] = []
+        self._loads = LoadQueue(self._load_ios)
 
     def register(self, kv_caches: Mapping[str, StorageTensor]) -> None:
         """``register_kv_caches``: the block table, and every tensor's storage registered
@@ -94,41 +96,45 @@ class WorkerSide:
                     len(self.table.layers), self.table.segments_per_block, self.table.block_bytes)
 
     def load(self, meta: PeerCacheMeta) -> None:
-        """Reads the step's pages into their blocks, before the forward pass; every block that
-        did not land is remembered for :meth:`take_errors`, and its request publishes nothing
-        more (what a forward pass computed over a missing block is discarded and recomputed,
-        and a step already scheduled behind it may have read it too)."""
-        hashes, block_ids = meta.load_pairs()
+        """Reads the step's synchronous loads into their blocks, before the forward pass, and
+        queues its asynchronous ones (``load_async``) for the load thread."""
+        self._load_ios(meta.loads)
+        self._loads.submit(list(meta.async_loads))
+
+    def _load_ios(self, ios: List[BlockIO]) -> None:
+        """Reads the pages of ``ios`` into their blocks in one batch; every block that did not
+        land is remembered for :meth:`take_errors`, and its request publishes nothing more
+        (what a forward pass computed over a missing block is discarded and recomputed, and a
+        step already scheduled behind it may have read it too)."""
+        hashes, block_ids = PeerCacheMeta(loads=ios).load_pairs()
         if not hashes:
             return
         if self.table is None:
-            self._fail(block_ids, "no KV caches registered", meta)
+            self._fail(block_ids, "no KV caches registered", ios)
             return
         segs = self.table.segments(block_ids)
         t0 = time.perf_counter()
         try:
             ok = self.pages.get(self.scheme.keys(hashes), segs)
         except Exception as e:  # node down, timeout, bad secret: recompute, never raise
-            self._fail(block_ids, str(e), meta)
+            self._fail(block_ids, str(e), ios)
             return
         dt = time.perf_counter() - t0
         bad = [b for b, good in zip(block_ids, ok) if not good]
         logger.debug("peercache: loaded %d of %d block(s) in %.4f s", len(block_ids) - len(bad), len(block_ids), dt)
-        if bad:
-            failed = set(bad)
-            self._tainted.update(io.req_id for io in meta.loads if failed.intersection(io.block_ids))
         with self._lock:
             self.counts.loaded_blocks += len(block_ids) - len(bad)
             self.counts.load_bytes += (len(block_ids) - len(bad)) * self.table.block_bytes
             self.counts.load_seconds += dt
         if bad:
-            self._fail(bad, f"{len(bad)} of {len(block_ids)} pages missing")
+            failed = set(bad)
+            self._fail(bad, f"{len(bad)} of {len(block_ids)} pages missing",
+                       [io for io in ios if failed.intersection(io.block_ids)])
 
-    def _fail(self, block_ids: Sequence[int], why: str, meta: Optional[PeerCacheMeta] = None) -> None:
-        if meta is not None:
-            self._tainted.update(io.req_id for io in meta.loads)
+    def _fail(self, block_ids: Sequence[int], why: str, ios: Sequence[BlockIO]) -> None:
         logger.warning("peercache: %d block(s) not loaded (%s); vLLM recomputes them", len(block_ids), why)
         with self._lock:
+            self._tainted.update(io.req_id for io in ios)
             self._errors.update(block_ids)
             self.counts.load_failed_blocks += len(block_ids)
 
@@ -149,8 +155,10 @@ class WorkerSide:
     def save(self, meta: PeerCacheMeta) -> None:
         """Publishes the step's new full blocks and prompt tails, after the forward pass wrote
         them: queued for the save thread, or here with ``save_async`` off."""
-        if self._tainted:
-            meta = PeerCacheMeta(saves=[io for io in meta.saves if io.req_id not in self._tainted])
+        with self._lock:
+            tainted = set(self._tainted)
+        if tainted:
+            meta = PeerCacheMeta(saves=[io for io in meta.saves if io.req_id not in tainted])
         hashes, block_ids = meta.save_pairs()
         if not hashes or self.table is None:
             return
@@ -176,17 +184,22 @@ class WorkerSide:
             self.counts.save_bytes += saved * block_bytes
             self.counts.save_seconds += seconds
 
-    def finished(self, req_ids: Set[str]) -> Set[str]:
+    def finished(self, req_ids: Set[str]) -> Tuple[Set[str], Set[str]]:
         """``get_finished``: forgets requests that ended; returns the finished requests vLLM
-        waits on whose saves have all ended (each once)."""
-        self._tainted.difference_update(req_ids)
+        waits on whose saves have all ended, and the requests whose asynchronous load ended
+        (each once; a load's failed blocks are in :meth:`take_errors` by then)."""
+        with self._lock:
+            self._tainted.difference_update(req_ids)
+        received = self._loads.finished()
         if self._saves is None:
-            return set()
+            return set(), received
         delayed, self._delayed = self._delayed, []
-        return self._saves.finished(delayed)
+        return self._saves.finished(delayed), received
 
     def close(self) -> None:
-        """Lets queued saves end (bounded), then stops the save thread."""
+        """Lets queued loads and saves end (bounded), then stops their threads."""
+        if not self._loads.close(self.save_wait_s):
+            logger.warning("peercache: loads still running at shutdown after %.0f s", self.save_wait_s)
         if self._saves is not None and not self._saves.close(self.save_wait_s):
             logger.warning("peercache: saves still running at shutdown after %.0f s", self.save_wait_s)
 
