@@ -391,6 +391,15 @@ impl Node {
         r
     }
 
+    /// Where a request's prefix is, as a JSON text (see `Client.prefix_locations_json`); the
+    /// node applies its key `prefix`.
+    fn prefix_locations_json(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<String> {
+        let runs = py
+            .detach(|| self.store.prefix_locations(&keys))
+            .map_err(to_py)?;
+        Ok(peercache_store::tools::locate::prefix_json(&runs).to_string())
+    }
+
     /// How many leading pages are present.
     fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
         py.detach(|| self.store.batch_exists(&keys)).map_err(to_py)
@@ -559,6 +568,16 @@ impl Client {
     /// Which keys are stored anywhere in the cluster.
     fn exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<bool>> {
         py.detach(|| self.inner.exists(&keys)).map_err(to_py)
+    }
+
+    /// Where a request's prefix is, as a JSON text: every node holding the first key, with
+    /// its leading run of `keys` (in order) and the in-memory part of it, longest first
+    /// (`[{"node", "leading", "resident"}, …]`); one directory fan-out.
+    fn prefix_locations_json(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<String> {
+        let runs = py
+            .detach(|| self.inner.prefix_locations(&keys))
+            .map_err(to_py)?;
+        Ok(peercache_store::tools::locate::prefix_json(&runs).to_string())
     }
 
     /// Where the directory says each key lives, as a JSON text: per key, a list of owners

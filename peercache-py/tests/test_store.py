@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import peercache
+from peercache.core import PrefixRun, prefix_runs
 from peercache.store import PeerCacheStore
 from conftest import Config, HostPool, node_config
 
@@ -187,6 +188,12 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
         where = json.loads(cb.locate_json(["pyclient-0", "never-written"]))
         assert [o["node"] for o in where[0]] == [a.core.node_id] and where[0][0]["resident"]
         assert where[1] == []
+        # Prefix location: the run each node holds, from the client and from a node alike.
+        b.core.put_buffers(keys[:2], pages[:2])  # b holds a copy of the first two
+        assert prefix_runs(cb.prefix_locations_json(keys + ["never-written"])) == [
+            PrefixRun(a.core.node_id, 6, 6), PrefixRun(b.core.node_id, 2, 2)]
+        assert b.core.prefix_locations(keys) == a.core.prefix_locations(keys)
+        assert a.core.prefix_locations(["never-written"] + keys) == [], "nobody holds the first key"
         assert b.stats()["transport_read_bytes"] >= 6 * 8192
         # Numpy arrays and memoryviews work as pages too.
         arr = np.full(8192, 7, dtype=np.uint8)

@@ -120,6 +120,23 @@ class Segments:
         return sum(self.sizes)
 
 
+@dataclass(frozen=True)
+class PrefixRun:
+    """One node's share of a request's prefix (:meth:`PageStore.prefix_locations`)."""
+
+    node: str
+    leading: int   # leading keys the node holds (in memory or on its disk tier)
+    resident: int  # leading keys it holds in memory
+
+
+def prefix_runs(text: str) -> List[PrefixRun]:
+    """The native ``prefix_locations_json`` answer (a node's or a ``Client``'s) as
+    :class:`PrefixRun` values."""
+    rows: List[Dict[str, object]] = json.loads(text)
+    return [PrefixRun(node=str(r["node"]), leading=int(str(r["leading"])), resident=int(str(r["resident"])))
+            for r in rows]
+
+
 class PageStore:
     """A PeerCache node seen as a page store: publish, read and probe pages by key, in
     batches, into and out of registered host memory.
@@ -242,6 +259,12 @@ class PageStore:
     def leading_valid(self, keys: Sequence[str]) -> List[int]:
         """The valid byte count of each leading present page."""
         return list(self._node.batch_exists_valid(list(keys)))
+
+    def prefix_locations(self, keys: Sequence[str]) -> List["PrefixRun"]:
+        """Where a request's prefix is: every node holding ``keys[0]``, with the leading run of
+        ``keys`` (in order) it holds and the in-memory part of that run, longest first — what
+        a cache-aware router asks before it picks an engine. One directory fan-out."""
+        return prefix_runs(str(self._node.prefix_locations_json(list(keys))))
 
     def contains(self, keys: Sequence[str]) -> List[bool]:
         """Presence of every key (not only the leading run)."""
