@@ -39,6 +39,11 @@ impl RegionHandle {
     pub fn access(&self) -> Access {
         self.access
     }
+    /// Whether `[addr, addr + len)` lies inside the region (without overflow): the one range
+    /// check the transport applies to every segment.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        crate::validate::contains(self.base, self.len, addr, len)
+    }
     /// Address of byte `offset` of the region.
     pub fn addr(&self, offset: u64) -> u64 {
         self.base + offset

@@ -17,12 +17,11 @@ use std::net::SocketAddr;
 use peercache_pool::slotmap::{self, HEADER, SlotHeader};
 use peercache_transport::{Batch, RegionKey, RemoteRange, Segment};
 use peercache_wire::{NodeId, PageKey, envelope, rpc};
-use smallvec::SmallVec;
 
 use crate::control::{StoreReply, StoreRequest};
 use crate::modes::state::SlotMode;
 use crate::node::core::Core;
-use crate::read::scratch::RawSeg;
+use crate::read::dest::PageDest;
 
 /// The discovery attribute that carries a node's slotmap layout.
 pub(crate) use crate::layout::slot::{LAYOUT_ATTR, encode_layout, layouts};
@@ -195,40 +194,22 @@ impl Core {
     }
 
     /// Slotmap get: header block, then the matching way's payload and header again; verified.
-    ///
-    /// # Safety
-    /// As [`Store::batch_get_raw`].
-    pub(crate) unsafe fn slot_get(
+    pub(crate) fn slot_get(
         &self,
         slots: &SlotMode,
         keys: &[PageKey],
-        segs: &[RawSeg],
-        counts: &[usize],
+        dest: &mut PageDest<'_>,
     ) -> Vec<Option<u32>> {
         let inner = self;
         let n = keys.len();
-        let mut starts = Vec::with_capacity(n);
-        let mut lens = Vec::with_capacity(n);
-        let mut at = 0;
-        for &c in counts {
-            starts.push(at);
-            lens.push(segs[at..at + c].iter().map(|s| s.len).sum::<usize>());
-            at += c;
-        }
-        let dst = |i: usize| -> SmallVec<[&mut [u8]; 4]> {
-            segs[starts[i]..starts[i] + counts[i]]
-                .iter()
-                // SAFETY: the caller guarantees each segment is valid and unaliased.
-                .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
-                .collect()
-        };
+        let lens: Vec<usize> = dest.lens().iter().map(|&l| l as usize).collect();
         let mut hit: Vec<Option<u32>> = vec![None; n];
         let layout = inner.layout();
         let owners = inner.dir.primaries(keys);
         let (local, remote) = group(&owners, &inner.me);
         if let Some(map) = Some(&slots.map) {
             for i in local {
-                match map.read(keys[i], &mut dst(i), layout) {
+                match map.read(keys[i], &mut dest.page_mut(i), layout) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
                     Err(slotmap::SlotMiss::Torn) => {
                         inner.metrics.verify_rejects.add(1);
@@ -311,11 +292,7 @@ impl Core {
                     match slotmap::accept(&before, payload, after, keys[i], lens[i] as u32, layout)
                     {
                         Ok(()) => {
-                            let mut at = 0;
-                            for d in dst(i).iter_mut() {
-                                d.copy_from_slice(&payload[at..at + d.len()]);
-                                at += d.len();
-                            }
+                            dest.fill(i, payload);
                             hit[i] = Some(lens[i] as u32);
                         }
                         Err(slotmap::SlotMiss::Layout) => {

@@ -19,7 +19,6 @@ use crate::config::PeerCacheConfig;
 use crate::node::keys::Keyspace;
 use crate::node::parts::{ReadState, Servers, Tasks};
 use crate::observe::series::Handles;
-use crate::read::scratch::RawSeg;
 
 /// Where request handlers that start before the node exists find it once it does.
 pub(crate) type NodeCell = Arc<OnceLock<Weak<Core>>>;
@@ -87,35 +86,4 @@ impl Core {
             Ok(())
         }
     }
-}
-
-/// Where each page's segments start in `segs` (page `i` has `counts[i]` of them) and each
-/// page's length in bytes; `counts` already checked by [`check_counts`].
-pub(crate) fn page_spans(segs: &[RawSeg], counts: &[usize]) -> (Vec<usize>, Vec<u64>) {
-    let mut starts = Vec::with_capacity(counts.len());
-    let mut lens = Vec::with_capacity(counts.len());
-    let mut at = 0usize;
-    for &c in counts {
-        starts.push(at);
-        lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
-        at += c;
-    }
-    (starts, lens)
-}
-
-/// Checks that `counts` (segments per page) fit `n` pages and `segs` segments.
-pub(crate) fn check_counts(n: usize, segs: usize, counts: &[usize]) -> Result<(), StoreError> {
-    if counts.len() != n {
-        return Err(StoreError::BadRequest(format!(
-            "{} segment counts for {n} keys",
-            counts.len()
-        )));
-    }
-    let total: usize = counts.iter().sum();
-    if total != segs {
-        return Err(StoreError::BadRequest(format!(
-            "segment counts add up to {total}, {segs} segments given"
-        )));
-    }
-    Ok(())
 }

@@ -14,8 +14,9 @@ use peercache_wire::{NodeId, PageKey};
 
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
-use crate::node::core::{Core, check_counts};
+use crate::node::core::Core;
 use crate::node::stats::StoreStats;
+use crate::read::dest::{PageDest, check_counts};
 use crate::read::scratch::RawSeg;
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -412,7 +413,8 @@ impl Store {
     ) -> Result<Vec<bool>, StoreError> {
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
-        let r = unsafe { self.inner.get_pages(&pkeys, segs, counts) }?;
+        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
+        let r = self.inner.get_pages(&pkeys, &mut dest)?;
         Ok(r.into_iter().map(|v| v.is_some()).collect())
     }
 
@@ -449,7 +451,8 @@ impl Store {
     ) -> Result<Vec<Option<u32>>, StoreError> {
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
-        unsafe { self.inner.get_pages(&pkeys, segs, counts) }
+        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
+        self.inner.get_pages(&pkeys, &mut dest)
     }
 
     /// Removes every page this node published from its pool and the directory (HiCache's

@@ -18,7 +18,7 @@ impl Core {
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
         self.check_open()?;
-        crate::node::core::check_counts(keys.len(), slices.len(), counts)?;
+        crate::read::dest::check_counts(keys.len(), slices.len(), counts)?;
         let t0 = std::time::Instant::now();
         let r = self.set_impl(keys, slices, counts);
         self.metrics

@@ -61,12 +61,11 @@ impl Store {
         counts: &[usize],
     ) -> Result<Vec<Option<u32>>, StoreError> {
         self.inner.check_open()?;
-        crate::node::core::check_counts(keys.len(), segs.len(), counts)?;
+        crate::read::dest::check_counts(keys.len(), segs.len(), counts)?;
         let keys = self.page_keys(keys);
         let regions = self.inner.device_regions(segs)?;
         let t0 = std::time::Instant::now();
-        // SAFETY: forwarded from the caller.
-        let r = unsafe { self.inner.get_device(&keys, segs, counts, &regions) };
+        let r = self.inner.get_device(&keys, segs, counts, &regions);
         self.inner
             .metrics
             .read_latency
@@ -92,7 +91,7 @@ impl Core {
             .map(|s| {
                 let (ptr, len) = (s.ptr as u64, s.len as u64);
                 bufs.iter()
-                    .find(|h| ptr >= h.base() && ptr.saturating_add(len) <= h.base() + h.len())
+                    .find(|h| h.contains(ptr, len))
                     .map(|h| h.key())
                     .ok_or_else(|| {
                         StoreError::BadRequest(format!(
@@ -127,19 +126,24 @@ impl Core {
         Ok(())
     }
 
-    /// # Safety
-    /// As [`Store::batch_get_device`]; `regions[s]` is segment `s`'s device region.
-    unsafe fn get_device(
+    /// A device read: owners, then the remote rounds every read shares, each owner's pages
+    /// read by [`Core::read_device`]. `regions[s]` is segment `s`'s device region.
+    fn get_device(
         &self,
         keys: &[PageKey],
         segs: &[RawSeg],
         counts: &[usize],
         regions: &[RegionKey],
     ) -> Vec<Option<u32>> {
-        let m = &self.metrics;
-        let n = keys.len();
-        m.read_requests.add(n as u64);
-        let (starts, lens) = crate::node::core::page_spans(segs, counts);
+        self.metrics.read_requests.add(keys.len() as u64);
+        let mut starts = Vec::with_capacity(counts.len());
+        let mut lens = Vec::with_capacity(counts.len());
+        let mut at = 0usize;
+        for &c in counts {
+            starts.push(at);
+            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
+            at += c;
+        }
         let dest = DeviceDest {
             segs,
             regions,
@@ -153,48 +157,16 @@ impl Core {
         }
         // Pages only this node holds (or only disk tiers hold) get no remote candidate: the
         // plan leaves them unserved.
-        let (mut hits, mut bytes) = (0u64, 0u64);
-        loop {
-            let fetches = plan.next_fetches(&Default::default());
-            if fetches.is_empty() {
-                break;
-            }
-            for (ep, pages) in fetches {
-                // SAFETY: forwarded from the caller.
-                let got = unsafe { self.read_device(ep, &pages, keys, &dest) };
-                for (i, valid) in got {
-                    match valid {
-                        Some(v) => {
-                            plan.served_remote(i, v);
-                            hits += 1;
-                            bytes += lens[i];
-                        }
-                        None => m.read_failures.add(1),
-                    }
-                }
-            }
-        }
-        if self.cfg.directory_read_cache_ttl > 0.0 {
-            // A cached location that did not serve (slot reused, owner gone) is dropped.
-            let mut cache = self.reads.read_cache.lock();
-            for i in plan.missed_with_owners() {
-                cache.remove(keys[i]);
-            }
-        }
-        m.read_remote_hits.add(hits);
-        m.read_hits.add(hits);
-        m.read_misses.add(n as u64 - hits);
-        m.bytes_read.add(bytes);
-        plan.finish()
+        let (_, bytes) = self.remote_rounds(&mut plan, |ep, pages| {
+            self.read_device(ep, pages, keys, &dest)
+        });
+        self.close_read(keys, plan, bytes)
     }
 
     /// Reads `pages` from one owner into device segments: one batch of header + payload per
     /// page (header into host scratch, payload onto the device), then one batch of the same
     /// headers again; a page is served when the two headers agree and pass the checks.
-    ///
-    /// # Safety
-    /// As [`Store::batch_get_device`].
-    unsafe fn read_device(
+    fn read_device(
         &self,
         ep: std::net::SocketAddr,
         pages: &[(usize, peercache_directory::Location)],

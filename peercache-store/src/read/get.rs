@@ -2,6 +2,7 @@
 //! — owners from a primed exists, the read cache or the directory; local pages under leases;
 //! disk promotions; remote pages one transport batch per owner, verified; replication.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use peercache_directory::{Location, Owners};
@@ -13,29 +14,23 @@ use smallvec::SmallVec;
 use crate::StoreError;
 use crate::node::core::Core;
 use crate::observe::read_timing::Stage;
+use crate::read::dest::PageDest;
 use crate::read::plan::ReadPlan;
-use crate::read::scratch::{RawSeg, Scratch};
+use crate::read::scratch::Scratch;
 
 impl Core {
-    /// The read entry point every API shares: refuses after shutdown, checks the segment
-    /// counts, reads, records the latency. Per page: its valid length if served.
-    ///
-    /// # Safety
-    /// Every segment must be valid for writes of `len` bytes, and not aliased, for the
-    /// duration of the call.
-    pub(crate) unsafe fn get_pages(
+    /// The read entry point every host API shares: refuses after shutdown and device memory,
+    /// reads, records the latency. Per page: its valid length if served.
+    pub(crate) fn get_pages(
         &self,
         keys: &[PageKey],
-        segs: &[RawSeg],
-        counts: &[usize],
+        dest: &mut PageDest<'_>,
     ) -> Result<Vec<Option<u32>>, StoreError> {
         self.check_open()?;
-        crate::node::core::check_counts(keys.len(), segs.len(), counts)?;
-        self.touches_device(segs)?;
+        self.touches_device(dest.all_segs())?;
         let t0 = std::time::Instant::now();
         let whole = Stage::start();
-        // SAFETY: forwarded from the caller.
-        let r = unsafe { self.get_impl(keys, segs, counts) };
+        let r = self.get_impl(keys, dest);
         self.metrics.read_latency.record(t0.elapsed().as_secs_f64());
         whole.end(|s| &mut s.total);
         Ok(r)
@@ -67,89 +62,26 @@ impl Core {
         self.dir.lookup(keys).map_err(StoreError::from)
     }
 
-    /// # Safety
-    /// As [`Store::batch_get_raw`].
-    pub(crate) unsafe fn get_impl(
-        &self,
-        keys: &[PageKey],
-        segs: &[RawSeg],
-        counts: &[usize],
-    ) -> Vec<Option<u32>> {
-        let inner = self;
-        let m = &inner.metrics;
+    /// One host read: the slot map's, or owners, local pages, promotions, remote rounds and
+    /// replication.
+    fn get_impl(&self, keys: &[PageKey], dest: &mut PageDest<'_>) -> Vec<Option<u32>> {
+        let m = &self.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
-        if let Some(slots) = inner.mode.slots() {
-            // SAFETY: forwarded from the caller.
-            let hit = unsafe { self.slot_get(slots, keys, segs, counts) };
+        if let Some(slots) = self.mode.slots() {
+            let hit = self.slot_get(slots, keys, dest);
             let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
             m.read_hits.add(hits);
             m.read_misses.add(n as u64 - hits);
             return hit;
         }
-        let (starts, lens) = crate::node::core::page_spans(segs, counts);
-        let me = inner.me.clone();
+        let lens = dest.lens().to_vec();
+        let me = self.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
         let stage = Stage::start();
         self.find_owners(keys, &mut plan);
         stage.end(|s| &mut s.locate);
-        let mut bytes = 0u64;
-
-        // Local pages: lease what is in the pool, promote from the disk tier what is not (the
-        // leases keep the first ones from being evicted by that promotion), copy under leases.
-        let local = plan.local();
-        if !local.is_empty() {
-            let stage = Stage::start();
-            let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
-            let leases = inner.pool.lease_batch(&lk);
-            let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
-            let mut missing = Vec::new();
-            if let Some(disk) = &inner.disk {
-                for (j, k) in lk.iter().enumerate() {
-                    if leases.location(j).is_none() && disk.holds_or_pending(*k) {
-                        promoted_at[j] = Some(missing.len());
-                        missing.push(*k);
-                    }
-                }
-            }
-            let promoted = if missing.is_empty() {
-                None
-            } else {
-                let (got, leased) = inner.promote_and_lease(&missing);
-                m.read_disk_hits
-                    .add(got.iter().filter(|l| l.is_some()).count() as u64);
-                leased
-            };
-            let mut local_hits = 0u64;
-            let layout = inner.layout();
-            for (j, &i) in local.iter().enumerate() {
-                let (ls, at) = match (promoted_at[j], &promoted) {
-                    (Some(p), Some(ls)) => (ls, p),
-                    _ => (&leases, j),
-                };
-                let Some(at_loc) = ls.location(at) else {
-                    continue;
-                };
-                // This node's own copy (or its disk tier's) of another layout: kept pages of
-                // an earlier layout are misses, not bytes of the wrong shape.
-                if at_loc.layout != layout {
-                    m.layout_mismatches.add(1);
-                    continue;
-                }
-                let mut dst: SmallVec<[&mut [u8]; 4]> = segs[starts[i]..starts[i] + counts[i]]
-                    .iter()
-                    // SAFETY: the caller guarantees each segment is valid and unaliased.
-                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
-                    .collect();
-                if inner.pool.read_leased(ls, at, keys[i], &mut dst).is_ok() {
-                    plan.served_local(i, at_loc.valid_len);
-                    bytes += lens[i];
-                    local_hits += 1;
-                }
-            }
-            m.read_local_hits.add(local_hits);
-            stage.end(|s| &mut s.local);
-        }
+        let mut bytes = self.read_local(keys, dest, &mut plan);
 
         // Pages no owner holds in memory but another node holds on disk: ask it to promote.
         let want = plan.disk_promotions();
@@ -157,51 +89,147 @@ impl Core {
             self.promote_remote(&want, keys, &lens, plan.owners_mut());
         }
 
-        // Remote pages: one transport batch per owner and round, then verification; a page
-        // whose read failed goes to its next owner in the next round.
-        let mut remote_hits = 0u64;
-        let mut remote_hit_idx: Vec<usize> = Vec::new();
+        let (remote, remote_bytes) = self.remote_rounds(&mut plan, |ep, pages| {
+            self.read_remote(ep, pages, keys, dest)
+        });
+        bytes += remote_bytes;
+        if self.cfg.replicate_on_read && !remote.is_empty() {
+            let valid: Vec<u32> = (0..n).map(|i| plan.valid_len(i)).collect();
+            self.replicate(&remote, keys, dest, &valid);
+        }
+        self.close_read(keys, plan, bytes)
+    }
+
+    /// Local pages: leases what is in the pool, promotes from the disk tier what is not (the
+    /// leases keep the first ones from being evicted by that promotion), copies under leases.
+    /// Returns the bytes served.
+    fn read_local(
+        &self,
+        keys: &[PageKey],
+        dest: &mut PageDest<'_>,
+        plan: &mut ReadPlan<'_>,
+    ) -> u64 {
+        let local = plan.local();
+        if local.is_empty() {
+            return 0;
+        }
+        let m = &self.metrics;
+        let stage = Stage::start();
+        let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
+        let leases = self.pool.lease_batch(&lk);
+        let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
+        let mut missing = Vec::new();
+        if let Some(disk) = &self.disk {
+            for (j, k) in lk.iter().enumerate() {
+                if leases.location(j).is_none() && disk.holds_or_pending(*k) {
+                    promoted_at[j] = Some(missing.len());
+                    missing.push(*k);
+                }
+            }
+        }
+        let promoted = if missing.is_empty() {
+            None
+        } else {
+            let (got, leased) = self.promote_and_lease(&missing);
+            m.read_disk_hits
+                .add(got.iter().filter(|l| l.is_some()).count() as u64);
+            leased
+        };
+        let (mut bytes, mut local_hits) = (0u64, 0u64);
+        let layout = self.layout();
+        for (j, &i) in local.iter().enumerate() {
+            let (ls, at) = match (promoted_at[j], &promoted) {
+                (Some(p), Some(ls)) => (ls, p),
+                _ => (&leases, j),
+            };
+            let Some(at_loc) = ls.location(at) else {
+                continue;
+            };
+            // This node's own copy (or its disk tier's) of another layout: kept pages of an
+            // earlier layout are misses, not bytes of the wrong shape.
+            if at_loc.layout != layout {
+                m.layout_mismatches.add(1);
+                continue;
+            }
+            if self
+                .pool
+                .read_leased(ls, at, keys[i], &mut dest.page_mut(i))
+                .is_ok()
+            {
+                plan.served_local(i, at_loc.valid_len);
+                bytes += dest.lens()[i];
+                local_hits += 1;
+            }
+        }
+        m.read_local_hits.add(local_hits);
+        stage.end(|s| &mut s.local);
+        bytes
+    }
+
+    /// The remote rounds every read shares, host and device: one `fetch` (one transport batch)
+    /// per owner and round, owners chosen by the reads in flight from this node; a page whose
+    /// read failed goes to its next owner in the next round. Returns the pages served and
+    /// their bytes.
+    pub(crate) fn remote_rounds(
+        &self,
+        plan: &mut ReadPlan<'_>,
+        mut fetch: impl FnMut(SocketAddr, &[(usize, Location)]) -> Vec<(usize, Option<u32>)>,
+    ) -> (Vec<usize>, u64) {
+        let m = &self.metrics;
+        let (mut served, mut bytes) = (Vec::new(), 0u64);
         loop {
-            let load = inner.reads.inflight.lock().clone();
-            let fetches = plan.next_fetches(&load);
+            // The round's owners, and its pages counted in flight, under one lock.
+            let fetches = {
+                let mut load = self.reads.inflight.lock();
+                let fetches = plan.next_fetches(&load);
+                for (ep, pages) in &fetches {
+                    *load.entry(*ep).or_insert(0) += pages.len();
+                }
+                fetches
+            };
             if fetches.is_empty() {
                 break;
             }
             for (ep, pages) in fetches {
-                *inner.reads.inflight.lock().entry(ep).or_insert(0) += pages.len();
-                // SAFETY: forwarded from the caller.
-                let got = unsafe { self.read_remote(ep, &pages, keys, segs, &starts, counts) };
-                if let Some(c) = inner.reads.inflight.lock().get_mut(&ep) {
+                let got = fetch(ep, &pages);
+                if let Some(c) = self.reads.inflight.lock().get_mut(&ep) {
                     *c = c.saturating_sub(pages.len());
                 }
                 for (i, valid) in got {
-                    if let Some(valid) = valid {
-                        plan.served_remote(i, valid);
-                        bytes += lens[i];
-                        remote_hits += 1;
-                        remote_hit_idx.push(i);
-                    } else {
-                        m.read_failures.add(1);
+                    match valid {
+                        Some(valid) => {
+                            plan.served_remote(i, valid);
+                            bytes += plan.page_len(i);
+                            served.push(i);
+                        }
+                        None => m.read_failures.add(1),
                     }
                 }
             }
         }
-        m.read_remote_hits.add(remote_hits);
-        if inner.cfg.replicate_on_read && !remote_hit_idx.is_empty() {
-            let valid: Vec<u32> = (0..n).map(|i| plan.valid_len(i)).collect();
-            // SAFETY: the caller's segments hold the verified pages and stay valid for the call.
-            unsafe { self.replicate(&remote_hit_idx, keys, segs, &starts, counts, &valid) };
-        }
-        if inner.cfg.directory_read_cache_ttl > 0.0 {
+        m.read_remote_hits.add(served.len() as u64);
+        (served, bytes)
+    }
+
+    /// The tail every read shares: drops cached locations that did not serve, counts hits,
+    /// misses and bytes, and hands back each page's valid length.
+    pub(crate) fn close_read(
+        &self,
+        keys: &[PageKey],
+        plan: ReadPlan<'_>,
+        bytes: u64,
+    ) -> Vec<Option<u32>> {
+        if self.cfg.directory_read_cache_ttl > 0.0 {
             // A cached location that did not serve (slot reused, owner gone) is dropped.
-            let mut cache = inner.reads.read_cache.lock();
+            let mut cache = self.reads.read_cache.lock();
             for i in plan.missed_with_owners() {
                 cache.remove(keys[i]);
             }
         }
+        let m = &self.metrics;
         let hits = plan.hits();
         m.read_hits.add(hits);
-        m.read_misses.add(n as u64 - hits);
+        m.read_misses.add(keys.len() as u64 - hits);
         m.bytes_read.add(bytes);
         plan.finish()
     }
@@ -272,44 +300,24 @@ impl Core {
     /// `replicate_on_read`: keeps copies of pages just fetched from peers in the local pool as
     /// *reclaimable* (first to go under pressure) and registers this node as another owner
     /// (off the read path, through the background batcher).
-    ///
-    /// # Safety
-    /// The segments of `idx` must be valid for reads for the duration of the call.
-    pub(crate) unsafe fn replicate(
-        &self,
-        idx: &[usize],
-        keys: &[PageKey],
-        segs: &[RawSeg],
-        starts: &[usize],
-        counts: &[usize],
-        valid: &[u32],
-    ) {
-        let inner = self;
-        let slices: Vec<&[u8]> = idx
-            .iter()
-            .flat_map(|&i| segs[starts[i]..starts[i] + counts[i]].iter())
-            // SAFETY: forwarded from the caller.
-            .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
-            .collect();
+    fn replicate(&self, idx: &[usize], keys: &[PageKey], dest: &PageDest<'_>, valid: &[u32]) {
+        let slices = dest.views(idx);
         let mut pages = Vec::with_capacity(idx.len());
         let mut at = 0;
         // The copies were verified against this node's layout on the way in.
-        let layout = inner.layout();
+        let layout = self.layout();
         for &i in idx {
-            let len: usize = segs[starts[i]..starts[i] + counts[i]]
-                .iter()
-                .map(|s| s.len)
-                .sum();
+            let count = dest.segs(i).len();
             pages.push(PageWrite {
                 key: keys[i],
-                segments: &slices[at..at + counts[i]],
-                valid_len: (valid[i] as usize != len).then_some(valid[i]),
+                segments: &slices[at..at + count],
+                valid_len: (u64::from(valid[i]) != dest.lens()[i]).then_some(valid[i]),
                 layout,
             });
-            at += counts[i];
+            at += count;
         }
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        inner.pool.publish_batch(
+        self.pool.publish_batch(
             &pages,
             ReplClass::Reclaimable,
             &mut PublishScratch::default(),
@@ -320,12 +328,12 @@ impl Core {
             .iter()
             .zip(&pages)
             .filter_map(|(p, w)| match p {
-                Published::New(loc) => Some((w.key, inner.resident_location(loc))),
+                Published::New(loc) => Some((w.key, self.resident_location(loc))),
                 _ => None,
             })
             .collect();
-        inner.metrics.replicas.add(entries.len() as u64);
-        let batcher = inner.tasks.evictions.lock();
+        self.metrics.replicas.add(entries.len() as u64);
+        let batcher = self.tasks.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
             b.publish(entries);
@@ -361,9 +369,7 @@ impl Core {
         ptr: u64,
         len: u64,
     ) -> Option<peercache_transport::RegionKey> {
-        bufs.iter()
-            .find(|h| ptr >= h.base() && ptr + len <= h.base() + h.len())
-            .map(|h| h.key())
+        bufs.iter().find(|h| h.contains(ptr, len)).map(|h| h.key())
     }
 
     pub(crate) fn checkout_scratch(
@@ -381,31 +387,25 @@ impl Core {
 
     /// Reads `pages` from one owner: header + payload per page, straight into the caller's
     /// registered memory when it is registered, else through staging; verifies every page.
-    ///
-    /// # Safety
-    /// As [`Store::batch_get_raw`].
-    pub(crate) unsafe fn read_remote(
+    fn read_remote(
         &self,
-        ep: std::net::SocketAddr,
+        ep: SocketAddr,
         pages: &[(usize, Location)],
         keys: &[PageKey],
-        segs: &[RawSeg],
-        starts: &[usize],
-        counts: &[usize],
+        dest: &mut PageDest<'_>,
     ) -> Vec<(usize, Option<u32>)> {
-        let inner = self;
         let stage = Stage::start();
-        let bufs = inner.reads.host_buffers.read();
+        let bufs = self.reads.host_buffers.read();
         // Which pages land directly, which go through staging.
         // With `lazy_registration` every page lands directly: segments outside registered host
         // buffers are named unregistered (TCP receives into them; RDMA registers them for the
         // batch). Without it they go through registered staging and a copy.
-        let lazy = inner.cfg.lazy_registration;
+        let lazy = self.cfg.lazy_registration;
         let mut staging_need = 0usize;
         let mut direct = Vec::with_capacity(pages.len());
         for (i, loc) in pages {
             let ok = lazy
-                || segs[starts[*i]..starts[*i] + counts[*i]].iter().all(|s| {
+                || dest.segs(*i).iter().all(|s| {
                     self.host_region(&bufs, s.ptr as u64, s.len as u64)
                         .is_some()
                 });
@@ -416,7 +416,7 @@ impl Core {
         }
         let staged = direct.iter().filter(|d| !**d).count() as u64;
         if staged > 0 {
-            inner.metrics.staged_reads.add(staged);
+            self.metrics.staged_reads.add(staged);
         }
         let scratch = match self.checkout_scratch(pages.len(), staging_need) {
             Ok(s) => s,
@@ -437,7 +437,7 @@ impl Core {
                 len: HEADER_LEN as u32,
             });
             if direct[j] {
-                for s in &segs[starts[*i]..starts[*i] + counts[*i]] {
+                for s in dest.segs(*i) {
                     let region = self
                         .host_region(&bufs, s.ptr as u64, s.len as u64)
                         .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
@@ -467,23 +467,17 @@ impl Core {
             );
         }
         if lazy {
-            // SAFETY: the caller's segments are valid for writes of their length and do not
-            // overlap for the whole call (`batch_get_raw`'s contract); the batch runs within it.
+            // SAFETY: the unregistered segments are `dest`'s, valid for writes of their length
+            // and overlapping no other for `dest`'s life (`PageDest`'s invariant), which spans
+            // the batch; `dest` is borrowed exclusively here, so nothing else touches them.
             unsafe { batch.allow_unregistered() };
         }
         stage.end(|s| &mut s.prepare);
-        let layout = inner.layout();
-        // A page that landed directly but is not served (failed op, rejected by verification,
-        // broken batch) is scrubbed: a miss never leaves another key's bytes behind.
-        let scrub = |i: usize| {
-            for s in &segs[starts[i]..starts[i] + counts[i]] {
-                // SAFETY: the caller's segment, valid for `len` writes.
-                unsafe { std::ptr::write_bytes(s.ptr, 0, s.len) };
-            }
-        };
+        let layout = self.layout();
         // Checks page `j` of the batch once its bytes are in (and copies it out of staging);
-        // its valid length if it is the page that was written.
-        let check = |j: usize| -> Option<u32> {
+        // its valid length if it is the page that was written. A page that landed directly but
+        // is not served is scrubbed: a miss never leaves another key's bytes behind.
+        let check = |j: usize, dest: &mut PageDest<'_>| -> Option<u32> {
             let (i, loc) = &pages[j];
             let expect = peercache_pool::Expect {
                 key: keys[*i],
@@ -491,27 +485,14 @@ impl Core {
                 len: loc.len,
                 layout,
             };
-            let page_segs = &segs[starts[*i]..starts[*i] + counts[*i]];
             let verdict = if staging_off[j] == usize::MAX {
-                let views: SmallVec<[&[u8]; 4]> = page_segs
-                    .iter()
-                    // SAFETY: the caller's segments, just written by the transport.
-                    .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
-                    .collect();
-                peercache_pool::header::verify_segments(scratch.header(j), &views, &expect)
+                peercache_pool::header::verify_segments(scratch.header(j), &dest.page(*i), &expect)
             } else {
                 let off = scratch.headers * HEADER_LEN + staging_off[j];
                 let staged = &scratch.buf[off..off + loc.len as usize];
                 let v = peercache_pool::header::verify(scratch.header(j), staged, &expect);
                 if v.is_ok() {
-                    let mut at = 0;
-                    for s in page_segs {
-                        // SAFETY: the caller's segment, valid for `len` writes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(staged[at..].as_ptr(), s.ptr, s.len)
-                        };
-                        at += s.len;
-                    }
+                    dest.fill(*i, staged);
                 }
                 v
             };
@@ -520,20 +501,20 @@ impl Core {
                 Ok(h) => Some(h.valid_len),
                 Err(reason) => {
                     if staging_off[j] == usize::MAX {
-                        scrub(*i);
+                        dest.scrub(*i);
                         if lazy {
                             // A cached RDMA registration of this memory may predate a
                             // remapping (it pins the pages it was made on, so the bytes went
                             // elsewhere): the next read registers the memory afresh.
-                            for s in page_segs {
-                                inner.transport.forget_local(s.ptr, s.len);
+                            for s in dest.segs(*i) {
+                                self.transport.forget_local(s.ptr, s.len);
                             }
                         }
                     }
                     if reason == peercache_pool::VerifyError::Layout {
-                        inner.metrics.layout_mismatches.add(1);
+                        self.metrics.layout_mismatches.add(1);
                     } else {
-                        inner.metrics.verify_rejects.add(1);
+                        self.metrics.verify_rejects.add(1);
                     }
                     tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
                     None
@@ -546,9 +527,9 @@ impl Core {
         let mut checked: Vec<Option<Option<u32>>> = vec![None; pages.len()];
         let verify_before = crate::observe::read_timing::so_far().verify;
         let stage = Stage::start();
-        let res = inner.transport.read_batch_landing(ep, &batch, &mut |j| {
+        let res = self.transport.read_batch_landing(ep, &batch, &mut |j| {
             let st = Stage::start();
-            checked[j] = Some(check(j));
+            checked[j] = Some(check(j, dest));
             st.end(|s| &mut s.verify);
         });
         let inline = crate::observe::read_timing::so_far()
@@ -565,7 +546,7 @@ impl Core {
                 // checked or not (a broken batch serves nothing).
                 for (j, (i, _)) in pages.iter().enumerate() {
                     if staging_off[j] == usize::MAX {
-                        scrub(*i);
+                        dest.scrub(*i);
                     }
                 }
                 out.extend(pages.iter().map(|(i, _)| (*i, None)));
@@ -574,16 +555,16 @@ impl Core {
                 for (j, ((i, _), r)) in pages.iter().zip(results).enumerate() {
                     if r.is_err() {
                         if staging_off[j] == usize::MAX {
-                            scrub(*i);
+                            dest.scrub(*i);
                         }
                         out.push((*i, None));
                         continue;
                     }
-                    out.push((*i, checked[j].unwrap_or_else(|| check(j))));
+                    out.push((*i, checked[j].unwrap_or_else(|| check(j, dest))));
                 }
             }
         }
-        inner.reads.scratch.lock().push(scratch);
+        self.reads.scratch.lock().push(scratch);
         stage.end(|s| &mut s.verify);
         out
     }

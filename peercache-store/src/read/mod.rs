@@ -2,6 +2,7 @@
 //! device reads, `exists`/`contains`, prefix locations, the sans-IO read plan, the exists →
 //! get hand-off and the registered scratch memory reads land in.
 
+pub(crate) mod dest;
 pub(crate) mod device;
 pub(crate) mod exists;
 pub(crate) mod get;

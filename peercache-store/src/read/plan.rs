@@ -146,6 +146,11 @@ impl<'a> ReadPlan<'a> {
         self.valid[i] = valid_len;
     }
 
+    /// Page `i`'s length in bytes.
+    pub(crate) fn page_len(&self, i: usize) -> u64 {
+        self.lens[i]
+    }
+
     /// The data bytes of page `i` as its copy states them.
     pub(crate) fn valid_len(&self, i: usize) -> u32 {
         self.valid[i]

@@ -11,6 +11,7 @@ use serde_bytes::ByteBuf;
 use crate::StoreError;
 use crate::client::{ClientReply, ClientRequest, MAX_CLIENT_BYTES, MAX_CLIENT_KEYS};
 use crate::node::core::Core;
+use crate::read::dest::PageDest;
 use crate::read::scratch::RawSeg;
 
 /// Checks a request's shape before any work is done.
@@ -183,9 +184,11 @@ fn get(core: &Core, keys: &[String], page_bytes: usize) -> Result<ClientReply, S
         })
         .collect();
     let counts = vec![1; raw.len()];
-    // SAFETY: `buf` is owned here, and each segment is a distinct chunk of it, unused until
-    // the call returns.
-    let valid = unsafe { core.get_pages(&core.page_keys(keys), &raw, &counts) }?;
+    // SAFETY: `buf` is owned here, and each segment is a distinct chunk of it, unused while
+    // `dest` lives.
+    let mut dest = unsafe { PageDest::new(raw.len(), &raw, &counts) }?;
+    let valid = core.get_pages(&core.page_keys(keys), &mut dest)?;
+    drop(dest);
     // Close the gaps the misses left (in place, front to back).
     let mut end = 0;
     for (i, v) in valid.iter().enumerate() {
