@@ -24,13 +24,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use peercache_store::Store;
 use serde_json::json;
 
 use crate::cmd::mooncake::{Mooncake, Shape, find_venv, free_port};
 use crate::load::rawtcp;
-use crate::load::runner::{Timing, run_row};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report};
 
 /// Options of `compare`.
@@ -66,10 +66,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let batch = args.load.batch as usize;
     let n = args.pages;
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
+    let sweep = Sweep::new("compare", &args.run, &args.load, args.page_bytes)?;
     // PeerCache: node A holds the pages, node B reads them over loopback TCP (the host-local
     // path off, so the bytes move the way they do between two hosts). A second pair, A2 and
     // C, shares the host the way co-located ranks do: C copies A2's pages out of its shared
@@ -98,12 +95,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let (a, b) = pair(["127.0.0.1", "127.0.0.2"], false)?;
     let (a2, lc) = pair(["127.0.0.3", "127.0.0.4"], true)?;
     // The reader's destination: registered memory, as Mooncake's batch_get_into uses.
-    let max_c = *args
-        .load
-        .concurrency
-        .iter()
-        .max()
-        .context("no concurrency")? as usize;
+    let max_c = sweep.max_threads();
     let dst = Arc::new(crate::load::workload::CallerBuffers::new(
         max_c,
         page * batch,
@@ -180,52 +172,33 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let mooncake_local = start_mc(true);
 
     let mut rows = Vec::new();
-    let mut progress = crate::load::progress::Progress::new(
-        "compare",
-        args.run.rounds as usize * args.load.concurrency.len(),
-    );
-    for round in 0..args.run.rounds {
-        for &c in &args.load.concurrency {
-            rows.push(run_row(
-                "raw-tcp",
-                args.page_bytes,
-                args.load.batch,
-                c,
-                round,
-                &timing,
-                |t| crate::load::workload::raw_caller(raw_addr, page, batch, n, t as u64 * 997),
-            ));
-            for (name, r, bufs) in &readers {
-                rows.push(run_row(
-                    name,
-                    args.page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        crate::load::workload::registered_get_caller(
-                            r.clone(),
-                            keys.clone(),
-                            bufs.clone(),
-                            page,
-                            batch,
-                            t,
-                            t as u64 * 613,
-                        )
-                    },
-                ));
-            }
-            for (name, mc) in [
-                ("mooncake-get", &mooncake),
-                ("mooncake-get-local", &mooncake_local),
-            ] {
-                let Some(mc) = mc else { continue };
-                rows.push(mc.row(name, &shape, c, args.run.secs, round)?);
-            }
-            progress.step(&format!("round {round}, {c} thread(s)"));
+    sweep.run(&mut rows, |cell| {
+        cell.row("raw-tcp", |t| {
+            crate::load::workload::raw_caller(raw_addr, page, batch, n, t as u64 * 997)
+        });
+        for (name, r, bufs) in &readers {
+            cell.row(name, |t| {
+                crate::load::workload::registered_get_caller(
+                    r.clone(),
+                    keys.clone(),
+                    bufs.clone(),
+                    page,
+                    batch,
+                    t,
+                    t as u64 * 613,
+                )
+            });
         }
-    }
+        let (c, round) = (cell.threads, cell.round);
+        for (name, mc) in [
+            ("mooncake-get", &mooncake),
+            ("mooncake-get-local", &mooncake_local),
+        ] {
+            let Some(mc) = mc else { continue };
+            cell.push(mc.row(name, &shape, c, args.run.secs, round)?);
+        }
+        Ok(())
+    })?;
     let local_bytes = lc.stats().transport_local_read_bytes;
     drop(readers);
     a.shutdown();

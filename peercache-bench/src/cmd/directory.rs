@@ -14,7 +14,7 @@ use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient, RpcServer, ServerConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
-use crate::report::hist;
+use crate::load::runner::time_calls;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of the `directory` subcommand.
@@ -58,35 +58,11 @@ fn timed(
     dur: Duration,
     mut f: impl FnMut() -> bool,
 ) -> Row {
-    let mut h = hist::new();
-    let (mut calls, mut errors) = (0u64, 0u64);
-    let t0 = Instant::now();
-    while t0.elapsed() < dur {
-        let c0 = Instant::now();
-        if !f() {
-            errors += 1;
-        }
-        hist::record(&mut h, c0.elapsed());
-        calls += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    let (p50, p95, p99, p999, max) = hist::percentiles(&h);
+    let (h, calls, errors, secs) = time_calls(dur, || u64::from(!f()));
     Row {
-        name: name.into(),
-        page_bytes: 0,
-        batch: keys_per_call,
-        concurrency: 1,
-        pages_per_s: (calls * keys_per_call) as f64 / secs,
-        gb_per_s: 0.0,
-        p50_us: p50,
-        p95_us: p95,
-        p99_us: p99,
-        p999_us: p999,
-        max_us: max,
-        tokens_per_s: 0.0,
-        hit_pct: 100.0,
         errors,
         round,
+        ..Row::measured(name, 0, keys_per_call, calls * keys_per_call, secs, &h)
     }
 }
 

@@ -15,7 +15,8 @@ use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
 use crate::load::rawtcp;
-use crate::load::runner::{CallOutcome, Timing, run_row};
+use crate::load::runner::{CallOutcome, Timing};
+use crate::load::sweep::{Cell, Sweep};
 use crate::report::{self, Host, Report};
 
 /// Options of the main job.
@@ -144,163 +145,130 @@ pub fn run(args: &MainArgs) -> Result<Report> {
     let raw_addr = raw.local_addr()?;
     std::thread::spawn(move || rawtcp::serve(raw, raw_buf));
 
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
-    let max_c = *args
-        .load
-        .concurrency
-        .iter()
-        .max()
-        .context("no concurrency")? as usize;
+    let sweep = Sweep::new("main", &args.run, &args.load, args.page_bytes)?;
+    let max_c = sweep.max_threads();
     let mut rows = Vec::new();
     let mut extra = serde_json::Map::new();
     let next_write = Arc::new(AtomicU64::new(0));
     let n_read = args.read_pages;
-    let mut progress = crate::load::progress::Progress::new(
-        "main",
-        (args.run.rounds as usize) * args.load.concurrency.len(),
-    );
-    for round in 0..args.run.rounds {
-        for &c in &args.load.concurrency {
-            let tag = format!("c{c}/r{round}");
-            rows.push(run_row(
-                "raw-tcp",
-                args.page_bytes,
-                args.load.batch,
-                c,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::raw_caller(raw_addr, page, batch, n_read, t as u64 * 997)
-                },
-            ));
+    sweep.run(&mut rows, |cell| {
+        let tag = cell.tag();
+        cell.row("raw-tcp", |t| {
+            crate::load::workload::raw_caller(raw_addr, page, batch, n_read, t as u64 * 997)
+        });
 
-            // set (empty pool) and set-evicting (full pool) on B.
-            b.clear();
-            let writer_pages = (args.writer_pool_mib << 20) / (args.page_bytes + 64);
-            let budget = Arc::new(AtomicI64::new((writer_pages * 9 / 10) as i64));
-            let src = Arc::new(rawtcp::prefaulted(page * batch * max_c, 23));
-            let written: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
-            // The empty-pool row has no warm-up: warming up would fill the pool.
-            let cold = Timing {
-                warmup: Duration::ZERO,
-                measure: timing.measure,
-            };
-            let set_row = |name: &str, limit: Option<Arc<AtomicI64>>| {
-                let t = if limit.is_some() { &cold } else { &timing };
-                run_row(name, args.page_bytes, args.load.batch, c, round, t, |t| {
-                    let (b, src, next, limit, written) = (
-                        b.clone(),
-                        src.clone(),
-                        next_write.clone(),
-                        limit.clone(),
-                        written.clone(),
-                    );
-                    move || {
-                        if let Some(l) = &limit
-                            && l.fetch_sub(batch as i64, Ordering::Relaxed) < batch as i64
-                        {
-                            // The empty-pool budget is spent: stop rather than measure eviction.
-                            return CallOutcome::stop();
-                        }
-                        let base = next.fetch_add(batch as u64, Ordering::Relaxed);
-                        let keys: Vec<String> = (base..base + batch as u64)
-                            .map(|i| mla_key("write", i))
-                            .collect();
-                        let off = t * batch * page;
-                        let pages: Vec<&[u8]> = (0..batch)
-                            .map(|j| &src[off + j * page..off + (j + 1) * page])
-                            .collect();
-                        match b.batch_set(&keys, &pages) {
-                            Ok(r) => {
-                                let ok = r.iter().filter(|&&x| x).count() as u64;
-                                written.lock().extend(keys);
-                                CallOutcome::done(ok, 0, ok != batch as u64)
-                            }
-                            Err(_) => CallOutcome::done(0, 0, true),
-                        }
+        // set (empty pool) and set-evicting (full pool) on B.
+        b.clear();
+        let writer_pages = (args.writer_pool_mib << 20) / (args.page_bytes + 64);
+        let budget = Arc::new(AtomicI64::new((writer_pages * 9 / 10) as i64));
+        let src = Arc::new(rawtcp::prefaulted(page * batch * max_c, 23));
+        let written: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+        // The empty-pool row has no warm-up: warming up would fill the pool.
+        let cold = Timing {
+            warmup: Duration::ZERO,
+            measure: cell.timing().measure,
+        };
+        let set_row = |cell: &Cell<'_>, name: &str, limit: Option<Arc<AtomicI64>>| {
+            let t = if limit.is_some() { &cold } else { cell.timing() };
+            cell.measure(name, t, |t| {
+                let (b, src, next, limit, written) = (
+                    b.clone(),
+                    src.clone(),
+                    next_write.clone(),
+                    limit.clone(),
+                    written.clone(),
+                );
+                move || {
+                    if let Some(l) = &limit
+                        && l.fetch_sub(batch as i64, Ordering::Relaxed) < batch as i64
+                    {
+                        // The empty-pool budget is spent: stop rather than measure eviction.
+                        return CallOutcome::stop();
                     }
-                })
-            };
-            rows.push(set_row("set", Some(budget)));
-            let ev0 = b.stats().pool_evictions;
-            rows.push(set_row("set-evicting", None));
-            let flushed = b.flush_evictions(Duration::from_secs(10));
-            let st = b.stats();
-            let keys = written.lock().clone();
-            let (named, stale) = b.audit(&keys)?;
-            extra.insert(
-                format!("set-evicting/{tag}"),
-                json!({"evicted": st.pool_evictions - ev0, "notices_flushed": flushed,
-                       "notices_delivered_total": st.evictions_notified, "entries_naming_b": named, "stale_entries": stale}),
-            );
-
-            // exists, get, exists+get on B over A's read set.
-            let counters = [
-                ("exists", true, false),
-                ("get", false, true),
-                ("exists+get", true, true),
-            ];
-            for (name, do_exists, do_get) in counters {
-                let rpc0 = b.stats().directory_rpcs;
-                let bytes0 = b.stats().transport_read_bytes;
-                let calls = Arc::new(AtomicU64::new(0));
-                let row = run_row(
-                    name,
-                    args.page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        let (b, keys, calls) = (b.clone(), read_keys.clone(), calls.clone());
-                        let mut bufs = rawtcp::prefaulted(batch * page, 3);
-                        let mut k = t as u64 * 613;
-                        move || {
-                            let ks: Vec<&str> = (0..batch)
-                                .map(|_| {
-                                    k = (k + 1) % n_read;
-                                    keys[k as usize].as_str()
-                                })
-                                .collect();
-                            calls.fetch_add(1, Ordering::Relaxed);
-                            let mut found = batch as u64;
-                            if do_exists {
-                                found = b.batch_exists(&ks).unwrap_or(0) as u64;
-                            }
-                            if do_get {
-                                let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
-                                found = b
-                                    .batch_get(&ks, &mut dst)
-                                    .map(|r| r.iter().filter(|&&x| x).count() as u64)
-                                    .unwrap_or(0);
-                            }
-                            CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+                    let base = next.fetch_add(batch as u64, Ordering::Relaxed);
+                    let keys: Vec<String> = (base..base + batch as u64)
+                        .map(|i| mla_key("write", i))
+                        .collect();
+                    let off = t * batch * page;
+                    let pages: Vec<&[u8]> = (0..batch)
+                        .map(|j| &src[off + j * page..off + (j + 1) * page])
+                        .collect();
+                    match b.batch_set(&keys, &pages) {
+                        Ok(r) => {
+                            let ok = r.iter().filter(|&&x| x).count() as u64;
+                            written.lock().extend(keys);
+                            CallOutcome::done(ok, 0, ok != batch as u64)
                         }
-                    },
-                );
-                let mut row = row;
-                if !do_get {
-                    // exists moves no payload.
-                    row.gb_per_s = 0.0;
+                        Err(_) => CallOutcome::done(0, 0, true),
+                    }
                 }
-                let n = calls.load(Ordering::Relaxed).max(1);
-                let st = b.stats();
-                extra.insert(
-                    format!("{name}/{tag}"),
-                    json!({"directory_rpcs_per_call": ((st.directory_rpcs - rpc0) as f64 / n as f64 * 100.0).round() / 100.0,
-                           "transport_bytes": st.transport_read_bytes - bytes0}),
-                );
-                rows.push(row);
+            })
+        };
+        let row = set_row(cell, "set", Some(budget));
+        cell.push(row);
+        let ev0 = b.stats().pool_evictions;
+        let row = set_row(cell, "set-evicting", None);
+        cell.push(row);
+        let flushed = b.flush_evictions(Duration::from_secs(10));
+        let st = b.stats();
+        let keys = written.lock().clone();
+        let (named, stale) = b.audit(&keys)?;
+        extra.insert(
+            format!("set-evicting/{tag}"),
+            json!({"evicted": st.pool_evictions - ev0, "notices_flushed": flushed,
+                   "notices_delivered_total": st.evictions_notified, "entries_naming_b": named, "stale_entries": stale}),
+        );
+
+        // exists, get, exists+get on B over A's read set.
+        let counters = [
+            ("exists", true, false),
+            ("get", false, true),
+            ("exists+get", true, true),
+        ];
+        for (name, do_exists, do_get) in counters {
+            let rpc0 = b.stats().directory_rpcs;
+            let bytes0 = b.stats().transport_read_bytes;
+            let calls = Arc::new(AtomicU64::new(0));
+            let row = cell.row(name, |t| {
+                let (b, keys, calls) = (b.clone(), read_keys.clone(), calls.clone());
+                let mut bufs = rawtcp::prefaulted(batch * page, 3);
+                let mut k = t as u64 * 613;
+                move || {
+                    let ks: Vec<&str> = (0..batch)
+                        .map(|_| {
+                            k = (k + 1) % n_read;
+                            keys[k as usize].as_str()
+                        })
+                        .collect();
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    let mut found = batch as u64;
+                    if do_exists {
+                        found = b.batch_exists(&ks).unwrap_or(0) as u64;
+                    }
+                    if do_get {
+                        let mut dst: Vec<&mut [u8]> = bufs.chunks_mut(page).collect();
+                        found = b
+                            .batch_get(&ks, &mut dst)
+                            .map(|r| r.iter().filter(|&&x| x).count() as u64)
+                            .unwrap_or(0);
+                    }
+                    CallOutcome::done(found, batch as u64 - found, found != batch as u64)
+                }
+            });
+            if !do_get {
+                // exists moves no payload.
+                row.gb_per_s = 0.0;
             }
-            progress.step(&format!(
-                "round {round}, {c} thread(s) (load {:.2})",
-                report::load_1m()
-            ));
+            let n = calls.load(Ordering::Relaxed).max(1);
+            let st = b.stats();
+            extra.insert(
+                format!("{name}/{tag}"),
+                json!({"directory_rpcs_per_call": ((st.directory_rpcs - rpc0) as f64 / n as f64 * 100.0).round() / 100.0,
+                       "transport_bytes": st.transport_read_bytes - bytes0}),
+            );
         }
-    }
+        Ok(())
+    })?;
     let med = |name: &str| {
         report::median(
             rows.iter()

@@ -16,7 +16,8 @@ use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
 use crate::load::rawtcp;
-use crate::load::runner::{CallOutcome, Timing, run_row};
+use crate::load::runner::CallOutcome;
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report};
 
 /// Options of `modes`.
@@ -118,25 +119,12 @@ pub(crate) fn cluster(
 pub fn run(args: &ModesArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let batch = args.load.batch as usize;
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
-    let max_c = *args
-        .load
-        .concurrency
-        .iter()
-        .max()
-        .context("no concurrency")? as usize;
-    let src = Arc::new(rawtcp::prefaulted(page * batch * max_c, 29));
+    let sweep = Sweep::new("modes", &args.run, &args.load, args.page_bytes)?;
+    let src = Arc::new(rawtcp::prefaulted(page * batch * sweep.max_threads(), 29));
     let mut rows = Vec::new();
     let mut summary = serde_json::Map::new();
     // The pool must hold what the set rows write (no eviction in the read set).
     let read_pages = 1024u64.min((args.pool_mib << 20) / (args.page_bytes + 64) / 4);
-    let mut progress = crate::load::progress::Progress::new(
-        "modes",
-        args.mode.len() * args.run.rounds as usize * args.load.concurrency.len(),
-    );
     for (n, mode) in args.mode.iter().enumerate() {
         let (w, r, all) = cluster(mode, n, args.pool_mib, args.page_bytes)?;
         // The read set, written by W in this mode. The set rows fill the pools and evict it, so
@@ -148,78 +136,49 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
         );
         let publish_read_set = || crate::load::workload::publish(&w, &read_keys, &src, page, batch);
         let next = Arc::new(AtomicU64::new(0));
-        for round in 0..args.run.rounds {
-            for &c in &args.load.concurrency {
-                rows.push(run_row(
-                    &format!("set/{mode}"),
-                    args.page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        let (w, src, next, mode) =
-                            (w.clone(), src.clone(), next.clone(), mode.clone());
-                        move || {
-                            let base = next.fetch_add(batch as u64, Ordering::Relaxed);
-                            let keys: Vec<String> = (base..base + batch as u64)
-                                .map(|i| format!("{mode}/write/{i}"))
-                                .collect();
-                            let off = t * batch * page;
-                            let pages: Vec<&[u8]> = (0..batch)
-                                .map(|j| &src[off + j * page..off + (j + 1) * page])
-                                .collect();
-                            match w.batch_set(&keys, &pages) {
-                                Ok(v) => {
-                                    let ok = v.iter().filter(|&&x| x).count() as u64;
-                                    CallOutcome::done(ok, 0, ok != batch as u64)
-                                }
-                                Err(_) => CallOutcome::done(0, 0, true),
-                            }
+        sweep.run(&mut rows, |cell| {
+            cell.row(&format!("set/{mode}"), |t| {
+                let (w, src, next, mode) = (w.clone(), src.clone(), next.clone(), mode.clone());
+                move || {
+                    let base = next.fetch_add(batch as u64, Ordering::Relaxed);
+                    let keys: Vec<String> = (base..base + batch as u64)
+                        .map(|i| format!("{mode}/write/{i}"))
+                        .collect();
+                    let off = t * batch * page;
+                    let pages: Vec<&[u8]> = (0..batch)
+                        .map(|j| &src[off + j * page..off + (j + 1) * page])
+                        .collect();
+                    match w.batch_set(&keys, &pages) {
+                        Ok(v) => {
+                            let ok = v.iter().filter(|&&x| x).count() as u64;
+                            CallOutcome::done(ok, 0, ok != batch as u64)
                         }
-                    },
-                ));
-                publish_read_set()?;
-                rows.push(run_row(
-                    &format!("get/{mode}"),
-                    args.page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        crate::load::workload::get_caller(
-                            r.clone(),
-                            read_keys.clone(),
-                            page,
-                            batch,
-                            t as u64 * 611,
-                        )
-                    },
-                ));
-                rows.push(run_row(
-                    &format!("exists/{mode}"),
-                    args.page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        crate::load::workload::exists_caller(
-                            r.clone(),
-                            read_keys.clone(),
-                            batch,
-                            t as u64 * 613,
-                        )
-                    },
-                ));
-                if let Some(row) = rows.last_mut() {
-                    // exists moves no payload.
-                    row.gb_per_s = 0.0;
+                        Err(_) => CallOutcome::done(0, 0, true),
+                    }
                 }
-                progress.step(&format!("{mode}, round {round}, {c} thread(s)"));
-            }
-        }
+            });
+            publish_read_set()?;
+            cell.row(&format!("get/{mode}"), |t| {
+                crate::load::workload::get_caller(
+                    r.clone(),
+                    read_keys.clone(),
+                    page,
+                    batch,
+                    t as u64 * 611,
+                )
+            });
+            let row = cell.row(&format!("exists/{mode}"), |t| {
+                crate::load::workload::exists_caller(
+                    r.clone(),
+                    read_keys.clone(),
+                    batch,
+                    t as u64 * 613,
+                )
+            });
+            // exists moves no payload.
+            row.gb_per_s = 0.0;
+            Ok(())
+        })?;
         let med = |name: &str| {
             report::median(
                 rows.iter()

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::load::rawtcp;
-use crate::load::runner::{Timing, run_row};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report, Row};
 
 /// The read set every Mooncake client run shares.
@@ -308,41 +308,19 @@ pub fn run(args: &MooncakeArgs) -> Result<Report> {
     let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw.local_addr()?;
     std::thread::spawn(move || rawtcp::serve(raw, raw_buf));
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
+    let sweep = Sweep::new("mooncake", &args.run, &args.load, args.page_bytes)?;
     let mut rows = Vec::new();
-    let mut progress = crate::load::progress::Progress::new(
-        "mooncake",
-        args.run.rounds as usize * args.load.concurrency.len(),
-    );
-    for round in 0..args.run.rounds {
-        for &c in &args.load.concurrency {
-            rows.push(run_row(
-                "raw-tcp",
-                args.page_bytes,
-                args.load.batch,
-                c,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::raw_caller(
-                        raw_addr,
-                        page,
-                        batch,
-                        args.pages,
-                        t as u64 * 997,
-                    )
-                },
-            ));
-            rows.push(remote.row("mooncake-get", &shape, c, args.run.secs, round)?);
-            if let Some(l) = &local {
-                rows.push(l.row("mooncake-get-local", &shape, c, args.run.secs, round)?);
-            }
-            progress.step(&format!("round {round}, {c} thread(s)"));
+    sweep.run(&mut rows, |cell| {
+        cell.row("raw-tcp", |t| {
+            crate::load::workload::raw_caller(raw_addr, page, batch, args.pages, t as u64 * 997)
+        });
+        let (c, round) = (cell.threads, cell.round);
+        cell.push(remote.row("mooncake-get", &shape, c, args.run.secs, round)?);
+        if let Some(l) = &local {
+            cell.push(l.row("mooncake-get-local", &shape, c, args.run.secs, round)?);
         }
-    }
+        Ok(())
+    })?;
     let med = |name: &str, c: u64| {
         report::median(
             rows.iter()

@@ -50,23 +50,10 @@ impl Acc {
     }
     fn row(&self, name: &str, page: u64, batch: u64, round: u64) -> Row {
         let secs = self.t0.elapsed().as_secs_f64();
-        let (p50, p95, p99, p999, max) = hist::percentiles(&self.h);
         Row {
-            name: name.into(),
-            page_bytes: page,
-            batch,
-            concurrency: 1,
-            pages_per_s: self.pages as f64 / secs,
-            gb_per_s: self.pages as f64 * page as f64 / secs / 1e9,
-            p50_us: p50,
-            p95_us: p95,
-            p99_us: p99,
-            p999_us: p999,
-            max_us: max,
-            tokens_per_s: 0.0,
-            hit_pct: 100.0,
             errors: self.errors,
             round,
+            ..Row::measured(name, page, batch, self.pages, secs, &self.h)
         }
     }
 }

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use serde_json::json;
 
 use crate::load::rawtcp;
-use crate::load::runner::{Timing, run_row};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report};
 
 /// Options of `saturation`.
@@ -53,37 +53,14 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
     b.sync_membership();
     let keys: Arc<Vec<String>> = Arc::new((0..args.pages).map(|i| format!("sat/{i}")).collect());
     crate::load::workload::publish(&a, &keys, &rawtcp::prefaulted(page * batch, 9), page, batch)?;
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
-    let mut progress = crate::load::progress::Progress::new(
-        "saturation",
-        args.run.rounds as usize * args.load.concurrency.len(),
-    );
+    let sweep = Sweep::new("saturation", &args.run, &args.load, args.page_bytes)?;
     let mut rows = Vec::new();
-    for round in 0..args.run.rounds {
-        for &c in &args.load.concurrency {
-            rows.push(run_row(
-                "get",
-                args.page_bytes,
-                args.load.batch,
-                c,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::get_caller(
-                        b.clone(),
-                        keys.clone(),
-                        page,
-                        batch,
-                        t as u64 * 613,
-                    )
-                },
-            ));
-            progress.step(&format!("round {round}, {c} thread(s)"));
-        }
-    }
+    sweep.run(&mut rows, |cell| {
+        cell.row("get", |t| {
+            crate::load::workload::get_caller(b.clone(), keys.clone(), page, batch, t as u64 * 613)
+        });
+        Ok(())
+    })?;
     a.shutdown();
     b.shutdown();
     let per_c = |f: fn(&report::Row) -> f64| -> Vec<f64> {

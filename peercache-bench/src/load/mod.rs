@@ -10,5 +10,6 @@ pub mod rows;
 pub mod runner;
 pub mod secret;
 pub mod sglang;
+pub mod sweep;
 pub mod verbs_transport;
 pub mod workload;

@@ -160,29 +160,41 @@ pub fn fold_row(
     round: u64,
     c: &RowCounts,
 ) -> Row {
-    let (h, pages, misses, errors) = (&c.hist, c.pages, c.misses, c.errors);
-    let secs = c.elapsed.as_secs_f64().max(1e-9);
-    let (p50, p95, p99, p999, max) = hist::percentiles(h);
-    let looked = pages + misses;
+    let looked = c.pages + c.misses;
     Row {
-        name: name.into(),
-        page_bytes,
-        batch,
         concurrency,
-        pages_per_s: pages as f64 / secs,
-        gb_per_s: pages as f64 * page_bytes as f64 / secs / 1e9,
-        p50_us: p50,
-        p95_us: p95,
-        p99_us: p99,
-        p999_us: p999,
-        max_us: max,
-        tokens_per_s: 0.0,
         hit_pct: if looked == 0 {
             100.0
         } else {
-            100.0 * pages as f64 / looked as f64
+            100.0 * c.pages as f64 / looked as f64
         },
-        errors,
+        errors: c.errors,
         round,
+        ..Row::measured(
+            name,
+            page_bytes,
+            batch,
+            c.pages,
+            c.elapsed.as_secs_f64(),
+            &c.hist,
+        )
     }
+}
+
+/// Calls `f` back to back on this thread for `dur`, timing each call; `f` returns how many of
+/// its items failed. Returns the latencies, the calls, the failed items and the seconds taken.
+pub fn time_calls(
+    dur: Duration,
+    mut f: impl FnMut() -> u64,
+) -> (hdrhistogram::Histogram<u64>, u64, u64, f64) {
+    let mut h = hist::new();
+    let (mut calls, mut failed) = (0u64, 0u64);
+    let t0 = Instant::now();
+    while t0.elapsed() < dur {
+        let c0 = Instant::now();
+        failed += f();
+        hist::record(&mut h, c0.elapsed());
+        calls += 1;
+    }
+    (h, calls, failed, t0.elapsed().as_secs_f64())
 }

@@ -124,6 +124,32 @@ impl Row {
             round: 0,
         }
     }
+
+    /// A single-caller row of `name`: `pages` pages of `page_bytes` bytes (`batch` per call)
+    /// moved in `secs`, its latency figures from `h` (µs); nothing missed, no error.
+    pub fn measured(
+        name: &str,
+        page_bytes: u64,
+        batch: u64,
+        pages: u64,
+        secs: f64,
+        h: &hdrhistogram::Histogram<u64>,
+    ) -> Row {
+        let secs = secs.max(1e-9);
+        let (p50_us, p95_us, p99_us, p999_us, max_us) = hist::percentiles(h);
+        Row {
+            page_bytes,
+            batch,
+            pages_per_s: pages as f64 / secs,
+            gb_per_s: pages as f64 * page_bytes as f64 / secs / 1e9,
+            p50_us,
+            p95_us,
+            p99_us,
+            p999_us,
+            max_us,
+            ..Row::empty(name)
+        }
+    }
 }
 
 /// A whole report.

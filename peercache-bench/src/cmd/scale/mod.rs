@@ -15,7 +15,7 @@ use anyhow::{Result, ensure};
 use peercache_directory::{CopyClass, Location, Rail, Shard, ShardConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
-use crate::report::hist;
+use crate::load::runner::time_calls;
 use crate::report::{self, Host, Report, Row};
 
 /// The target of the scale issue: bytes per (key, owner) for the whole shard.
@@ -96,33 +96,12 @@ fn label(n: u64) -> String {
 
 /// A row of `calls` calls of `batch` lookups each, timed one call at a time.
 fn timed(name: String, batch: u64, round: u64, dur: Duration, mut f: impl FnMut() -> u64) -> Row {
-    let mut h = hist::new();
-    let (mut calls, mut errors) = (0u64, 0u64);
-    let t0 = Instant::now();
-    while t0.elapsed() < dur {
-        let c0 = Instant::now();
-        errors += batch - f();
-        hist::record(&mut h, c0.elapsed());
-        calls += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    let (p50, p95, p99, p999, max) = hist::percentiles(&h);
+    let (h, calls, errors, secs) = time_calls(dur, || batch - f());
     Row {
-        name,
-        page_bytes: 0,
-        batch,
-        concurrency: 1,
-        pages_per_s: (calls * batch) as f64 / secs,
-        gb_per_s: 0.0,
-        p50_us: p50,
-        p95_us: p95,
-        p99_us: p99,
-        p999_us: p999,
-        max_us: max,
-        tokens_per_s: 0.0,
         hit_pct: 100.0 * (calls * batch - errors) as f64 / (calls * batch).max(1) as f64,
         errors,
         round,
+        ..Row::measured(&name, 0, batch, calls * batch, secs, &h)
     }
 }
 
