@@ -202,6 +202,54 @@ fn torn_and_corrupt_records_are_skipped_never_served() {
     assert_eq!(read(&t, key(4), 4096).unwrap(), page(4, 4096));
 }
 
+#[test]
+fn a_bad_record_mid_segment_costs_that_record_alone() {
+    // 64 records in one segment; record 10's header and record 40's payload are damaged.
+    let dir = tempfile::tempdir().unwrap();
+    let rec = 4096 + 64;
+    {
+        let t = open(dir.path(), 64 << 20, 128);
+        for i in 0..64 {
+            t.put(key(i), &[&page(i, 4096)], 4096, 0, Layout::NONE);
+        }
+        t.flush();
+    }
+    let path = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len(), 64 * rec, "one segment holds every record");
+    bytes[10 * rec + 20] ^= 0x40; // record 10: a header byte (its key)
+    for b in &mut bytes[40 * rec + 64 + 500..40 * rec + 64 + 508] {
+        *b ^= 0xff; // record 40: eight payload bytes
+    }
+    std::fs::write(&path, &bytes).unwrap();
+
+    let t = open(dir.path(), 64 << 20, 128);
+    let s = t.stats();
+    assert_eq!(
+        s.recovered, 63,
+        "every record but the one with the bad header"
+    );
+    assert_eq!(s.corrupt, 1, "one bad span counted");
+    assert!(!t.contains(key(10)));
+    for i in (0..64).filter(|&i| i != 10 && i != 40) {
+        assert_eq!(read(&t, key(i), 4096).unwrap(), page(i, 4096), "record {i}");
+    }
+    // The damaged payload is found when read: refused, never served.
+    assert!(matches!(
+        read(&t, key(40), 4096),
+        Err(DiskError::Corrupt {
+            reason: RecordError::PayloadChecksum,
+            ..
+        })
+    ));
+    // The segment stays on disk with its sound records.
+    assert!(path.exists());
+}
+
 /// The child side of the kill -9 test: writes records until killed.
 #[test]
 fn child_writer_until_killed() {

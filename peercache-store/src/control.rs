@@ -94,6 +94,13 @@ impl Message for StoreReply {
     const NAME: &'static str = "StoreReply";
 }
 
+/// The envelope extension that carries `layout` to an owner a node writes to.
+pub(crate) fn layout_extension(layout: peercache_wire::Layout) -> Vec<peercache_wire::Extension> {
+    peercache_wire::Extension::of(EXT_LAYOUT, &layout.0)
+        .into_iter()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

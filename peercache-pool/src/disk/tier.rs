@@ -7,9 +7,11 @@
 //!   `capacity` bytes of segments; beyond it the least recently used segment (by the most
 //!   recent use of any record in it) is deleted with its records.
 //! * After a restart (or `kill -9`) the segments are scanned: every record with a sound header
-//!   and its full length is indexed (a newer record of a key wins); a torn tail or a corrupt
-//!   header ends that segment's scan and is counted. Payload checksums are checked on every
-//!   read; a corrupt record is dropped and reported, never served.
+//!   and its full length is indexed (a newer record of a key wins); a torn or corrupt record is
+//!   counted and skipped, the scan resuming at the next record whose marker, header and payload
+//!   verify, so one bad record costs that record alone; the segment stays (its sound records are
+//!   served) until the tier's least-recently-used eviction deletes it. Payload checksums are
+//!   checked on every read; a corrupt record is dropped and reported, never served.
 //! * A failed write (disk full, failing disk) disables the tier with one error log and a
 //!   metric; records already on disk stay readable and the pool keeps working.
 
@@ -609,8 +611,10 @@ fn write_all_vectored(f: &mut File, mut bufs: &mut [std::io::IoSlice<'_>]) -> st
 }
 
 /// Scans every segment in id order. A record counts when its header decodes and its full
-/// length is present; the first bad record ends that segment's scan (a torn tail after a
-/// crash, or corruption — counted either way). Later records of a key replace earlier ones.
+/// length is present. A bad record (a torn tail after a crash, or corruption) is counted and
+/// skipped: the scan resumes at the next record found by its marker whose header and payload
+/// both verify ([`resync`]), so one bad record costs that record only. Later records of a key
+/// replace earlier ones.
 fn recover(sh: &Shared) -> std::io::Result<()> {
     let mut ids: Vec<u64> = Vec::new();
     for ent in fs::read_dir(&sh.cfg.dir)? {
@@ -640,31 +644,45 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
         let mut keys = Vec::new();
         let mut hb = [0u8; RECORD_HEADER];
         while off + RECORD_HEADER as u64 <= len {
-            if file.read_exact_at(&mut hb, off).is_err() {
-                break;
-            }
-            let Ok(h) = RecordHeader::decode(&hb) else {
-                break;
+            let sound = file
+                .read_exact_at(&mut hb, off)
+                .ok()
+                .and_then(|()| RecordHeader::decode(&hb).ok())
+                .filter(|h| off + (RECORD_HEADER as u64) + u64::from(h.len) <= len);
+            let (at, h) = match sound {
+                Some(h) => (off, h),
+                None => {
+                    // A bad record: skip to the next whole, verified record (the rest of the
+                    // segment when there is none — a torn tail after a crash).
+                    sh.counters.corrupt.add(1);
+                    let next = resync(&file, off + 1, len);
+                    let to = next.map_or(len, |(at, _)| at);
+                    tracing::warn!(segment = %path.display(), at = off, skipped = to - off, size = len, "torn or corrupt disk record: skipped to the next sound record");
+                    match next {
+                        Some(n) => n,
+                        None => {
+                            off = len;
+                            break;
+                        }
+                    }
+                }
             };
-            let end = off + RECORD_HEADER as u64 + h.len as u64;
-            if end > len {
-                break;
-            }
             idx.map.insert(
                 h.key,
                 Entry {
                     seg: id,
-                    offset: off,
+                    offset: at,
                     header: h,
                 },
             );
             keys.push(h.key);
             recovered += 1;
-            off = end;
+            off = at + RECORD_HEADER as u64 + u64::from(h.len);
         }
         if off < len {
+            // A tail shorter than a header.
             sh.counters.corrupt.add(1);
-            tracing::warn!(segment = %path.display(), at = off, size = len, "torn or corrupt record: the rest of the segment is skipped");
+            tracing::warn!(segment = %path.display(), at = off, size = len, "torn disk record at the end of a segment: skipped");
         }
         let t = idx.next_tick;
         idx.next_tick += 1;
@@ -688,4 +706,50 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
         tracing::info!(records = recovered, bytes = idx.bytes, dir = %sh.cfg.dir.display(), "disk tier recovered");
     }
     Ok(())
+}
+
+/// Bytes read at a time while looking for the next record.
+const RESYNC_CHUNK: usize = 1 << 20;
+
+/// The first record at or after `from` (and before `len`) that is whole and sound: its marker
+/// (the magic), a header that decodes, its full length present and a payload that matches its
+/// checksum. The checks rule out the marker's bytes merely occurring in other data; bytes
+/// crafted as a whole record inside a page's payload would pass them (docs/security.md says
+/// what that allows). `None` when there is none.
+fn resync(file: &File, from: u64, len: u64) -> Option<(u64, RecordHeader)> {
+    let magic = super::record::RECORD_MAGIC;
+    let mut buf = vec![0u8; RESYNC_CHUNK];
+    let mut at = from;
+    while at + RECORD_HEADER as u64 <= len {
+        let n = (len - at).min(RESYNC_CHUNK as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at).ok()?;
+        for i in 0..n.saturating_sub(magic.len() - 1) {
+            if buf[i..i + magic.len()] != magic {
+                continue;
+            }
+            let cand = at + i as u64;
+            if let Some(h) = sound_at(file, cand, len) {
+                return Some((cand, h));
+            }
+        }
+        // The next chunk starts where a marker cut by this chunk's end would begin.
+        at += (n - (magic.len() - 1)).max(1) as u64;
+    }
+    None
+}
+
+/// The record at `at` if its header decodes, its full length is present and its payload
+/// verifies.
+fn sound_at(file: &File, at: u64, len: u64) -> Option<RecordHeader> {
+    let mut hb = [0u8; RECORD_HEADER];
+    file.read_exact_at(&mut hb, at).ok()?;
+    let h = RecordHeader::decode(&hb).ok()?;
+    let start = at + RECORD_HEADER as u64;
+    if start + u64::from(h.len) > len {
+        return None;
+    }
+    let mut payload = vec![0u8; h.len as usize];
+    file.read_exact_at(&mut payload, start).ok()?;
+    h.verify_payload(&payload).ok()?;
+    Some(h)
 }

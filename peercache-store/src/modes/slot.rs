@@ -13,28 +13,40 @@
 //! * Keys whose owner moved after a membership change are misses (nothing migrates).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use peercache_directory::DirectoryClient;
 use peercache_pool::slotmap::{self, HEADER, SlotHeader};
-use peercache_transport::{Batch, RegionKey, RemoteRange, Segment};
-use peercache_wire::{NodeId, PageKey, envelope, rpc};
+use peercache_transport::{Batch, RegionKey, RemoteRange, Segment, Transport};
+use peercache_wire::{Layout, NodeId, PageKey, envelope, rpc};
 
 use crate::control::{StoreReply, StoreRequest};
 use crate::modes::state::SlotMode;
-use crate::node::core::Core;
+use crate::observe::series::Handles;
 use crate::read::dest::PageDest;
+use crate::read::scratch::ScratchPool;
 
 /// The discovery attribute that carries a node's slotmap layout.
 pub(crate) use crate::layout::slot::{LAYOUT_ATTR, encode_layout, layouts};
 
-impl Core {
+/// Slot mode's reads and writes, with what they need of their node (`Core::slot_io`).
+pub(crate) struct SlotIo<'a> {
+    pub(crate) slots: &'a SlotMode,
+    pub(crate) me: &'a NodeId,
+    /// The ring (each key's primary) and the RPC client.
+    pub(crate) dir: &'a DirectoryClient,
+    pub(crate) transport: &'a Transport,
+    pub(crate) scratch: &'a ScratchPool,
+    pub(crate) metrics: &'a Handles,
+    /// The layout this node writes and expects.
+    pub(crate) layout: Layout,
+    pub(crate) op_timeout: Duration,
+}
+
+impl SlotIo<'_> {
     /// Serves a `SlotWrite`: writes each page into this node's region.
-    pub(crate) fn slot_write(
-        &self,
-        slots: &SlotMode,
-        pages: &[(PageKey, Vec<u8>)],
-        layout: peercache_wire::Layout,
-    ) -> Vec<bool> {
-        let map = &slots.map;
+    pub(crate) fn write(&self, pages: &[(PageKey, Vec<u8>)], layout: Layout) -> Vec<bool> {
+        let map = &self.slots.map;
         pages
             .iter()
             .map(|(k, bytes)| map.write(*k, &[bytes.as_slice()], layout).is_ok())
@@ -60,17 +72,12 @@ fn group(owners: &[Option<NodeId>], me: &NodeId) -> (Vec<usize>, Groups) {
     (local, remote)
 }
 
-impl Core {
+impl SlotIo<'_> {
     /// Slotmap writes: local keys into this region, the others by `SlotWrite` to their owners
     /// (all owners at once).
-    pub(crate) fn slot_set(
-        &self,
-        slots: &SlotMode,
-        keys: &[PageKey],
-        slices: &[&[u8]],
-        counts: &[usize],
-    ) -> Vec<bool> {
+    pub(crate) fn set(&self, keys: &[PageKey], slices: &[&[u8]], counts: &[usize]) -> Vec<bool> {
         let inner = self;
+        let slots = self.slots;
         let map = &slots.map;
         let mut starts = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -79,15 +86,15 @@ impl Core {
             at += c;
         }
         let owners = inner.dir.primaries(keys);
-        let (local, remote) = group(&owners, &inner.me);
+        let (local, remote) = group(&owners, inner.me);
         let mut done = vec![false; keys.len()];
-        let layout = inner.layout();
+        let layout = inner.layout;
         for i in local {
             done[i] = map
                 .write(keys[i], &slices[starts[i]..starts[i] + counts[i]], layout)
                 .is_ok();
         }
-        let layout_ext = inner.layout_extension();
+        let layout_ext = crate::control::layout_extension(inner.layout);
         let layouts = slots.layouts.read().clone();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, &Vec<usize>)> = Vec::new();
         for (node, idx) in &remote {
@@ -104,7 +111,7 @@ impl Core {
             reqs.iter().map(|(ep, f, _)| (*ep, f.as_slice())).collect();
         for ((_, _, idx), r) in reqs
             .iter()
-            .zip(inner.dir.rpc().call_many(&calls, inner.cfg.op_timeout()))
+            .zip(inner.dir.rpc().call_many(&calls, inner.op_timeout))
         {
             if let Ok(StoreReply::SlotWritten(ok)) =
                 r.and_then(|f| rpc::decode_reply::<StoreReply>(&f))
@@ -119,15 +126,11 @@ impl Core {
 
     /// Reads the header block of every key's bucket on its owner; returns the blocks (None:
     /// owner unknown or unreachable). Local keys are read in place.
-    fn header_blocks(
-        &self,
-        slots: &SlotMode,
-        keys: &[PageKey],
-        owners: &[Option<NodeId>],
-    ) -> Vec<Option<Vec<u8>>> {
+    fn header_blocks(&self, keys: &[PageKey], owners: &[Option<NodeId>]) -> Vec<Option<Vec<u8>>> {
         let inner = self;
+        let slots = self.slots;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        let (local, remote) = group(owners, &inner.me);
+        let (local, remote) = group(owners, inner.me);
         if let Some(map) = Some(&slots.map) {
             let g = map.geometry();
             for i in local {
@@ -148,7 +151,7 @@ impl Core {
                 continue;
             };
             let hb = l.geo.header_block() as usize;
-            let Ok(mut scratch) = self.checkout_scratch(0, hb * idx.len()) else {
+            let Ok(mut scratch) = self.scratch.checkout(self.transport, 0, hb * idx.len()) else {
                 continue;
             };
             let mut batch = Batch::new();
@@ -174,16 +177,16 @@ impl Core {
                     }
                 }
             }
-            inner.reads.scratch.lock().push(scratch);
+            inner.scratch.give_back(scratch);
         }
         out
     }
 
     /// Slotmap exists: the leading keys whose bucket holds them.
     /// Per-key presence in slotmap mode (one header-block fetch per owner).
-    pub(crate) fn slot_contains(&self, slots: &SlotMode, keys: &[PageKey]) -> Vec<bool> {
+    pub(crate) fn contains(&self, keys: &[PageKey]) -> Vec<bool> {
         let owners = self.dir.primaries(keys);
-        let blocks = self.header_blocks(slots, keys, &owners);
+        let blocks = self.header_blocks(keys, &owners);
         keys.iter()
             .zip(&blocks)
             .map(|(k, b)| {
@@ -194,19 +197,15 @@ impl Core {
     }
 
     /// Slotmap get: header block, then the matching way's payload and header again; verified.
-    pub(crate) fn slot_get(
-        &self,
-        slots: &SlotMode,
-        keys: &[PageKey],
-        dest: &mut PageDest<'_>,
-    ) -> Vec<Option<u32>> {
+    pub(crate) fn get(&self, keys: &[PageKey], dest: &mut PageDest<'_>) -> Vec<Option<u32>> {
         let inner = self;
+        let slots = self.slots;
         let n = keys.len();
         let lens: Vec<usize> = dest.lens().iter().map(|&l| l as usize).collect();
         let mut hit: Vec<Option<u32>> = vec![None; n];
-        let layout = inner.layout();
+        let layout = inner.layout;
         let owners = inner.dir.primaries(keys);
-        let (local, remote) = group(&owners, &inner.me);
+        let (local, remote) = group(&owners, inner.me);
         if let Some(map) = Some(&slots.map) {
             for i in local {
                 match map.read(keys[i], &mut dest.page_mut(i), layout) {
@@ -225,7 +224,7 @@ impl Core {
         if remote_keys.is_empty() {
             return hit;
         }
-        let blocks = self.header_blocks(slots, keys, &owners);
+        let blocks = self.header_blocks(keys, &owners);
         let layouts = slots.layouts.read().clone();
         for (node, idx) in remote {
             let Some(l) = layouts.get(&node) else {
@@ -243,7 +242,7 @@ impl Core {
                 continue;
             }
             let staging: usize = found.iter().map(|(i, ..)| lens[*i] + HEADER).sum();
-            let Ok(mut scratch) = self.checkout_scratch(0, staging) else {
+            let Ok(mut scratch) = self.scratch.checkout(self.transport, 0, staging) else {
                 continue;
             };
             // Slotmap reads stage every payload: a slot may be rewritten under the read, so
@@ -304,7 +303,7 @@ impl Core {
                     }
                 }
             }
-            inner.reads.scratch.lock().push(scratch);
+            inner.scratch.give_back(scratch);
         }
         hit
     }

@@ -16,8 +16,10 @@ use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
+use crate::modes::state::SlotMode;
 use crate::node::keys::Keyspace;
 use crate::node::parts::{ReadState, Servers, Tasks};
+use crate::node::stamp::Stamp;
 use crate::observe::series::Handles;
 
 /// Where request handlers that start before the node exists find it once it does.
@@ -64,18 +66,103 @@ impl Core {
         peercache_wire::Layout(self.layout.load(std::sync::atomic::Ordering::Acquire))
     }
 
-    /// The envelope extension that carries this node's layout to an owner it writes to.
-    pub(crate) fn layout_extension(&self) -> Vec<peercache_wire::Extension> {
-        peercache_wire::Extension::of(crate::control::EXT_LAYOUT, &self.layout().0)
-            .into_iter()
-            .collect()
-    }
-
     /// The page keys of `keys` in this node's keyspace (`prefix`).
     pub(crate) fn page_keys<K: AsRef<str>>(&self, keys: &[K]) -> Vec<PageKey> {
         keys.iter()
             .map(|k| self.keys.page_key(k.as_ref()))
             .collect()
+    }
+
+    /// What names this node's copies in the directory.
+    pub(crate) fn stamp(&self) -> Stamp<'_> {
+        Stamp {
+            me: &self.me,
+            incarnation: self.incarnation,
+            data_endpoint: self.data_endpoint,
+            pool_key: self.pool_key,
+            pool_base: self.pool.base() as u64,
+        }
+    }
+
+    /// The directory location of a page resident in this node's pool.
+    pub(crate) fn resident_location(
+        &self,
+        loc: &peercache_pool::PageLocation,
+    ) -> peercache_directory::Location {
+        self.stamp().resident(loc)
+    }
+
+    /// The disk-tier promotions, with what they need of the node.
+    pub(crate) fn promotion(&self) -> crate::tasks::promotion::Promotion<'_> {
+        crate::tasks::promotion::Promotion {
+            pool: &self.pool,
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            tasks: &self.tasks,
+            metrics: &self.metrics,
+            stamp: self.stamp(),
+            op_timeout: self.cfg.op_timeout(),
+        }
+    }
+
+    /// The re-publishing of recovered disk pages, with what it needs of the node.
+    pub(crate) fn republish(&self) -> crate::tasks::republish::Republish<'_> {
+        crate::tasks::republish::Republish {
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            tasks: &self.tasks,
+            metrics: &self.metrics,
+            stamp: self.stamp(),
+            stopping: &self.stopping,
+        }
+    }
+
+    /// Slot mode's reads and writes, with what they need of the node.
+    pub(crate) fn slot_io<'a>(&'a self, slots: &'a SlotMode) -> crate::modes::slot::SlotIo<'a> {
+        crate::modes::slot::SlotIo {
+            slots,
+            me: &self.me,
+            dir: &self.dir,
+            transport: &self.transport,
+            scratch: &self.reads.scratch,
+            metrics: &self.metrics,
+            layout: self.layout(),
+            op_timeout: self.cfg.op_timeout(),
+        }
+    }
+
+    /// The storage server's side of centralized writes, with what it needs of the node.
+    pub(crate) fn storage_owner(&self) -> crate::modes::central::owner::StorageOwner<'_> {
+        crate::modes::central::owner::StorageOwner {
+            table: self.mode.storage().and_then(|s| s.reservations.as_deref()),
+            pool: &self.pool,
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            tasks: &self.tasks,
+            metrics: &self.metrics,
+            stamp: self.stamp(),
+            reservation_timeout: self.cfg.reservation_timeout,
+        }
+    }
+
+    /// The writer's side of centralized writes to `st`'s storage servers.
+    pub(crate) fn storage_writer<'a>(
+        &'a self,
+        st: &'a crate::modes::state::StorageMode,
+    ) -> crate::modes::central::writer::StorageWriter<'a> {
+        crate::modes::central::writer::StorageWriter {
+            st,
+            me: &self.me,
+            discovery: &self.discovery,
+            dir: &self.dir,
+            transport: &self.transport,
+            reads: &self.reads,
+            metrics: &self.metrics,
+            layout: self.layout(),
+            mode: self.cfg.mode,
+            op_timeout: self.cfg.op_timeout(),
+            lazy_registration: self.cfg.lazy_registration,
+        }
     }
 
     /// Refuses calls once the node is stopping.

@@ -60,7 +60,7 @@ impl Core {
                 self.cfg.vnodes,
             ));
         }
-        self.reap_reservations();
+        self.storage_owner().reap_reservations();
         self.forget_departed(&infos);
         if !infos.is_empty() {
             let storage = infos.iter().filter(|m| m.role == "storage").count();
@@ -211,7 +211,7 @@ impl Core {
         if let Some(mut e) = self.tasks.evictions.lock().take() {
             e.stop();
         }
-        self.stop_republish();
+        self.republish().stop();
         if let Some(d) = &self.disk {
             d.flush();
         }
@@ -232,7 +232,7 @@ impl Core {
         self.transport.shutdown();
         self.reads.host_buffers.write().clear();
         self.reads.device_buffers.write().clear();
-        self.reads.scratch.lock().clear();
+        self.reads.scratch.clear();
         self.pool_region.lock().take();
         if let Some(slots) = self.mode.slots() {
             slots.region.lock().take();

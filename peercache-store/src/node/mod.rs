@@ -7,6 +7,7 @@ pub(crate) mod keys;
 pub(crate) mod lifecycle;
 pub(crate) mod parts;
 pub(crate) mod setup;
+pub(crate) mod stamp;
 pub(crate) mod start;
 pub(crate) mod stats;
 pub(crate) mod store;

@@ -14,7 +14,7 @@ use peercache_transport::RegionHandle;
 use peercache_wire::rpc::RpcServer;
 
 use crate::read::prime::PrimeMap;
-use crate::read::scratch::Scratch;
+use crate::read::scratch::ScratchPool;
 use crate::serve::http::HttpServer;
 use crate::tasks::evict::EvictionBatcher;
 use crate::tasks::promoter::Promoter;
@@ -26,7 +26,7 @@ pub(crate) struct ReadState {
     /// Looked-up locations reused for `directory_read_cache_ttl`.
     pub(crate) read_cache: Mutex<PrimeMap>,
     /// Registered scratch memory, checked out per batch.
-    pub(crate) scratch: Mutex<Vec<Scratch>>,
+    pub(crate) scratch: ScratchPool,
     /// The caller's registered host buffers (SGLang's host pool): zero-copy destinations.
     pub(crate) host_buffers: RwLock<Vec<RegionHandle>>,
     /// Remote reads in flight from this node, per owner endpoint (least-loaded owner choice).
@@ -45,7 +45,7 @@ impl ReadState {
         ReadState {
             primed: Mutex::new(PrimeMap::default()),
             read_cache: Mutex::new(PrimeMap::default()),
-            scratch: Mutex::new(Vec::new()),
+            scratch: ScratchPool::new(),
             host_buffers: RwLock::new(Vec::new()),
             inflight: Mutex::new(HashMap::new()),
             device_buffers: RwLock::new(Vec::new()),

@@ -472,10 +472,10 @@ impl Core {
                     let (mine, theirs): (crate::tasks::promoter::Job, crate::tasks::promoter::Job) =
                         job.into_iter().partition(|(n, _)| *n == inner.me);
                     for (_, keys) in mine {
-                        inner.promote_here(&keys, true);
+                        inner.promotion().promote_here(&keys, true);
                     }
                     if !theirs.is_empty() {
-                        inner.ask_promote(&theirs);
+                        inner.promotion().ask_promote(&theirs);
                     }
                     true
                 }
@@ -498,7 +498,7 @@ impl Core {
                     inner
                         .metrics
                         .refresh(ps.retained + ps.reclaimable, ds.as_ref());
-                    inner.reap_reservations();
+                    inner.storage_owner().reap_reservations();
                     inner.dir.drop_due();
                     inner.forget_strangers();
                     if got.is_err() && *inner.tasks.ring_ready.0.lock() {
@@ -507,10 +507,35 @@ impl Core {
                     // Coalesce a burst of events into one ring change.
                     while events.try_recv().is_ok() {}
                     inner.sync_membership();
-                    crate::tasks::republish::start(&inner);
+                    start_republish(&inner);
                 }
             })?;
         *inner.tasks.membership.lock() = Some(t);
         Ok(inner)
+    }
+}
+
+/// Starts the re-publish thread if recovered pages wait and the ring includes this node.
+pub(crate) fn start_republish(core: &Arc<Core>) {
+    if core.disk.is_none()
+        || !*core.tasks.ring_ready.0.lock()
+        || !core.tasks.republish_pending.swap(false, Ordering::AcqRel)
+    {
+        return;
+    }
+    let weak = Arc::downgrade(core);
+    let spawned = std::thread::Builder::new()
+        .name("pc-republish".into())
+        .spawn(move || {
+            if let Some(core) = weak.upgrade() {
+                core.republish().recovered();
+            }
+        });
+    match spawned {
+        Ok(t) => *core.tasks.republisher.lock() = Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not start re-publishing; doing it inline");
+            core.republish().recovered();
+        }
     }
 }

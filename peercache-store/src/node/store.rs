@@ -141,7 +141,7 @@ impl Store {
     /// Re-reads membership into the directory ring now (it also happens on every change).
     pub fn sync_membership(&self) {
         self.inner.sync_membership();
-        crate::tasks::republish::start(&self.inner);
+        crate::node::start::start_republish(&self.inner);
     }
 
     /// Declares the shape of the pages this node writes and reads (model, KV dtype, ranks,

@@ -49,7 +49,7 @@ impl Core {
         use crate::modes::state::ModeState;
         // A storage server keeps what it is sent; otherwise the mode decides.
         let (st, also_local, fallback_local) = match &self.mode {
-            ModeState::Slotmap(slots) => return self.slot_set(slots, keys, slices, counts),
+            ModeState::Slotmap(slots) => return self.slot_io(slots).set(keys, slices, counts),
             ModeState::P2p => return self.set_local(keys, slices, counts, valid_lens),
             _ if self.cfg.role == Role::Storage => {
                 return self.set_local(keys, slices, counts, valid_lens);
@@ -62,7 +62,10 @@ impl Core {
                 WritePolicy::Both => (st, true, true),
             },
         };
-        match self.write_to_storage(st, keys, slices, counts, valid_lens) {
+        match self
+            .storage_writer(st)
+            .write(keys, slices, counts, valid_lens)
+        {
             Some(stored) if also_local => {
                 let local = self.set_local(keys, slices, counts, valid_lens);
                 stored.iter().zip(local).map(|(s, l)| *s || l).collect()

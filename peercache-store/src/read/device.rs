@@ -174,7 +174,11 @@ impl Core {
         dest: &DeviceDest<'_>,
     ) -> Vec<(usize, Option<u32>)> {
         let miss = || pages.iter().map(|(i, _)| (*i, None)).collect();
-        let scratch = match self.checkout_scratch(2 * pages.len(), 0) {
+        let scratch = match self
+            .reads
+            .scratch
+            .checkout(&self.transport, 2 * pages.len(), 0)
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "no scratch memory for a device read batch");
@@ -231,7 +235,7 @@ impl Core {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(peer = %ep, error = %e, "device read batch failed");
-                self.reads.scratch.lock().push(scratch);
+                self.reads.scratch.give_back(scratch);
                 return miss();
             }
         };
@@ -266,7 +270,7 @@ impl Core {
                 }
             }
         }
-        self.reads.scratch.lock().push(scratch);
+        self.reads.scratch.give_back(scratch);
         out
     }
 }

@@ -45,7 +45,7 @@ impl Core {
         let inner = self;
         inner.metrics.exists_requests.add(1);
         if let Some(slots) = inner.mode.slots() {
-            let mut p = self.slot_contains(slots, keys);
+            let mut p = self.slot_io(slots).contains(keys);
             if leading {
                 let n = p.iter().take_while(|p| **p).count();
                 p.truncate(n);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use peercache_directory::{Location, Owners};
 use peercache_pool::{HEADER_LEN, PageWrite, PublishScratch, Published, ReplClass};
-use peercache_transport::{Batch, RegionHandle, RemoteRange, Segment};
+use peercache_transport::{Batch, RemoteRange, Segment};
 use peercache_wire::{NodeId, PageKey};
 use smallvec::SmallVec;
 
@@ -16,7 +16,7 @@ use crate::node::core::Core;
 use crate::observe::read_timing::Stage;
 use crate::read::dest::PageDest;
 use crate::read::plan::ReadPlan;
-use crate::read::scratch::Scratch;
+use crate::read::scratch::host_region;
 
 impl Core {
     /// The read entry point every host API shares: refuses after shutdown and device memory,
@@ -69,7 +69,7 @@ impl Core {
         let n = keys.len();
         m.read_requests.add(n as u64);
         if let Some(slots) = self.mode.slots() {
-            let hit = self.slot_get(slots, keys, dest);
+            let hit = self.slot_io(slots).get(keys, dest);
             let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
             m.read_hits.add(hits);
             m.read_misses.add(n as u64 - hits);
@@ -130,7 +130,7 @@ impl Core {
         let promoted = if missing.is_empty() {
             None
         } else {
-            let (got, leased) = self.promote_and_lease(&missing);
+            let (got, leased) = self.promotion().promote_and_lease(&missing);
             m.read_disk_hits
                 .add(got.iter().filter(|l| l.is_some()).count() as u64);
             leased
@@ -353,7 +353,7 @@ impl Core {
             .iter()
             .map(|(node, idx)| (node.clone(), idx.iter().map(|&i| keys[i]).collect()))
             .collect();
-        let answers = self.ask_promote(&groups);
+        let answers = self.promotion().ask_promote(&groups);
         for ((_, idx), locs) in want.iter().zip(answers) {
             for (&i, l) in idx.iter().zip(locs) {
                 if let Some(l) = l.filter(|l| l.resident && l.len as u64 == lens[i]) {
@@ -361,28 +361,6 @@ impl Core {
                 }
             }
         }
-    }
-
-    pub(crate) fn host_region(
-        &self,
-        bufs: &[RegionHandle],
-        ptr: u64,
-        len: u64,
-    ) -> Option<peercache_transport::RegionKey> {
-        bufs.iter().find(|h| h.contains(ptr, len)).map(|h| h.key())
-    }
-
-    pub(crate) fn checkout_scratch(
-        &self,
-        headers: usize,
-        staging: usize,
-    ) -> Result<Scratch, StoreError> {
-        let mut pool = self.reads.scratch.lock();
-        if let Some(pos) = pool.iter().position(|s| s.fits(headers, staging)) {
-            return Ok(pool.swap_remove(pos));
-        }
-        drop(pool);
-        Scratch::new(&self.transport, headers.max(64), staging.max(1 << 20))
     }
 
     /// Reads `pages` from one owner: header + payload per page, straight into the caller's
@@ -405,10 +383,10 @@ impl Core {
         let mut direct = Vec::with_capacity(pages.len());
         for (i, loc) in pages {
             let ok = lazy
-                || dest.segs(*i).iter().all(|s| {
-                    self.host_region(&bufs, s.ptr as u64, s.len as u64)
-                        .is_some()
-                });
+                || dest
+                    .segs(*i)
+                    .iter()
+                    .all(|s| host_region(&bufs, s.ptr as u64, s.len as u64).is_some());
             if !ok {
                 staging_need += loc.len as usize;
             }
@@ -418,7 +396,11 @@ impl Core {
         if staged > 0 {
             self.metrics.staged_reads.add(staged);
         }
-        let scratch = match self.checkout_scratch(pages.len(), staging_need) {
+        let scratch = match self
+            .reads
+            .scratch
+            .checkout(&self.transport, pages.len(), staging_need)
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "no scratch memory for a read batch");
@@ -438,8 +420,7 @@ impl Core {
             });
             if direct[j] {
                 for s in dest.segs(*i) {
-                    let region = self
-                        .host_region(&bufs, s.ptr as u64, s.len as u64)
+                    let region = host_region(&bufs, s.ptr as u64, s.len as u64)
                         .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
                     local.push(Segment {
                         region,
@@ -564,7 +545,7 @@ impl Core {
                 }
             }
         }
-        self.reads.scratch.lock().push(scratch);
+        self.reads.scratch.give_back(scratch);
         stage.end(|s| &mut s.verify);
         out
     }

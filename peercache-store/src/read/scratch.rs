@@ -1,8 +1,9 @@
 //! Caller memory by address ([`RawSeg`]) and the registered scratch memory one read batch
 //! uses for page headers and staging ([`Scratch`]).
 
+use parking_lot::Mutex;
 use peercache_pool::HEADER_LEN;
-use peercache_transport::{Access, RegionHandle, Transport};
+use peercache_transport::{Access, RegionHandle, RegionKey, Transport};
 
 use crate::StoreError;
 
@@ -80,4 +81,50 @@ impl Scratch {
     pub(crate) fn staging_addr(&self, off: usize) -> u64 {
         self.buf.as_ptr() as u64 + (self.headers * HEADER_LEN + off) as u64
     }
+}
+
+/// The registered scratch buffers read batches check out and give back (registration is
+/// costly, so buffers are kept between batches).
+pub(crate) struct ScratchPool {
+    free: Mutex<Vec<Scratch>>,
+}
+
+impl ScratchPool {
+    /// No buffer yet.
+    pub(crate) fn new() -> Self {
+        ScratchPool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A buffer with room for `headers` header slots and `staging` bytes: a kept one that
+    /// fits, else a new one registered with `transport`.
+    pub(crate) fn checkout(
+        &self,
+        transport: &Transport,
+        headers: usize,
+        staging: usize,
+    ) -> Result<Scratch, StoreError> {
+        let mut free = self.free.lock();
+        if let Some(pos) = free.iter().position(|s| s.fits(headers, staging)) {
+            return Ok(free.swap_remove(pos));
+        }
+        drop(free);
+        Scratch::new(transport, headers.max(64), staging.max(1 << 20))
+    }
+
+    /// Keeps `s` for a later batch.
+    pub(crate) fn give_back(&self, s: Scratch) {
+        self.free.lock().push(s);
+    }
+
+    /// Drops every kept buffer (their registrations first).
+    pub(crate) fn clear(&self) {
+        self.free.lock().clear();
+    }
+}
+
+/// The region of the registered buffer among `bufs` that holds all of `[ptr, ptr + len)`.
+pub(crate) fn host_region(bufs: &[RegionHandle], ptr: u64, len: u64) -> Option<RegionKey> {
+    bufs.iter().find(|h| h.contains(ptr, len)).map(|h| h.key())
 }

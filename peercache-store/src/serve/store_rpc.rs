@@ -73,7 +73,9 @@ pub(crate) fn serve_store(
                 }
                 return rpc::forbidden(peer, &format!("prepare for writer {claimed}"));
             }
-            frame(StoreReply::Prepared(inner.prepare(me, &pages, layout)))
+            frame(StoreReply::Prepared(
+                inner.storage_owner().prepare(me, &pages, layout),
+            ))
         }
         StoreRequest::Commit(_) => refuse(
             RpcError::CODE_REFUSED,
@@ -87,7 +89,9 @@ pub(crate) fn serve_store(
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
             match writer() {
-                Ok(w) => frame(StoreReply::Committed(inner.commit_verified(w, &pairs))),
+                Ok(w) => frame(StoreReply::Committed(
+                    inner.storage_owner().commit_verified(w, &pairs),
+                )),
                 Err(r) => r,
             }
         }
@@ -96,7 +100,7 @@ pub(crate) fn serve_store(
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
             frame(StoreReply::SlotWritten(match inner.mode.slots() {
-                Some(slots) => inner.slot_write(slots, &pages, layout),
+                Some(slots) => inner.slot_io(slots).write(&pages, layout),
                 None => vec![false; pages.len()],
             }))
         }
@@ -105,7 +109,7 @@ pub(crate) fn serve_store(
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
             match writer() {
-                Ok(w) => frame(StoreReply::Aborted(inner.abort(w, &tokens))),
+                Ok(w) => frame(StoreReply::Aborted(inner.storage_owner().abort(w, &tokens))),
                 Err(r) => r,
             }
         }
@@ -113,7 +117,9 @@ pub(crate) fn serve_store(
             if pages.len() > MAX_WRITE_PAGES {
                 return refuse(RpcError::CODE_REFUSED, "too many pages".into(), false);
             }
-            frame(StoreReply::Ingested(inner.ingest(&pages, layout)))
+            frame(StoreReply::Ingested(
+                inner.storage_owner().ingest(&pages, layout),
+            ))
         }
         StoreRequest::Promote(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
             RpcError::CODE_REFUSED,
@@ -124,7 +130,7 @@ pub(crate) fn serve_store(
             false,
         ),
         StoreRequest::Promote(keys) => {
-            let locs = inner.promote_here(&keys, false);
+            let locs = inner.promotion().promote_here(&keys, false);
             match envelope::encode(&StoreReply::Promoted(locs), &[]) {
                 Ok(f) => Reply::Frame(f),
                 Err(e) => refuse(RpcError::CODE_REFUSED, e.to_string(), false),

@@ -3,16 +3,33 @@
 //! location of a page this node holds.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use peercache_pool::{PublishScratch, Published};
+use peercache_directory::DirectoryClient;
+use peercache_pool::disk::DiskTier;
+use peercache_pool::{Pool, PublishScratch, Published};
 use peercache_wire::envelope::{self};
 use peercache_wire::rpc::{self};
 use peercache_wire::{NodeId, PageKey};
 
 use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
-use crate::node::core::Core;
+use crate::node::parts::Tasks;
+use crate::node::stamp::Stamp;
+use crate::observe::series::Handles;
 
-impl Core {
+/// Promotions, with what they need of their node (`Core::promotion`).
+pub(crate) struct Promotion<'a> {
+    pub(crate) pool: &'a Pool,
+    pub(crate) disk: Option<&'a DiskTier>,
+    pub(crate) dir: &'a DirectoryClient,
+    /// The promotion lock and the eviction batcher.
+    pub(crate) tasks: &'a Tasks,
+    pub(crate) metrics: &'a Handles,
+    pub(crate) stamp: Stamp<'a>,
+    pub(crate) op_timeout: Duration,
+}
+
+impl<'a> Promotion<'a> {
     /// Promotes `keys` from this node's disk tier into its pool (pages already resident are
     /// answered as they are) and returns their resident locations. The directory learns of
     /// them inline (`inline`) or through the background batcher (when serving a peer).
@@ -24,14 +41,14 @@ impl Core {
         self.promote_inner(keys, inline, false).0
     }
 
-    /// [`Core::promote_here`] for a read on this node: the promoted pages are leased in the
+    /// [`Promotion::promote_here`] for a read on this node: the promoted pages are leased in the
     /// same step, so no other promotion or publish can evict them before the read copies them.
     pub(crate) fn promote_and_lease(
         &self,
         keys: &[PageKey],
     ) -> (
         Vec<Option<peercache_directory::Location>>,
-        Option<peercache_pool::Leases<'_>>,
+        Option<peercache_pool::Leases<'a>>,
     ) {
         self.promote_inner(keys, true, true)
     }
@@ -43,10 +60,10 @@ impl Core {
         lease: bool,
     ) -> (
         Vec<Option<peercache_directory::Location>>,
-        Option<peercache_pool::Leases<'_>>,
+        Option<peercache_pool::Leases<'a>>,
     ) {
         let mut res = vec![None; keys.len()];
-        let Some(disk) = &self.disk else {
+        let Some(disk) = self.disk else {
             return (res, None);
         };
         if keys.iter().any(|k| disk.is_pending(*k)) {
@@ -69,7 +86,7 @@ impl Core {
         for (i, p) in out.iter().enumerate() {
             if let Published::New(loc) | Published::Duplicate(loc) = p {
                 promoted += u64::from(matches!(p, Published::New(_)));
-                let l = self.resident_location(loc);
+                let l = self.stamp.resident(loc);
                 entries.push((keys[i], l.clone()));
                 res[i] = Some(l);
             }
@@ -112,7 +129,7 @@ impl Core {
         }
         let calls: Vec<(SocketAddr, &[u8])> =
             reqs.iter().map(|(ep, f, ..)| (*ep, f.as_slice())).collect();
-        let replies = self.dir.rpc().call_many(&calls, self.cfg.op_timeout());
+        let replies = self.dir.rpc().call_many(&calls, self.op_timeout);
         let mut asked = 0u64;
         for ((_, _, g, at), r) in reqs.iter().zip(replies) {
             match r.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
@@ -131,33 +148,5 @@ impl Core {
         }
         self.metrics.promotes_asked.add(asked);
         answers
-    }
-
-    /// The directory location of a page resident in this node's pool.
-    pub(crate) fn resident_location(
-        &self,
-        loc: &peercache_pool::PageLocation,
-    ) -> peercache_directory::Location {
-        peercache_directory::Location {
-            node: self.me.clone(),
-            incarnation: self.incarnation,
-            rails: smallvec::smallvec![peercache_directory::Rail {
-                endpoint: self.data_endpoint,
-                region: self.pool_key,
-            }],
-            addr: self.pool.base() as u64 + loc.offset,
-            len: loc.len,
-            valid_len: loc.valid_len,
-            generation: loc.generation,
-            checksum: loc.checksum,
-            resident: true,
-            class: match loc.class {
-                peercache_pool::ReplClass::Retained => peercache_directory::CopyClass::Retained,
-                peercache_pool::ReplClass::Reclaimable => {
-                    peercache_directory::CopyClass::Reclaimable
-                }
-            },
-            layout: loc.layout,
-        }
     }
 }

@@ -6,65 +6,39 @@
 //! it between batches. Each batch is one directory insert of [`BATCH`] pages, which the
 //! directory client splits per shard and sends to the shards in parallel.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use peercache_directory::{CopyClass, Location, Rail};
+use peercache_directory::DirectoryClient;
+use peercache_pool::disk::DiskTier;
 
-use crate::node::core::Core;
+use crate::node::parts::Tasks;
+use crate::node::stamp::Stamp;
+use crate::observe::series::Handles;
+
+/// Re-publishing, with what it needs of its node (`Core::republish`).
+pub(crate) struct Republish<'a> {
+    pub(crate) disk: Option<&'a DiskTier>,
+    pub(crate) dir: &'a DirectoryClient,
+    /// The re-publish thread's handle.
+    pub(crate) tasks: &'a Tasks,
+    pub(crate) metrics: &'a Handles,
+    pub(crate) stamp: Stamp<'a>,
+    /// Set once the node stops: the run ends between batches.
+    pub(crate) stopping: &'a AtomicBool,
+}
 
 /// Pages per directory insert: large enough that every shard gets a full request per batch,
 /// small enough that the entries of one batch stay a few MiB.
 pub(crate) const BATCH: usize = 64 * 1024;
 
-/// Starts the re-publish thread if recovered pages wait and the ring includes this node.
-pub(crate) fn start(core: &Arc<Core>) {
-    if core.disk.is_none()
-        || !*core.tasks.ring_ready.0.lock()
-        || !core.tasks.republish_pending.swap(false, Ordering::AcqRel)
-    {
-        return;
-    }
-    let weak = Arc::downgrade(core);
-    let spawned = std::thread::Builder::new()
-        .name("pc-republish".into())
-        .spawn(move || {
-            if let Some(core) = weak.upgrade() {
-                core.republish_recovered();
-            }
-        });
-    match spawned {
-        Ok(t) => *core.tasks.republisher.lock() = Some(t),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not start re-publishing; doing it inline");
-            core.republish_recovered();
-        }
-    }
-}
-
-impl Core {
+impl Republish<'_> {
     /// Tells the directory about every page the disk tier recovered, a batch at a time, until
     /// done or the node stops.
-    fn republish_recovered(&self) {
-        let Some(disk) = &self.disk else { return };
+    pub(crate) fn recovered(&self) {
+        let Some(disk) = self.disk else { return };
         let t0 = std::time::Instant::now();
         let inventory = disk.inventory();
-        let template = Location {
-            node: self.me.clone(),
-            incarnation: self.incarnation,
-            rails: smallvec::smallvec![Rail {
-                endpoint: self.data_endpoint,
-                region: self.pool_key,
-            }],
-            addr: 0,
-            len: 0,
-            valid_len: 0,
-            generation: 0,
-            checksum: 0,
-            resident: false,
-            class: CopyClass::Retained,
-            layout: peercache_wire::Layout::NONE,
-        };
+        let template = self.stamp.on_disk();
         let mut entries = Vec::with_capacity(BATCH.min(inventory.len()));
         let mut done = 0usize;
         let mut failed = 0usize;
@@ -102,7 +76,7 @@ impl Core {
     }
 
     /// Waits for the re-publish thread (it stops between batches once `stopping` is set).
-    pub(crate) fn stop_republish(&self) {
+    pub(crate) fn stop(&self) {
         if let Some(t) = self.tasks.republisher.lock().take()
             && t.thread().id() != std::thread::current().id()
         {

@@ -3,19 +3,39 @@
 
 use std::time::{Duration, Instant};
 
-use peercache_directory::Location;
-use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass, Reservation, Reserved};
+use parking_lot::Mutex;
+use peercache_directory::{DirectoryClient, Location};
+use peercache_pool::disk::DiskTier;
+use peercache_pool::{
+    PageWrite, Pool, PublishScratch, Published, ReplClass, Reservation, Reserved,
+};
 use peercache_wire::{NodeId, PageKey};
 
 use crate::control::PrepareOutcome;
-use crate::node::core::Core;
+use crate::modes::storage_view::{Held, Reservations, Taken};
+use crate::node::parts::Tasks;
+use crate::node::stamp::Stamp;
+use crate::observe::series::Handles;
 
-use crate::modes::storage_view::{Held, Taken};
+/// The storage server's side, with what it needs of its node (`Core::storage_owner`).
+pub(crate) struct StorageOwner<'a> {
+    /// The reservations (`None`: this node is not a storage server; every request refused).
+    pub(crate) table: Option<&'a Mutex<Reservations>>,
+    pub(crate) pool: &'a Pool,
+    pub(crate) disk: Option<&'a DiskTier>,
+    pub(crate) dir: &'a DirectoryClient,
+    /// The eviction batcher.
+    pub(crate) tasks: &'a Tasks,
+    pub(crate) metrics: &'a Handles,
+    pub(crate) stamp: Stamp<'a>,
+    /// Seconds a reservation waits for its commit.
+    pub(crate) reservation_timeout: f64,
+}
 
-impl Core {
+impl StorageOwner<'_> {
     /// Releases reservations whose writer did not commit in time.
     pub(crate) fn reap_reservations(&self) -> usize {
-        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
+        let Some(table) = self.table else {
             return 0;
         };
         let now = Instant::now();
@@ -52,7 +72,7 @@ impl Core {
         pages: &[(PageKey, u32, u32)],
         layout: peercache_wire::Layout,
     ) -> Vec<PrepareOutcome> {
-        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
+        let Some(table) = self.table else {
             return pages
                 .iter()
                 .map(|_| PrepareOutcome::Refused("this node is not a storage server".into()))
@@ -67,7 +87,7 @@ impl Core {
         if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
-        let expires = Instant::now() + Duration::from_secs_f64(self.cfg.reservation_timeout);
+        let expires = Instant::now() + Duration::from_secs_f64(self.reservation_timeout);
         let mut t = table.lock();
         let mut unheld = Vec::new();
         let outcomes = out
@@ -83,7 +103,7 @@ impl Core {
                         Ok(token) => PrepareOutcome::Slot {
                             token,
                             addr: res.payload_addr,
-                            region: self.pool_key,
+                            region: self.stamp.pool_key,
                         },
                         Err(e) => {
                             unheld.push(res);
@@ -91,7 +111,7 @@ impl Core {
                         }
                     }
                 }
-                Reserved::Duplicate(loc) => PrepareOutcome::Present(self.resident_location(&loc)),
+                Reserved::Duplicate(loc) => PrepareOutcome::Present(self.stamp.resident(&loc)),
                 Reserved::Failed(e) => PrepareOutcome::Refused(e.to_string()),
             })
             .collect();
@@ -103,7 +123,7 @@ impl Core {
     /// Takes `writer`'s reservations among `tokens`; another writer's are left in place and
     /// counted as identity refusals.
     fn take_mine(&self, writer: &NodeId, tokens: &[u64]) -> Vec<Option<Reservation>> {
-        let Some(table) = self.mode.storage().and_then(|s| s.reservations.as_ref()) else {
+        let Some(table) = self.table else {
             return vec![None; tokens.len()];
         };
         let mut foreign = 0u64;
@@ -164,7 +184,7 @@ impl Core {
             .iter()
             .map(|h| {
                 h.and_then(|_| committed.next().flatten())
-                    .map(|l| self.resident_location(&l))
+                    .map(|l| self.stamp.resident(&l))
             })
             .collect();
         self.write_through(&res, &out);
@@ -202,7 +222,7 @@ impl Core {
 
     /// Copies committed pages to the disk tier, under leases.
     fn write_through(&self, res: &[Reservation], locs: &[Option<Location>]) {
-        let Some(disk) = &self.disk else { return };
+        let Some(disk) = self.disk else { return };
         let keys: Vec<PageKey> = res.iter().map(|r| r.key).collect();
         let leases = self.pool.lease_batch(&keys);
         let mut buf = Vec::new();
@@ -244,7 +264,7 @@ impl Core {
         pages: &[(PageKey, u32, Vec<u8>)],
         layout: peercache_wire::Layout,
     ) -> Vec<Option<Location>> {
-        if self.mode.storage().is_none_or(|s| s.reservations.is_none()) {
+        if self.table.is_none() {
             return vec![None; pages.len()];
         }
         let segs: Vec<[&[u8]; 1]> = pages.iter().map(|p| [p.2.as_slice()]).collect();
@@ -274,12 +294,12 @@ impl Core {
             .zip(&writes)
             .map(|(p, w)| match p {
                 Published::New(loc) => {
-                    if let Some(d) = &self.disk {
+                    if let Some(d) = self.disk {
                         d.put(w.key, w.segments, loc.valid_len, loc.generation, w.layout);
                     }
-                    Some(self.resident_location(loc))
+                    Some(self.stamp.resident(loc))
                 }
-                Published::Duplicate(loc) => Some(self.resident_location(loc)),
+                Published::Duplicate(loc) => Some(self.stamp.resident(loc)),
                 Published::Failed(_) => None,
             })
             .collect();

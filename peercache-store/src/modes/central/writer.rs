@@ -2,15 +2,38 @@
 //! write the payloads one-sided, commit, and ingest what failed.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use peercache_transport::{Batch, RemoteRange, Segment};
-use peercache_wire::{NodeId, PageKey, envelope, rpc};
+use peercache_directory::DirectoryClient;
+use peercache_discovery::Membership;
+use peercache_transport::{Batch, RemoteRange, Segment, Transport};
+use peercache_wire::{Layout, NodeId, PageKey, envelope, rpc};
 use smallvec::SmallVec;
 
+use crate::config::Mode;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
-use crate::node::core::Core;
-
 use crate::modes::state::StorageMode;
+use crate::node::parts::ReadState;
+use crate::observe::series::Handles;
+use crate::read::scratch::host_region;
+
+/// The writer's side, with what it needs of its node (`Core::storage_writer`).
+pub(crate) struct StorageWriter<'a> {
+    pub(crate) st: &'a StorageMode,
+    pub(crate) me: &'a NodeId,
+    /// The members (each storage server's data endpoint).
+    pub(crate) discovery: &'a Membership,
+    /// The RPC client.
+    pub(crate) dir: &'a DirectoryClient,
+    pub(crate) transport: &'a Transport,
+    /// The registered host buffers (zero-copy sources) and the scratch memory (staging).
+    pub(crate) reads: &'a ReadState,
+    pub(crate) metrics: &'a Handles,
+    pub(crate) layout: Layout,
+    pub(crate) mode: Mode,
+    pub(crate) op_timeout: Duration,
+    pub(crate) lazy_registration: bool,
+}
 
 /// One storage owner's share of a write.
 struct OwnerWrite {
@@ -18,22 +41,22 @@ struct OwnerWrite {
     pages: Vec<usize>,
 }
 
-impl Core {
+impl StorageWriter<'_> {
     /// Writes pages into storage servers. `None` when no storage server is registered.
-    pub(crate) fn write_to_storage(
+    pub(crate) fn write(
         &self,
-        st: &StorageMode,
         keys: &[PageKey],
         slices: &[&[u8]],
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Option<Vec<bool>> {
         let inner = self;
+        let st = self.st;
         let view = st.view.read().clone();
         let Some(ring) = &view.ring else {
             if !st.no_storage_logged.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    mode = ?inner.cfg.mode,
+                    mode = ?inner.mode,
                     "no storage server is registered: writes to storage fail (centralized) or \
                      go to the local pool (hybrid) until one joins"
                 );
@@ -41,7 +64,7 @@ impl Core {
             return None;
         };
         st.no_storage_logged.store(false, Ordering::Relaxed);
-        let layout_ext = inner.layout_extension();
+        let layout_ext = crate::control::layout_extension(inner.layout);
         let mut starts = Vec::with_capacity(keys.len());
         let mut lens = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -96,7 +119,7 @@ impl Core {
             .zip(&reqs)
             .map(|((_, w), r)| (w.control, r.as_slice()))
             .collect();
-        let replies = inner.dir.rpc().call_many(&calls, inner.cfg.op_timeout());
+        let replies = inner.dir.rpc().call_many(&calls, inner.op_timeout);
         for ((node, w), reply) in owners.iter().zip(replies) {
             let outcomes = match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
                 Ok(StoreReply::Prepared(o)) if o.len() == w.pages.len() => o,
@@ -130,8 +153,8 @@ impl Core {
         done: &mut [bool],
     ) {
         let inner = self;
-        let timeout = inner.cfg.op_timeout();
-        let layout_ext = inner.layout_extension();
+        let timeout = inner.op_timeout;
+        let layout_ext = crate::control::layout_extension(inner.layout);
         let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
         for (&i, o) in w.pages.iter().zip(outcomes) {
             match o {
@@ -154,14 +177,14 @@ impl Core {
         let bufs = inner.reads.host_buffers.read();
         // With `lazy_registration`, unregistered pages are sent straight from the caller's
         // memory (named unregistered); otherwise from a registered staging copy.
-        let lazy = inner.cfg.lazy_registration;
+        let lazy = inner.lazy_registration;
         let direct = |i: usize| lazy || self.page_registered(&bufs, slices, starts[i], counts[i]);
         let staging: usize = slots
             .iter()
             .filter(|(i, ..)| !direct(*i))
             .map(|(i, ..)| lens[*i])
             .sum();
-        let Ok(mut scratch) = self.checkout_scratch(0, staging) else {
+        let Ok(mut scratch) = self.reads.scratch.checkout(self.transport, 0, staging) else {
             return;
         };
         let mut batch = Batch::new();
@@ -171,8 +194,7 @@ impl Core {
             let mut local: SmallVec<[Segment; 4]> = SmallVec::new();
             if direct(i) {
                 for s in page {
-                    let key = self
-                        .host_region(&bufs, s.as_ptr() as u64, s.len() as u64)
+                    let key = host_region(&bufs, s.as_ptr() as u64, s.len() as u64)
                         .unwrap_or(peercache_transport::RegionKey::UNREGISTERED);
                     local.push(Segment {
                         region: key,
@@ -223,7 +245,7 @@ impl Core {
             None => vec![false; slots.len()],
         };
         drop(bufs);
-        inner.reads.scratch.lock().push(scratch);
+        inner.reads.scratch.give_back(scratch);
         // Each committed page carries the writer's checksum, so the server publishes exactly
         // the bytes written (a torn or stray one-sided write is refused, not published).
         let commit: Vec<(u64, u64)> = slots
@@ -304,9 +326,8 @@ impl Core {
         start: usize,
         count: usize,
     ) -> bool {
-        slices[start..start + count].iter().all(|s| {
-            self.host_region(bufs, s.as_ptr() as u64, s.len() as u64)
-                .is_some()
-        })
+        slices[start..start + count]
+            .iter()
+            .all(|s| host_region(bufs, s.as_ptr() as u64, s.len() as u64).is_some())
     }
 }
