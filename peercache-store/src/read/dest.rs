@@ -38,14 +38,7 @@ impl<'a> PageDest<'a> {
         counts: &'a [usize],
     ) -> Result<Self, StoreError> {
         check_counts(pages, segs.len(), counts)?;
-        let mut starts = Vec::with_capacity(counts.len());
-        let mut lens = Vec::with_capacity(counts.len());
-        let mut at = 0usize;
-        for &c in counts {
-            starts.push(at);
-            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
-            at += c;
-        }
+        let (starts, lens) = page_spans(segs, counts);
         Ok(PageDest {
             segs,
             counts,
@@ -114,6 +107,20 @@ impl<'a> PageDest<'a> {
             d.fill(0);
         }
     }
+}
+
+/// Where each page's segments start in `segs` (page `i` has `counts[i]` of them) and each
+/// page's length in bytes; `counts` already checked by [`check_counts`].
+pub(crate) fn page_spans(segs: &[RawSeg], counts: &[usize]) -> (Vec<usize>, Vec<u64>) {
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut lens = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
+        at += c;
+    }
+    (starts, lens)
 }
 
 /// Checks that `counts` (segments per page) fit `n` pages and `segs` segments.

@@ -136,14 +136,7 @@ impl Core {
         regions: &[RegionKey],
     ) -> Vec<Option<u32>> {
         self.metrics.read_requests.add(keys.len() as u64);
-        let mut starts = Vec::with_capacity(counts.len());
-        let mut lens = Vec::with_capacity(counts.len());
-        let mut at = 0usize;
-        for &c in counts {
-            starts.push(at);
-            lens.push(segs[at..at + c].iter().map(|s| s.len as u64).sum::<u64>());
-            at += c;
-        }
+        let (starts, lens) = crate::read::dest::page_spans(segs, counts);
         let dest = DeviceDest {
             segs,
             regions,
