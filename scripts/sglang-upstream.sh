@@ -4,11 +4,12 @@
 # copy first on PYTHONPATH that `--hicache-storage-backend peercache` parses, the factory builds
 # PeerCacheStore by name (no dynamic-backend keys, no interface_v1), the controller's zero-copy
 # list has it, and the patch's own registered test (a two-node round trip) passes.
-# Needs the wheel installed in that venv (scripts/sglang-contract.sh does it).
+# Installs this checkout's wheel in that venv first (scripts/wheel.sh; seconds when built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/wheel.sh
 source scripts/sglang-venv.sh
-python -c 'import peercache' 2>/dev/null || maturin develop --release -q -m peercache-py/Cargo.toml
+install_peercache_wheel
 site=$(python -c 'import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
