@@ -156,6 +156,7 @@ pub struct ClientStats {
 ///             workers: 1,
 ///             name: "doc",
 ///             auth: Auth::none(),
+///             shares: Default::default(),
 ///         },
 ///         handler,
 ///     )

@@ -33,6 +33,7 @@ fn serve(service: Arc<DirectoryService>, me: &NodeId) -> RpcServer {
             workers: 1,
             name: "dir-identity",
             auth: Auth::from_secret(SECRET).unwrap(),
+            shares: Default::default(),
         },
         service.into_handler(),
     )

@@ -160,6 +160,7 @@ impl DiscoveryServer {
                 workers: 1,
                 name: "pc-meta",
                 auth,
+                shares: Default::default(),
             },
             handler,
         )?;

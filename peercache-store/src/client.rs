@@ -33,6 +33,8 @@ use crate::StoreError;
 pub const MAX_CLIENT_KEYS: usize = 4096;
 /// Most page bytes in one client request or reply (the [`Client`] splits larger batches).
 pub const MAX_CLIENT_BYTES: usize = 32 << 20;
+/// Largest frame the client port accepts: a batch of [`MAX_CLIENT_BYTES`] and its keys.
+pub const MAX_CLIENT_FRAME: usize = MAX_CLIENT_BYTES + (1 << 20);
 /// Page bytes the [`Client`] puts in one frame.
 const CHUNK_BYTES: usize = 8 << 20;
 /// Discovery attribute holding a node's client endpoint.
@@ -128,7 +130,7 @@ impl Client {
             rpc: RpcClient::new(rpc::ClientConfig {
                 hello: Hello::new(Plane::Control, None, Incarnation::fresh()),
                 max_idle_per_peer: 1,
-                max_frame: MAX_CLIENT_BYTES + (1 << 20),
+                max_frame: MAX_CLIENT_FRAME,
                 auth,
             }),
             node,

@@ -1,6 +1,8 @@
 //! Strangers without the secret against a real `peercache-node` process on loopback: they
 //! cannot hold its ports open by trickling a handshake, and a connection flood under a low
-//! descriptor limit neither spins the node's CPU nor floods its log.
+//! descriptor limit neither spins the node's CPU nor floods its log. Then secret holders: the
+//! frames they leave half-sent are bounded by the process's frame budget, and one source
+//! address holds at most its share of each port's connections.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -35,6 +37,11 @@ impl Drop for Node {
 /// A node on `127.0.0.<host>` with every port fixed, `op_timeout` 1 s (the handshake deadline
 /// of the data, control and client ports), started under `ulimit -n <nofile>` (hard and soft).
 fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
+    start_with(host, nofile, stderr, "")
+}
+
+/// [`start`] with `extra` command-line settings (`--set key=value …`).
+fn start_with(host: u8, nofile: u32, stderr: Stdio, extra: &str) -> Node {
     let ip = format!("127.0.0.{host}");
     let p = |_: ()| common::free_port();
     let ports = Ports {
@@ -51,7 +58,7 @@ fn start(host: u8, nofile: u32, stderr: Stdio) -> Node {
          --set rdma_port={data} --set control_port={control} \
          --set client_enabled=true --set client_port={client} \
          --set op_timeout=1.0 --set heartbeat_interval=0.2 --set member_ttl=0.6 \
-         --set metrics_port={metrics} --set log_level=warn",
+         --set metrics_port={metrics} --set log_level=warn {extra}",
         meta = ports.meta,
         data = ports.data.port(),
         control = ports.control.port(),
@@ -366,4 +373,126 @@ fn a_metrics_port_flood_under_a_low_descriptor_limit_leaves_the_authenticated_po
     drop(held);
     let lines = std::fs::read_to_string(log.path()).unwrap().lines().count();
     assert!(lines < 20, "{lines} log lines for one flood");
+}
+
+/// A member's control-plane connection to `addr` from the loopback address `from`, past the
+/// authenticated handshake (`Err`: the node closed it first).
+fn member(from: &str, addr: SocketAddr) -> Result<TcpStream, peercache_wire::WireError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut s = rt
+        .block_on(async {
+            let sock = tokio::net::TcpSocket::new_v4()?;
+            sock.bind(format!("{from}:0").parse().unwrap())?;
+            sock.connect(addr).await
+        })
+        .unwrap()
+        .into_std()
+        .unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let hello = peercache_wire::handshake::Hello::new(
+        peercache_wire::handshake::Plane::Control,
+        None,
+        peercache_wire::Incarnation(7),
+    );
+    let auth = peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap();
+    peercache_wire::handshake::client_sync(&mut s, &hello, &auth, Duration::from_secs(5))?;
+    Ok(s)
+}
+
+/// The node closed `s` (end of stream or reset) without answering.
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+/// The sum of the samples of `name` whose labels include every one of `labels`.
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+#[ignore = "the hostile stage runs it: bash scripts/hostile.sh"]
+fn a_member_announcing_frames_past_the_frame_budget_is_closed_and_counted() {
+    // A 96 MiB budget holds one 64 MiB control frame (the largest `max_frame_bytes` allows).
+    let node = start_with(65, 4096, Stdio::null(), "--set frame_budget_bytes=96mb");
+    let p = node.ports;
+    // One member announces a 64 MiB request and sends 1 MiB of it.
+    let mut first = member("127.0.0.1", p.control).unwrap();
+    first.write_all(&(64u32 << 20).to_be_bytes()).unwrap();
+    first.write_all(&vec![0u8; 1 << 20]).unwrap();
+    // Another does the same on the client port: 64 MiB is not left, so its connection ends.
+    let mut second = member("127.0.0.1", p.control).unwrap();
+    second.write_all(&(64u32 << 20).to_be_bytes()).unwrap();
+    assert!(closed(&mut second), "a frame past the budget was buffered");
+    let text = common::scrape(&p.metrics.to_string());
+    assert_eq!(
+        sample(
+            &text,
+            "peercache_rpc_frame_budget_refused_total",
+            &["server=\"pc-control\""]
+        ),
+        1.0,
+        "{text}"
+    );
+    // Members' ordinary requests are served meanwhile.
+    let c = peercache_store::client::Client::new(
+        p.client,
+        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
+        Duration::from_secs(5),
+    );
+    let page = common::page(3, 4096);
+    assert!(matches!(c.put(&["hostile/budget"], &[&page[..]]), Ok(v) if v[0]));
+    drop(first);
+}
+
+#[test]
+#[ignore = "the hostile stage runs it: bash scripts/hostile.sh"]
+fn a_source_at_its_share_of_connections_is_refused_and_other_sources_are_served() {
+    let node = start_with(
+        66,
+        4096,
+        Stdio::null(),
+        "--set max_inbound_connections_per_source=3",
+    );
+    let p = node.ports;
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| member("127.0.0.1", p.control).unwrap())
+        .collect();
+    // A fourth from the same address is closed before its handshake completes.
+    assert!(member("127.0.0.1", p.control).is_err());
+    // Another address completes its handshake on the same port.
+    let other = member("127.0.0.2", p.control).expect("another source is served");
+    // The data port keeps the same share: of four connections from one address, the fourth is
+    // closed at accept (the three others wait for their handshake).
+    let mut raw: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(p.data).unwrap())
+        .collect();
+    raw[3]
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    assert!(
+        closed(&mut raw[3]),
+        "the data port took a fourth connection"
+    );
+    let text = common::scrape(&p.metrics.to_string());
+    for server in ["server=\"pc-control\"", "server=\"pc-data\""] {
+        let refused = sample(
+            &text,
+            "peercache_rpc_connections_refused_total",
+            &["reason=\"source\"", server],
+        );
+        assert_eq!(refused, 1.0, "{server}: {text}");
+    }
+    drop((held, other, raw));
 }

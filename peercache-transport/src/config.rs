@@ -22,6 +22,8 @@ pub struct TransportConfig {
     pub max_op_bytes: u32,
     /// Most inbound connections the server accepts at once.
     pub max_server_connections: usize,
+    /// Most of those one source address may hold at once (0: no share, only the cap).
+    pub max_server_connections_per_source: usize,
     /// Cluster authentication of data connections (both directions).
     pub auth: Auth,
     /// With an RDMA path: carry writes one-sided too, into guarded regions registered
@@ -44,6 +46,7 @@ impl Default for TransportConfig {
             max_batch_ops: 8192,
             max_op_bytes: 64 << 20,
             max_server_connections: 1024,
+            max_server_connections_per_source: 0,
             auth: Auth::none(),
             rdma_writes: false,
             host_local: true,

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod budgeted;
 pub mod describe;
 pub mod envelope;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod limits;
 pub mod metrics;
 pub mod qp;
 pub mod rpc;
+pub mod shares;
 pub mod tally;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -10,6 +10,12 @@ crate::metric_names! {
     /// Connections whose handshake failed (wrong plane or version, not authenticated, silent),
     /// label `server`.
     pub const HANDSHAKE_FAILURES_TOTAL: &str = "peercache_rpc_handshake_failures_total";
+    /// Connections an RPC server closed at accept, labels `server` and `reason` (`limit`: the
+    /// server's connection cap; `source`: the source address's share of it).
+    pub const CONNECTIONS_REFUSED_TOTAL: &str = "peercache_rpc_connections_refused_total";
+    /// Authenticated connections closed because a frame they announced did not fit in the
+    /// process's frame budget (`frame_budget_bytes`), label `server`.
+    pub const FRAME_BUDGET_REFUSED_TOTAL: &str = "peercache_rpc_frame_budget_refused_total";
     /// Requests refused because they act for another member than the connection's own, label
     /// `service` (`discovery`, `directory`, `store`, `data`).
     pub const IDENTITY_REFUSED_TOTAL: &str = "peercache_identity_refused_total";

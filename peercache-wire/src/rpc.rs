@@ -21,6 +21,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::Framed;
 
+use crate::budgeted::{BudgetedCodec, OverBudget};
 use crate::envelope::{self, Envelope, Message};
 use crate::frame;
 use crate::handshake::{self, Acceptor, Hello, Plane};
@@ -149,11 +150,15 @@ pub struct ServerConfig {
     pub name: &'static str,
     /// Cluster authentication required of every connection.
     pub auth: Auth,
+    /// Optional shares of the connection cap per source and of the process's frame budget.
+    pub shares: Shares,
 }
 
 pub use crate::metrics::{
-    HANDSHAKE_FAILURES_TOTAL, IDENTITY_REFUSED_TOTAL, MALFORMED_FRAMES_TOTAL,
+    CONNECTIONS_REFUSED_TOTAL, FRAME_BUDGET_REFUSED_TOTAL, HANDSHAKE_FAILURES_TOTAL,
+    IDENTITY_REFUSED_TOTAL, MALFORMED_FRAMES_TOTAL,
 };
+pub use crate::shares::Shares;
 use crate::tally::Tally;
 
 /// Counters of a server.
@@ -166,6 +171,13 @@ pub struct ServerCounters {
     pub malformed: Tally,
     /// Handshakes refused or failed ([`HANDSHAKE_FAILURES_TOTAL`]).
     pub handshake_failures: Tally,
+    /// Connections closed at accept: the server at its cap ([`CONNECTIONS_REFUSED_TOTAL`],
+    /// `reason="limit"`).
+    pub refused_at_limit: Tally,
+    /// Connections closed at accept: their source at its share (`reason="source"`).
+    pub refused_source: Tally,
+    /// Connections closed for a frame past the frame budget ([`FRAME_BUDGET_REFUSED_TOTAL`]).
+    pub over_budget: Tally,
 }
 
 /// A running RPC server. Dropping it stops it.
@@ -208,6 +220,7 @@ pub struct ServerCounters {
 ///         workers: 1,
 ///         name: "doc",
 ///         auth: secret.clone(),
+///         shares: Default::default(),
 ///     },
 ///     handler,
 /// )?;
@@ -273,6 +286,15 @@ impl RpcServer {
             handshake_failures: Tally::new(
                 metrics::counter!(HANDSHAKE_FAILURES_TOTAL, "server" => cfg.name),
             ),
+            refused_at_limit: Tally::new(metrics::counter!(
+                CONNECTIONS_REFUSED_TOTAL, "server" => cfg.name, "reason" => "limit"
+            )),
+            refused_source: Tally::new(metrics::counter!(
+                CONNECTIONS_REFUSED_TOTAL, "server" => cfg.name, "reason" => "source"
+            )),
+            over_budget: Tally::new(
+                metrics::counter!(FRAME_BUDGET_REFUSED_TOTAL, "server" => cfg.name),
+            ),
         });
         let live = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
@@ -280,6 +302,7 @@ impl RpcServer {
         let accept_loop = async move {
             let mut backoff = crate::limits::AcceptBackoff::new();
             let at_limit = crate::limits::Throttle::new();
+            let at_share = crate::limits::Throttle::new();
             loop {
                 let accepted = tokio::select! {
                     a = listener.accept() => a,
@@ -302,6 +325,7 @@ impl RpcServer {
                     }
                 };
                 let Ok(permit) = live.clone().try_acquire_owned() else {
+                    counters2.refused_at_limit.add(1);
                     if let Some(held) = at_limit.admit() {
                         tracing::warn!(
                             server = cfg.name,
@@ -312,6 +336,26 @@ impl RpcServer {
                     }
                     continue;
                 };
+                let slot = match &cfg.shares.per_source {
+                    None => None,
+                    Some(share) => match share.admit(addr.ip()) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            counters2.refused_source.add(1);
+                            if let Some(held) = at_share.admit() {
+                                tracing::warn!(
+                                    server = cfg.name,
+                                    source = %addr.ip(),
+                                    share = share.max(),
+                                    refused_since_last = held,
+                                    "a source address holds its share of the connections; \
+                                     refusing its connections"
+                                );
+                            }
+                            continue;
+                        }
+                    },
+                };
                 let _ = sock.set_nodelay(true);
                 let (cfg, handler, counters, stopped) = (
                     cfg.clone(),
@@ -320,7 +364,7 @@ impl RpcServer {
                     stopped2.clone(),
                 );
                 tokio::spawn(async move {
-                    let _permit = permit;
+                    let _held = (permit, slot);
                     serve_conn(sock, addr, &cfg, &handler, &counters, &stopped).await;
                 });
             }
@@ -366,6 +410,9 @@ impl Drop for RpcServer {
     }
 }
 
+/// One "over the frame budget" line per period, process-wide.
+static OVER_BUDGET_LOG: crate::limits::Throttle = crate::limits::Throttle::new();
+
 async fn serve_conn(
     sock: tokio::net::TcpStream,
     addr: SocketAddr,
@@ -398,11 +445,32 @@ async fn serve_conn(
         authenticated: cfg.auth.is_enabled(),
     };
     framed.codec_mut().set_max_frame_length(cfg.max_frame);
+    let budget = cfg.shares.frame_budget.clone();
+    let mut framed = framed.map_codec(|c| BudgetedCodec::new(c, budget));
     while let Some(next) = framed.next().await {
-        let Ok(frame) = next else {
-            // Oversize or broken framing: the stream cannot be trusted.
-            counters.malformed.add(1);
-            return;
+        let frame = match next {
+            Ok(frame) => frame,
+            Err(e) => {
+                match e.get_ref().and_then(|e| e.downcast_ref::<OverBudget>()) {
+                    Some(over) => {
+                        counters.over_budget.add(1);
+                        if let Some(held) = OVER_BUDGET_LOG.admit() {
+                            tracing::warn!(
+                                server = cfg.name,
+                                peer = %peer.label(),
+                                frame = over.len,
+                                held = over.held,
+                                budget = over.cap,
+                                refused_since_last = held,
+                                "a frame does not fit in the frame budget; closing its connection"
+                            );
+                        }
+                    }
+                    // Oversize or broken framing: the stream cannot be trusted.
+                    None => counters.malformed.add(1),
+                }
+                return;
+            }
         };
         if stopped.load(Ordering::Acquire) {
             return;

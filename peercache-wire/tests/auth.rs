@@ -41,6 +41,7 @@ fn server(auth: Auth) -> RpcServer {
             workers: 1,
             name: "auth-rpc",
             auth,
+            shares: Default::default(),
         },
         handler,
     )

@@ -44,6 +44,7 @@ fn server(addr: &str) -> RpcServer {
             workers: 1,
             name: "test-rpc",
             auth: peercache_wire::Auth::none(),
+            shares: Default::default(),
         },
         handler,
     )
@@ -275,6 +276,7 @@ fn an_unauthenticated_large_frame_is_refused_and_never_buffered() {
             workers: 1,
             name: "test-rpc-big",
             auth: peercache_wire::Auth::from_secret(b"sixteen-byte-secret!").unwrap(),
+            shares: Default::default(),
         },
         handler,
     )

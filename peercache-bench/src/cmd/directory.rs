@@ -83,6 +83,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             workers: 1,
             name: "bench-dir",
             auth: peercache_wire::Auth::none(),
+            shares: Default::default(),
         },
         service.into_handler(),
     )?;

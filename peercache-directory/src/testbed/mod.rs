@@ -81,6 +81,7 @@ impl TestNode {
                 workers: 1,
                 name: "dir-testbed",
                 auth: Auth::none(),
+                shares: Default::default(),
             },
             service.clone().into_handler(),
         )

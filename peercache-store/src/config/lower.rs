@@ -31,6 +31,7 @@ impl PeerCacheConfig {
             suspect_for: Duration::from_secs_f64(self.suspect_for),
             max_batch_ops: self.max_batch_ops,
             max_server_connections: max_connections,
+            max_server_connections_per_source: self.max_inbound_connections_per_source,
             auth,
             rdma_writes: self.rdma_writes,
             host_local: self.host_local,

@@ -270,6 +270,14 @@ settings! {
     /// Most inbound connections each server (data, control) accepts at once.
     max_inbound_connections: usize = 4096;
         shown "`4096`", example "64", parse |k, v| p::ranged(k, v, 1, 1 << 20);
+    /// Most of those connections one source address may hold at once, on each server (0: no
+    /// share, only `max_inbound_connections`).
+    max_inbound_connections_per_source: usize = 0;
+        shown "`0`", example "256", parse |k, v| p::ranged(k, v, 0, 1 << 20);
+    /// Bytes of partially received frames (above 64 KiB each) the control and client ports
+    /// together may buffer; a connection announcing a frame past what is left is closed.
+    frame_budget_bytes: u64 = 1 << 30;
+        shown "`1gb`", example "256mb", parse |k, v| p::sized(k, v, 1 << 20, 1 << 40);
     /// Eviction-notice batches queued for the background batcher before writers wait.
     eviction_queue_depth: usize = 256;
         shown "`256`", example "32", parse |k, v| p::ranged(k, v, 1, 1 << 20);
@@ -459,6 +467,19 @@ impl PeerCacheConfig {
                 format!(
                     "global_segment_size / tp_size must be at least 4 MiB (tp_size {})",
                     self.tp_size
+                ),
+            );
+        }
+        let one_frame = self
+            .max_frame_bytes
+            .max(crate::client::MAX_CLIENT_FRAME as u64);
+        if self.frame_budget_bytes < one_frame {
+            return invalid(
+                "frame_budget_bytes",
+                self.frame_budget_bytes.to_string(),
+                format!(
+                    "must hold the largest frame a port accepts ({one_frame} bytes: \
+                     max_frame_bytes, or the client port's frame)"
                 ),
             );
         }

@@ -280,6 +280,17 @@ impl Core {
         };
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
+        // The control and client ports' shares: one frame budget for both, one share of each
+        // port's connection cap per source address when configured.
+        let frame_budget = peercache_wire::shares::FrameBudget::new(
+            usize::try_from(cfg.frame_budget_bytes).unwrap_or(usize::MAX),
+        );
+        let shares = || rpc::Shares {
+            per_source: (cfg.max_inbound_connections_per_source > 0).then(|| {
+                peercache_wire::shares::SourceShare::new(cfg.max_inbound_connections_per_source)
+            }),
+            frame_budget: Some(frame_budget.clone()),
+        };
         // Directory shard and the control listener that serves it.
         let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
         let (svc, node_cell) = (dir_service.clone(), cell.clone());
@@ -308,6 +319,7 @@ impl Core {
                 workers: 1,
                 name: "pc-control",
                 auth: auth.clone(),
+                shares: shares(),
             },
             handler,
         )?;
@@ -325,13 +337,14 @@ impl Core {
                     planes: vec![Plane::Control],
                     node: Some(me.clone()),
                     incarnation,
-                    max_frame: crate::client::MAX_CLIENT_BYTES + (1 << 20),
+                    max_frame: crate::client::MAX_CLIENT_FRAME,
                     handshake_timeout: cfg.op_timeout(),
                     max_connections: conn_cap,
                     offload: &[],
                     workers: 2,
                     name: "pc-client",
                     auth: auth.clone(),
+                    shares: shares(),
                 },
                 handler,
             )?)

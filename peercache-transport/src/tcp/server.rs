@@ -51,6 +51,16 @@ pub(crate) fn start(
 fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
     let mut backoff = peercache_wire::limits::AcceptBackoff::new();
     let at_limit = peercache_wire::limits::Throttle::new();
+    let at_share = peercache_wire::limits::Throttle::new();
+    let per_source = shared.cfg.max_server_connections_per_source;
+    let share = (per_source > 0).then(|| peercache_wire::shares::SourceShare::new(per_source));
+    let refused = |reason: &'static str| {
+        metrics::counter!(
+            peercache_wire::metrics::CONNECTIONS_REFUSED_TOTAL,
+            "server" => "pc-data", "reason" => reason
+        )
+    };
+    let (refused_limit, refused_source) = (refused("limit"), refused("source"));
     for stream in listener.incoming() {
         if shared.stop.load(Ordering::Acquire) {
             break;
@@ -71,6 +81,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
             }
         };
         if shared.live.load(Ordering::Acquire) >= shared.cfg.max_server_connections {
+            refused_limit.increment(1);
             if let Some(held) = at_limit.admit() {
                 tracing::warn!(
                     limit = shared.cfg.max_server_connections,
@@ -80,6 +91,25 @@ fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
             }
             continue;
         }
+        let slot = match (&share, stream.peer_addr()) {
+            (Some(share), Ok(peer)) => match share.admit(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => {
+                    refused_source.increment(1);
+                    if let Some(held) = at_share.admit() {
+                        tracing::warn!(
+                            source = %peer.ip(),
+                            share = per_source,
+                            refused_since_last = held,
+                            "a source address holds its share of the data connections; \
+                             refusing its connections"
+                        );
+                    }
+                    continue;
+                }
+            },
+            _ => None,
+        };
         let _ = stream.set_nodelay(true);
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         if let Ok(clone) = stream.try_clone() {
@@ -90,6 +120,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<ServerShared>) {
         let spawned = std::thread::Builder::new()
             .name("pc-data-conn".into())
             .spawn(move || {
+                let _slot = slot;
                 let peer = stream.peer_addr().ok();
                 if let Err(e) = serve_conn(stream, &sh)
                     && !matches!(e, WireError::Closed)
