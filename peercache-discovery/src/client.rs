@@ -7,10 +7,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use peercache_wire::Auth;
 use peercache_wire::envelope;
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
+use peercache_wire::{Auth, WireError};
 
 use crate::client_core::{ClientCore, Event};
 use crate::error::DiscoveryError;
@@ -262,6 +262,7 @@ fn run(sh: Arc<Shared>) {
     let mut attempt = 0u32;
     let mut last_wait_log: Option<Instant> = None;
     let mut last_steady_log = Instant::now();
+    let refusals = peercache_wire::limits::Throttle::new();
     loop {
         let round = sh.core.lock().round();
         let frames: Vec<(SocketAddr, Vec<u8>)> = round
@@ -274,7 +275,21 @@ fn run(sh: Arc<Shared>) {
         let answers: Vec<_> = calls
             .iter()
             .zip(replies)
-            .map(|((t, _), r)| (*t, r.ok().and_then(|f| crate::service::decode(&f).ok())))
+            .map(|((t, _), r)| {
+                let reply = r.and_then(|f| crate::service::decode(&f));
+                // A refusal names what to fix (a foreign address, a full table): say it, at
+                // most once per 10 s, instead of only "waiting for meta".
+                if let Err(WireError::Remote { message, .. }) = &reply
+                    && let Some(held) = refusals.admit()
+                {
+                    tracing::warn!(
+                        server = %t,
+                        refused_since_last = held,
+                        "a discovery server refused this node: {message}"
+                    );
+                }
+                (*t, reply.ok())
+            })
             .collect();
         let any = answers.iter().any(|(_, a)| a.is_some());
         let answers_ok = answers.iter().filter(|(_, a)| a.is_some()).count();

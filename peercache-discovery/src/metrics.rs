@@ -2,7 +2,8 @@
 
 peercache_wire::metric_names! {
     /// Discovery requests a server refused, label `reason` (`not_yours`: acted for another member;
-    /// `too_many_members`, `oversized`, `table_full`: past the table's bounds).
+    /// `too_many_members`, `oversized`, `table_full`: past the table's bounds;
+    /// `foreign_address`: a registration announced another host's address).
     pub const REFUSED_TOTAL: &str = "peercache_discovery_refused_total";
     /// Registrations that changed a live member's entry without a restart (same incarnation):
     /// someone registered in its name, or the member repaired such an entry.

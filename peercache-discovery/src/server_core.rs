@@ -191,6 +191,11 @@ impl ServerCore {
         Ok(bytes)
     }
 
+    /// Turns the source check of registrations on or off ([`Limits::check_sources`]).
+    pub fn set_check_sources(&mut self, on: bool) {
+        self.limits.check_sources = on;
+    }
+
     /// Answers one request from `from` (the connection's handshake identity): a member may
     /// register, heartbeat and deregister only as itself, within the table's bounds.
     pub fn handle(
@@ -203,6 +208,9 @@ impl ServerCore {
         self.prune(now);
         Ok(match req {
             DiscRequest::Register(info) => {
+                if self.limits.check_sources {
+                    admission::check_sources(from, &info, &admission::local_address)?;
+                }
                 let bytes = self.admit(&info)?;
                 let expires = now + self.ttl;
                 let changed = self.members.get(&info.node).is_none_or(|e| e.info != info);
@@ -333,7 +341,7 @@ mod tests {
         Peer {
             node: Some(i.node.clone()),
             incarnation: i.incarnation,
-            addr: "127.0.0.1:9".parse().unwrap(),
+            addr: std::net::SocketAddr::new(i.host, 9),
             authenticated: true,
         }
     }

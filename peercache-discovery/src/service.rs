@@ -31,13 +31,19 @@ struct Refused {
     /// "discovery"`).
     identity: Tally,
     /// Every refused request, label `reason` ([`crate::metrics::REFUSED_TOTAL`]).
-    by_reason: [Tally; 4],
+    by_reason: [Tally; 5],
     /// Live entries changed within one life ([`crate::metrics::ENTRY_CHANGES_TOTAL`]).
     live_changes: Tally,
 }
 
 impl Refused {
-    const REASONS: [&'static str; 4] = ["not_yours", "too_many_members", "oversized", "table_full"];
+    const REASONS: [&'static str; 5] = [
+        "not_yours",
+        "too_many_members",
+        "oversized",
+        "table_full",
+        "foreign_address",
+    ];
 
     fn register() -> Self {
         Refused {
@@ -187,6 +193,13 @@ impl DiscoveryServer {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a registration must announce only addresses of the host it comes from (on by
+    /// default; [`crate::admission::check_sources`]). Turn it off where members reach the meta
+    /// server through a NAT or from another interface than the one they announce.
+    pub fn check_sources(&self, on: bool) {
+        self.core.lock().set_check_sources(on);
     }
 
     /// Bound address.

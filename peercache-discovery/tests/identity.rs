@@ -208,3 +208,40 @@ fn a_registration_in_a_live_members_name_is_counted_and_repaired_by_the_member()
     );
     victim.shutdown();
 }
+
+#[test]
+fn a_registration_announcing_another_hosts_addresses_is_refused_and_counted() {
+    let srv = server();
+    let at = srv.local_addr();
+    let refused = |r: Result<DiscReply, WireError>| match r {
+        Err(WireError::Remote { code, message }) => {
+            assert_eq!(code, RpcError::CODE_REFUSED, "{message}");
+            assert!(
+                message.contains("not an address of the host it comes from"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // A secret holder on this host points its entry's control endpoint at a third host...
+    let mut a = info("node-a", 1);
+    a.control = "192.0.2.7:1000".parse().unwrap();
+    refused(send(&member(&a), at, &DiscRequest::Register(a.clone())));
+    // ... or its client endpoint (an attribute holding a socket address).
+    let mut b = info("node-b", 2);
+    b.attrs = vec![("client".into(), "192.0.2.7:31000".into())];
+    refused(send(&member(&b), at, &DiscRequest::Register(b.clone())));
+    assert_eq!(srv.refused("foreign_address"), 2);
+    assert!(members(&tool(), at).is_empty());
+    // Every loopback address is this host's, as a node on 127.0.0.N announces it.
+    let mut c = info("node-c", 3);
+    c.host = "127.0.0.9".parse().unwrap();
+    c.control = "127.0.0.9:1000".parse().unwrap();
+    c.attrs = vec![("client".into(), "127.0.0.9:31000".into())];
+    send(&member(&c), at, &DiscRequest::Register(c.clone())).unwrap();
+    // With the check off (members behind a NAT), the third host's address is taken.
+    srv.check_sources(false);
+    send(&member(&a), at, &DiscRequest::Register(a.clone())).unwrap();
+    assert_eq!(members(&tool(), at).len(), 2);
+    assert_eq!(srv.refused("foreign_address"), 2);
+}

@@ -42,12 +42,14 @@ fn info(n: u8, inc: u8) -> NodeInfo {
     }
 }
 
-/// The connection of `node-n` in incarnation `inc`, as its handshake announced it.
+/// The connection of `node-n` in incarnation `inc` from its own host, as its handshake
+/// announced it.
 fn peer(n: u8, inc: u8) -> Peer {
+    let i = info(n, inc);
     Peer {
-        node: Some(info(n, inc).node),
+        node: Some(i.node),
         incarnation: Incarnation(inc as u64),
-        addr: "127.0.0.1:1".parse().unwrap(),
+        addr: SocketAddr::new(i.host, 40000),
         authenticated: true,
     }
 }

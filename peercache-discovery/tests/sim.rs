@@ -121,7 +121,7 @@ impl Sim {
             let from = Peer {
                 node: Some(me.node.clone()),
                 incarnation: me.incarnation,
-                addr: "127.0.0.1:1".parse().unwrap(),
+                addr: SocketAddr::new(me.host, 1),
                 authenticated: true,
             };
             let answers: Vec<_> = round

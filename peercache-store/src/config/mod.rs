@@ -267,6 +267,11 @@ settings! {
     /// Largest control-plane frame (directory, discovery and store requests and replies).
     max_frame_bytes: u64 = 64 << 20;
         shown "`64mb`", example "1mb", parse |k, v| p::sized(k, v, 64 << 10, 1 << 30);
+    /// The meta server this node hosts refuses a registration that announces an address on
+    /// another host than the one it comes from (loopback counts as one host). Turn it off where
+    /// members reach the meta port through a NAT or from another interface than they announce.
+    meta_check_sources: bool = true;
+        shown "`true`", example "false", parse p::boolean;
     /// Most inbound connections each server (data, control) accepts at once.
     max_inbound_connections: usize = 4096;
         shown "`4096`", example "64", parse |k, v| p::ranged(k, v, 1, 1 << 20);

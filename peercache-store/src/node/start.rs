@@ -134,7 +134,10 @@ impl Core {
                 let ttl = Duration::from_secs_f64(cfg.member_ttl);
                 let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
                 match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
-                    Hosting::Hosting(s) => Some(s),
+                    Hosting::Hosting(s) => {
+                        s.check_sources(cfg.meta_check_sources);
+                        Some(s)
+                    }
                     Hosting::PortTaken => {
                         // Normal for co-located ranks; if nobody answers there, this line
                         // and the join timeout name the port to look at.

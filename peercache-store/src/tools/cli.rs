@@ -67,6 +67,10 @@ pub struct MetaArgs {
     /// can join and read the member table).
     #[arg(long)]
     pub insecure: bool,
+    /// Accept registrations that announce addresses of another host than the one they come
+    /// from (members behind a NAT, or announcing another interface than they connect from).
+    #[arg(long)]
+    pub no_source_check: bool,
 }
 
 pub use crate::tools::tool::tool_auth;
@@ -196,6 +200,7 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
         auth,
     )
     .with_context(|| format!("binding the discovery server on {}", args.bind))?;
+    server.check_sources(!args.no_source_check);
     tracing::info!(addr = %server.local_addr(), ttl = args.member_ttl, "peercache-meta serving");
     wait_for_signal();
     server.shutdown();
