@@ -12,7 +12,9 @@
   saved (`--screenshot FILE`; docs/dashboard.png is refreshed with
   `bash scripts/observability.sh --screenshot docs/dashboard.png --settle 30`).
 
-Nodes run on 127.0.0.71-73 with a generated cluster secret; a driver process writes pages on
+Nodes run on 127.0.0.71-73 with a generated cluster secret and an HTTP token (`http_token_file`):
+`/cluster` refuses a request without it (401), and the dashboard is opened as `/#token=…`, so
+the browser check proves the page's own token path. A driver process writes pages on
 node-1 and reads them back through node-2 and node-3 in a loop while the checks run. Every wait
 has a deadline; every process is stopped at the end.
 
@@ -49,10 +51,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http(url, data=None, method=None, timeout=10):
-    """GET (or POST `data` as JSON) `url`; returns (status, body bytes)."""
+def http(url, data=None, method=None, timeout=10, token=None):
+    """GET (or POST `data` as JSON) `url`, with a bearer `token` if given; returns (status,
+    body bytes)."""
     body = None if data is None else json.dumps(data).encode()
     req = urllib.request.Request(url, data=body, method=method)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     if body is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -84,6 +89,10 @@ class Cluster:
         self.metrics = free_port()
         self.client = free_port()
         self.env = dict(os.environ, PEERCACHE_CLUSTER_SECRET=secrets.token_hex(32), RUST_LOG="warn")
+        self.token = secrets.token_hex(32)
+        self.token_file = os.path.join(work, "http-token")
+        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(self.token + "\n")
         self.procs = []
 
     def start(self):
@@ -96,12 +105,18 @@ class Cluster:
                  "--set", "host_local=false", "--set", "global_segment_size=64mb",
                  "--set", f"metrics_port={self.metrics}", "--set", "client_enabled=true",
                  "--set", f"client_port={self.client}", "--set", "heartbeat_interval=0.5",
-                 "--set", "member_ttl=2"],
+                 "--set", "member_ttl=2", "--set", f"http_token_file={self.token_file}"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT))
         for host in HOSTS:
             wait_for(f"{host}'s /healthz", lambda h=host: http(self.url(h, "/healthz"))[0] == 200, 30)
         wait_for("three members on every node", lambda: all(
-            len(json.loads(http(self.url(h, "/cluster"))[1])["members"]) == 3 for h in HOSTS), 30)
+            len(json.loads(http(self.url(h, "/cluster"), token=self.token)[1])["members"]) == 3
+            for h in HOSTS), 30)
+        # Without the token (or with another) /cluster answers 401 and shows nothing.
+        for token in (None, secrets.token_hex(32)):
+            status, body = http(self.url(HOSTS[0], "/cluster"), token=token)
+            if status != 401 or b"members" in body:
+                sys.exit(f"observability: /cluster without the token answered {status}: {body[:200]!r}")
 
     def url(self, host, path):
         return f"http://{host}:{self.metrics}{path}"
@@ -110,7 +125,8 @@ class Cluster:
         """One round of the driver: writes on node-1, reads back through node-2 and node-3."""
         r = subprocess.run(
             [NODE, "drive", "--discovery-addr", f"{HOSTS[0]}:{self.meta}", "--members", "3",
-             "--write-on", "node-1", "--pages", "64", "--page-size", "64kb", "--timeout", "10"],
+             "--write-on", "node-1", "--pages", "64", "--page-size", "64kb", "--timeout", "10",
+             "--http-token-file", self.token_file],
             env=self.env, capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             sys.exit(f"observability: the driver failed: {r.stderr.strip()}")
@@ -250,7 +266,7 @@ def check_browser(cluster, work, screenshot, settle):
         session = json.loads(body)["value"]["sessionId"]
         s = f"{wd}/session/{session}"
         load.start()
-        page = cluster.url(HOSTS[1], "/")
+        page = cluster.url(HOSTS[1], f"/#token={cluster.token}")
         http(f"{s}/url", {"url": page}, timeout=60)
         # What the page shows, read from its DOM, and how many pixels of the chart's canvas the
         # read line (#2a6fdb) painted.

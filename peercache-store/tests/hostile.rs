@@ -496,3 +496,74 @@ fn a_source_at_its_share_of_connections_is_refused_and_other_sources_are_served(
     }
     drop((held, other, raw));
 }
+
+/// One HTTP/1.1 GET of `path` at `addr` (the connection closed after it), with an optional
+/// `Authorization` header: the status code and the body.
+fn http_get(addr: SocketAddr, path: &str, authorization: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+#[test]
+#[ignore = "the hostile stage runs it: bash scripts/hostile.sh"]
+fn with_a_token_file_cluster_answers_only_requests_that_carry_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("http-token");
+    let token = "a-token-only-operators-hold-0001";
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let node = start_with(
+        67,
+        4096,
+        Stdio::null(),
+        &format!("--set http_token_file={}", path.display()),
+    );
+    let m = node.ports.metrics;
+    // Strangers: no header, another scheme, a wrong token, a prefix of the right one.
+    for auth in [
+        None,
+        Some(format!("Basic {token}")),
+        Some("Bearer a-token-only-operators-hold-0002".to_string()),
+        Some(format!("Bearer {}", &token[..token.len() - 1])),
+    ] {
+        let (status, body) = http_get(m, "/cluster", auth.as_deref());
+        assert_eq!(status, 401, "{auth:?}: {body}");
+        assert!(!body.contains("members"), "{auth:?}: {body}");
+    }
+    let (status, body) = http_get(m, "/cluster", Some(&format!("Bearer {token}")));
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["node"], "hostile-67", "{body}");
+    // Prometheus and probes keep their open paths, and the refusals are counted.
+    let (status, metrics) = http_get(m, "/metrics", None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(&metrics, "peercache_http_unauthorized_total", &[]),
+        4.0,
+        "{metrics}"
+    );
+    assert_eq!(http_get(m, "/healthz", None).0, 200);
+    assert_eq!(
+        http_get(m, "/", None).0,
+        200,
+        "the dashboard page holds no data"
+    );
+}

@@ -217,6 +217,10 @@ settings! {
     /// Serve the HTML dashboard.
     metrics_dashboard: bool = true;
         shown "`true`", example "false", parse p::boolean;
+    /// File holding a bearer token (at least 16 bytes) that `/cluster` on the metrics port then
+    /// requires (`Authorization: Bearer <token>`); empty: `/cluster` is open like `/metrics`.
+    http_token_file: String = String::new();
+        shown "empty", example "/etc/peercache/http-token", parse p::string;
     /// Stable ring identity (empty: derived from host, meta port, ranks and prefix).
     node_id: String = String::new();
         shown "derived", example "node-a", parse p::node_id;

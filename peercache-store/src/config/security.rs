@@ -48,6 +48,42 @@ impl PeerCacheConfig {
         secret_file_mode_warning(std::path::Path::new(&self.cluster_secret_file))
     }
 
+    /// The bearer token `/cluster` requires: the contents of `http_token_file` (surrounding
+    /// whitespace trimmed), or `None` when the key is empty. Shorter than 16 bytes, or a token
+    /// a header cannot carry, is a config error.
+    pub fn http_token(&self) -> Result<Option<String>, ConfigError> {
+        if self.http_token_file.is_empty() {
+            return Ok(None);
+        }
+        let path = PathBuf::from(&self.http_token_file);
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
+            path: path.clone(),
+            reason: format!("reading http_token_file: {e}"),
+        })?;
+        let token = text.trim();
+        let printable = token.bytes().all(|b| b.is_ascii_graphic());
+        if token.len() < peercache_wire::auth::MIN_SECRET_LEN || !printable {
+            return Err(ConfigError::Invalid {
+                key: "http_token_file",
+                value: "<redacted>".into(),
+                reason: format!(
+                    "the token must be at least {} printable ASCII bytes without spaces \
+                     (e.g. `openssl rand -hex 32`)",
+                    peercache_wire::auth::MIN_SECRET_LEN
+                ),
+            });
+        }
+        Ok(Some(token.to_string()))
+    }
+
+    /// A warning when `http_token_file` can be read by its group or by other users.
+    pub fn http_token_file_warning(&self) -> Option<String> {
+        if self.http_token_file.is_empty() {
+            return None;
+        }
+        secret_file_mode_warning(std::path::Path::new(&self.http_token_file))
+    }
+
     /// The addresses this node would listen on, advertise or contact that are not loopback
     /// (a wildcard bind counts: it listens on every interface).
     pub fn reachable_beyond_loopback(&self) -> Vec<String> {

@@ -556,3 +556,40 @@ fn etcd_settings_are_checked_together_and_lowered() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_http_token_is_read_trimmed_and_a_short_or_spaced_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_with = |token: &str| {
+        let path = dir.path().join("token");
+        std::fs::write(&path, token).unwrap();
+        let (cfg, _) = PeerCacheConfig::from_map(&map(serde_json::json!({
+            "discovery_addr": "127.0.0.1:31998",
+            "http_token_file": path.to_str().unwrap(),
+        })))
+        .unwrap();
+        cfg
+    };
+    let token = "0123456789abcdef0123";
+    assert_eq!(
+        cfg_with(&format!("{token}\n"))
+            .http_token()
+            .unwrap()
+            .as_deref(),
+        Some(token)
+    );
+    for bad in ["short-token", "0123456789 abcdef0123"] {
+        match cfg_with(bad).http_token() {
+            Err(ConfigError::Invalid { key, value, .. }) => {
+                assert_eq!(key, "http_token_file");
+                assert_eq!(value, "<redacted>", "the token never appears in an error");
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    let (open, _) = PeerCacheConfig::from_map(&map(serde_json::json!({
+        "discovery_addr": "127.0.0.1:31998",
+    })))
+    .unwrap();
+    assert_eq!(open.http_token().unwrap(), None);
+}

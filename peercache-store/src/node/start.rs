@@ -165,10 +165,24 @@ impl Core {
             };
             let refused =
                 metrics::counter!(crate::observe::series::HTTP_REFUSED, "node" => me.to_string());
+            if let Some(warning) = cfg.http_token_file_warning() {
+                tracing::warn!("{warning}");
+            }
+            let guard = cfg.http_token()?.map(|t| {
+                crate::serve::bearer::BearerGuard::new(
+                    t.as_bytes(),
+                    metrics::counter!(
+                        crate::observe::series::HTTP_UNAUTHORIZED, "node" => me.to_string()
+                    ),
+                )
+            });
             Some(crate::observe::serve(
                 bind,
                 cell.clone(),
-                cfg.metrics_dashboard,
+                crate::observe::Pages {
+                    dashboard: cfg.metrics_dashboard,
+                    guard,
+                },
                 limits,
                 refused,
             )?)

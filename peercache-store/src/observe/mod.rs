@@ -130,23 +130,31 @@ pub fn render() -> String {
     g.handle.render()
 }
 
+/// What the HTTP port serves besides `/metrics` and `/healthz`.
+pub(crate) struct Pages {
+    /// The dashboard at `/` (a static page; its data comes from `/cluster` and `/metrics`).
+    pub(crate) dashboard: bool,
+    /// The token `/cluster` requires (`None`: open).
+    pub(crate) guard: Option<crate::serve::bearer::BearerGuard>,
+}
+
 /// Serves `/metrics`, `/healthz`, `/cluster` and `/` for the node behind `inner` on `bind`
 /// (an ephemeral port if that one is taken).
 pub(crate) fn serve(
     bind: SocketAddr,
     inner: NodeCell,
-    dashboard: bool,
+    pages: Pages,
     limits: HttpLimits,
     refused: metrics::Counter,
 ) -> std::io::Result<HttpServer> {
-    HttpServer::start(bind, routes(inner, dashboard), limits, refused)
+    HttpServer::start(bind, routes(inner, pages), limits, refused)
 }
 
 fn node(cell: &NodeCell) -> Option<Arc<Core>> {
     cell.get().and_then(Weak::upgrade)
 }
 
-fn routes(inner: NodeCell, dashboard: bool) -> axum::Router {
+fn routes(inner: NodeCell, pages: Pages) -> axum::Router {
     use axum::http::header;
     use axum::response::IntoResponse;
     use axum::routing::get;
@@ -177,9 +185,20 @@ fn routes(inner: NodeCell, dashboard: bool) -> axum::Router {
         )
         .route(
             "/cluster",
-            get(move || {
-                let view = node(&cluster_inner).map(|i| cluster_view(&i));
+            get(move |headers: axum::http::HeaderMap| {
+                let admitted = pages.guard.as_ref().is_none_or(|g| g.admits(&headers));
+                let view = admitted
+                    .then(|| node(&cluster_inner).map(|i| cluster_view(&i)))
+                    .flatten();
                 async move {
+                    if !admitted {
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            [(header::WWW_AUTHENTICATE, "Bearer")],
+                            "a bearer token is required (http_token_file)",
+                        )
+                            .into_response();
+                    }
                     match view {
                         Some(v) => axum::Json(v).into_response(),
                         None => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping")
@@ -188,7 +207,7 @@ fn routes(inner: NodeCell, dashboard: bool) -> axum::Router {
                 }
             }),
         );
-    if dashboard {
+    if pages.dashboard {
         app = app.route(
             "/",
             get(|| async {

@@ -6,6 +6,8 @@ use peercache_wire::tally::Tally;
 peercache_wire::metric_names! {
     /// Connections the metrics HTTP port closed at accept because it held its connection cap.
     pub const HTTP_REFUSED: &str = "peercache_http_connections_refused_total";
+    /// Requests for `/cluster` refused because they did not carry the `http_token_file` token.
+    pub const HTTP_UNAUTHORIZED: &str = "peercache_http_unauthorized_total";
     /// Pages asked for by `batch_get`.
     pub const READ_REQUESTS: &str = "peercache_read_requests_total";
     /// Pages served.

@@ -47,6 +47,10 @@ pub struct DriveArgs {
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
     #[arg(long)]
     pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// File holding the bearer token of nodes started with `http_token_file` (the driver
+    /// reads their `/cluster` to wait for settled rings).
+    #[arg(long)]
+    pub http_token_file: Option<std::path::PathBuf>,
     /// Print JSON instead of lines.
     #[arg(long)]
     pub json: bool,
@@ -89,7 +93,7 @@ fn counter(text: &str, name: &str, node: &str) -> f64 {
 }
 
 fn remote_hits(m: &NodeInfo, timeout: Duration) -> Option<f64> {
-    let text = crate::tools::status::http_get(attr(m, "metrics")?, "/metrics", timeout)?;
+    let text = crate::tools::status::http_get(attr(m, "metrics")?, "/metrics", timeout, None)?;
     Some(counter(
         &text,
         crate::observe::series::READ_REMOTE_HITS,
@@ -151,6 +155,7 @@ const RING_SETTLE_MS: u64 = 1000;
 /// can miss for a moment after a join, which is not what this smoke test measures. Nodes
 /// without a metrics endpoint are not checked.
 fn wait_rings(nodes: &[&NodeInfo], members: usize, args: &DriveArgs) -> Result<()> {
+    let token = crate::tools::tool::tool_http_token(args.http_token_file.as_deref())?;
     let deadline = Instant::now() + Duration::from_secs_f64(args.wait);
     let step = Duration::from_secs_f64(args.timeout.min(2.0));
     loop {
@@ -159,7 +164,7 @@ fn wait_rings(nodes: &[&NodeInfo], members: usize, args: &DriveArgs) -> Result<(
             let Some(ep) = attr(m, "metrics") else {
                 continue;
             };
-            let view = crate::tools::status::http_get(ep, "/cluster", step)
+            let view = crate::tools::status::http_get(ep, "/cluster", step, token.as_deref())
                 .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok());
             let ring = view.as_ref().map(|v| &v["ring"]);
             let settled = ring.is_some_and(|r| {
@@ -175,7 +180,9 @@ fn wait_rings(nodes: &[&NodeInfo], members: usize, args: &DriveArgs) -> Result<(
         }
         if Instant::now() >= deadline {
             bail!(
-                "after {:.0} s the directory rings of {waiting:?} still disagree with the {members} members",
+                "after {:.0} s the directory rings of {waiting:?} still disagree with the {members} \
+                 members (or their /cluster is not readable: nodes started with http_token_file \
+                 need --http-token-file)",
                 args.wait
             );
         }

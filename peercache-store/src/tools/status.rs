@@ -27,6 +27,10 @@ pub struct StatusArgs {
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
     #[arg(long)]
     pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// File holding the bearer token of nodes started with `http_token_file` (their
+    /// `/cluster` answers only with it).
+    #[arg(long)]
+    pub http_token_file: Option<std::path::PathBuf>,
 }
 
 /// The address a member advertises under attribute `key` (`metrics`, `client`), if any.
@@ -113,12 +117,21 @@ pub fn members(
     Ok(all.into_values().collect())
 }
 
-/// GET `path` of a node's metrics endpoint: the body, or None (best effort).
-pub(crate) fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<String> {
+/// GET `path` of a node's metrics endpoint, with the bearer `token` if given: the body, or
+/// None (best effort).
+pub(crate) fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").ok()?;
     let mut out = Vec::new();
     s.take(16 << 20).read_to_end(&mut out).ok()?;
     let text = String::from_utf8(out).ok()?;
@@ -127,8 +140,12 @@ pub(crate) fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Optio
 }
 
 /// GET `/cluster` of a node's metrics endpoint (best effort).
-fn cluster_of(addr: SocketAddr, timeout: Duration) -> Option<serde_json::Value> {
-    serde_json::from_str(&http_get(addr, "/cluster", timeout)?).ok()
+fn cluster_of(
+    addr: SocketAddr,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(addr, "/cluster", timeout, token)?).ok()
 }
 
 /// Prints the cluster view.
@@ -137,6 +154,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         .context("parsing --discovery-addr")?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let auth = crate::tools::tool::tool_auth(args.cluster_secret_file.as_deref())?;
+    let token = crate::tools::tool::tool_http_token(args.http_token_file.as_deref())?;
     let members = members(&seeds, timeout, auth)?;
     let servers = members.iter().filter_map(|m| m.meta).collect();
     let masters = choose_masters(&seeds, &servers, 3);
@@ -144,7 +162,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         .iter()
         .map(|m| {
             let metrics = endpoint_attr(m, "metrics");
-            let view = metrics.and_then(|a| cluster_of(a, timeout));
+            let view = metrics.and_then(|a| cluster_of(a, timeout, token.as_deref()));
             serde_json::json!({
                 "node": m.node.as_str(), "incarnation": m.incarnation.0, "role": m.role,
                 "control": m.control.to_string(), "data": m.data.first().map(|d| d.to_string()),

@@ -22,3 +22,13 @@ pub fn tool_auth(file: Option<&std::path::Path>) -> Result<peercache_wire::Auth,
     }
     cfg.cluster_auth()
 }
+
+/// The bearer token a tool sends to the nodes' `/cluster` (`--http-token-file`, for nodes
+/// started with `http_token_file`): the file's contents, trimmed, checked as a node checks it.
+pub fn tool_http_token(file: Option<&std::path::Path>) -> Result<Option<String>, ConfigError> {
+    let mut cfg = PeerCacheConfig::default();
+    if let Some(f) = file {
+        cfg.http_token_file = f.display().to_string();
+    }
+    cfg.http_token()
+}
