@@ -168,14 +168,13 @@ impl Core {
             if let Some(warning) = cfg.http_token_file_warning() {
                 tracing::warn!("{warning}");
             }
-            let guard = cfg.http_token()?.map(|t| {
-                crate::serve::bearer::BearerGuard::new(
-                    t.as_bytes(),
-                    metrics::counter!(
-                        crate::observe::series::HTTP_UNAUTHORIZED, "node" => me.to_string()
-                    ),
-                )
-            });
+            // Registered (at 0) with or without a token: every documented series is there.
+            let unauthorized = metrics::counter!(
+                crate::observe::series::HTTP_UNAUTHORIZED, "node" => me.to_string()
+            );
+            let guard = cfg
+                .http_token()?
+                .map(|t| crate::serve::bearer::BearerGuard::new(t.as_bytes(), unauthorized));
             Some(crate::observe::serve(
                 bind,
                 cell.clone(),
