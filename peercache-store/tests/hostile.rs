@@ -431,7 +431,7 @@ fn a_member_announcing_frames_past_the_frame_budget_is_closed_and_counted() {
     let mut first = member("127.0.0.1", p.control).unwrap();
     first.write_all(&(64u32 << 20).to_be_bytes()).unwrap();
     first.write_all(&vec![0u8; 1 << 20]).unwrap();
-    // Another does the same on the client port: 64 MiB is not left, so its connection ends.
+    // Another does the same on the control port: 64 MiB is not left, so its connection ends.
     let mut second = member("127.0.0.1", p.control).unwrap();
     second.write_all(&(64u32 << 20).to_be_bytes()).unwrap();
     assert!(closed(&mut second), "a frame past the budget was buffered");
