@@ -8,6 +8,8 @@
 //! * [`shard`] — the sans-IO shard: insert (with the "≥3 live owners" reclaimable hint),
 //!   lookup, exists, owner-conditional remove, mark non-resident, bounded memory; each owner's
 //!   node, incarnation, rails and page layout are kept once per owner, not per entry.
+//! * [`changes`] — the shard's journal of copies that appeared and went, for a node's KV
+//!   events.
 //! * [`msg`] — the wire messages and their non-critical extensions (hand-off hints, layouts).
 //! * [`handoff`] — which entries move when the ring changes (only those whose owners changed).
 //! * [`service`] and [`client`] — the thin RPC shell on `peercache-wire`: the client groups
@@ -20,6 +22,7 @@
 
 pub mod admission;
 mod arena;
+pub mod changes;
 pub mod client;
 mod error;
 pub mod handoff;
@@ -35,6 +38,7 @@ pub mod shard;
 #[cfg(feature = "testbed")]
 pub mod testbed;
 
+pub use changes::{Change, ChangeKind};
 pub use client::{ClientConfig, DirectoryClient, HandoffReport, Member};
 pub use error::DirError;
 pub use location::{CopyClass, Location, Owners, Rail};

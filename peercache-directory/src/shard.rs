@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use crate::arena::Arena;
+use crate::changes::{Change, ChangeKind, Journal};
 use crate::key_index::KeyIndex;
 use crate::location::{CopyClass, Location, Owners};
 use crate::owner_table::{MAX_OWNERS, OwnerTable};
@@ -184,6 +185,8 @@ pub struct Shard {
     /// Owner records whose node is not live (copies of theirs may still be held).
     dead_records: usize,
     stats: ShardStats,
+    /// Copies that appeared and went, while recording is on.
+    journal: Option<Journal>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -208,6 +211,47 @@ impl Shard {
             live: None,
             dead_records: 0,
             stats: ShardStats::default(),
+            journal: None,
+        }
+    }
+
+    /// Starts recording every copy that appears in or goes from this shard (at most `cap`
+    /// between two [`Shard::take_changes`]; the rest are counted lost).
+    pub fn record_changes(&mut self, cap: usize) {
+        self.journal = Some(Journal::new(cap));
+    }
+
+    /// Appends the changes recorded since the last call to `into`, in order, and returns how
+    /// many were lost to the cap meanwhile (0 when recording is off).
+    pub fn take_changes(&mut self, into: &mut Vec<Change>) -> u64 {
+        self.journal.as_mut().map_or(0, |j| j.drain(into))
+    }
+
+    /// Calls `f(key, node, resident)` for every copy of a live owner: the shard's current state,
+    /// as a late subscriber to its changes needs it.
+    pub fn for_each_copy(&self, mut f: impl FnMut(PageKey, &NodeId, bool)) {
+        for i in self.index.iter() {
+            let e = self.entries.get(i);
+            for c in &e.copies {
+                let r = self.owners.get(c.id());
+                if r.live {
+                    f(join(e.key), &r.node, c.resident());
+                }
+            }
+        }
+    }
+
+    fn note(&mut self, key: [u64; 2], node: &NodeId, resident: bool, kind: ChangeKind) {
+        if let Some(j) = &mut self.journal {
+            j.note(join(key), node, resident, kind);
+        }
+    }
+
+    /// Records a copy of `node` that was `was` (resident or not) and now is `now`.
+    fn note_medium(&mut self, key: [u64; 2], node: &NodeId, was: bool, now: bool) {
+        if was != now {
+            self.note(key, node, was, ChangeKind::Removed);
+            self.note(key, node, now, ChangeKind::Stored);
         }
     }
 
@@ -297,6 +341,7 @@ impl Shard {
             .find(hash_key(key), |i| entries.get(i).key == key)
     }
 
+    /// Drops entry `i`; its copies are recorded as gone.
     fn drop_entry(&mut self, i: u32) {
         let key = self.entries.get(i).key;
         self.index.remove(hash_key(key), i);
@@ -304,6 +349,14 @@ impl Shard {
         e.stamp = VACANT;
         let copies = std::mem::take(&mut e.copies);
         for c in &copies {
+            if let Some(j) = &mut self.journal {
+                j.note(
+                    join(key),
+                    &self.owners.get(c.id()).node,
+                    c.resident(),
+                    ChangeKind::Removed,
+                );
+            }
             self.owners.release(c.id());
         }
         self.free.push(i);
@@ -354,13 +407,26 @@ impl Shard {
     /// owner records; returns how many went.
     fn retain_copies(&mut self, i: u32, mut gone: impl FnMut(&Copy36, bool) -> bool) -> usize {
         let Shard {
-            entries, owners, ..
+            entries,
+            owners,
+            journal,
+            ..
         } = self;
-        let copies = &mut entries.get_mut(i).copies;
+        let e = entries.get_mut(i);
+        let key = join(e.key);
+        let copies = &mut e.copies;
         let before = copies.len();
         copies.retain(|c| {
             let c = *c;
             if gone(&c, owners.get(c.id()).live) {
+                if let Some(j) = journal {
+                    j.note(
+                        key,
+                        &owners.get(c.id()).node,
+                        c.resident(),
+                        ChangeKind::Removed,
+                    );
+                }
                 owners.release(c.id());
                 false
             } else {
@@ -405,11 +471,13 @@ impl Shard {
         let existing = copies
             .iter()
             .position(|c| owners.get(c.id()).node == loc.node);
+        let mut was_resident = None;
         let new_owner = match existing {
             Some(at) => {
-                let old = copies[at].id();
+                let old = copies[at];
+                was_resident = Some(old.resident());
                 copies[at] = copy;
-                owners.release(old);
+                owners.release(old.id());
                 false
             }
             None => true,
@@ -422,6 +490,11 @@ impl Shard {
                 copy.owner |= RECLAIMABLE;
             }
             copies.push(copy);
+        }
+        let key = split(key);
+        match was_resident {
+            Some(was) => self.note_medium(key, &loc.node, was, loc.resident),
+            None => self.note(key, &loc.node, loc.resident, ChangeKind::Stored),
         }
         InsertOutcome {
             new_owner,
@@ -553,12 +626,16 @@ impl Shard {
         let Shard {
             entries, owners, ..
         } = self;
-        match entries.get_mut(i).copies.iter_mut().find(|c| {
+        let e = entries.get_mut(i);
+        let key = e.key;
+        match e.copies.iter_mut().find(|c| {
             let g = c.generation;
             owners.get(c.id()).node == *node && generation.is_none_or(|want| want == g)
         }) {
             Some(c) => {
+                let was = c.resident();
                 c.owner &= !RESIDENT;
+                self.note_medium(key, node, was, false);
                 true
             }
             None => false,
@@ -572,13 +649,26 @@ impl Shard {
         let ids: Vec<u32> = self.index.iter().collect();
         for i in ids {
             let Shard {
-                entries, owners, ..
+                entries,
+                owners,
+                journal,
+                ..
             } = self;
-            let copies = &mut entries.get_mut(i).copies;
+            let e = entries.get_mut(i);
+            let key = join(e.key);
+            let copies = &mut e.copies;
             let before = copies.len();
             copies.retain(|c| {
                 let c = *c;
                 if gone(owners, &c) {
+                    if let Some(j) = journal.as_mut() {
+                        j.note(
+                            key,
+                            &owners.get(c.id()).node,
+                            c.resident(),
+                            ChangeKind::Removed,
+                        );
+                    }
                     owners.release(c.id());
                     false
                 } else {
@@ -638,6 +728,7 @@ impl Shard {
                 }
             },
         };
+        let key = self.entries.get(i).key;
         for loc in incoming {
             let live = self.is_live_node(&loc.node);
             let Shard {
@@ -660,13 +751,22 @@ impl Shard {
                 self.dead_records = self.dead_records.max(1);
             }
             let copy = Copy36::new(id, loc);
-            match at {
+            let was = match at {
                 Some(at) => {
-                    let old = copies[at].id();
+                    let old = copies[at];
                     copies[at] = copy;
-                    owners.release(old);
+                    owners.release(old.id());
+                    Some(old.resident())
                 }
-                None => copies.push(copy),
+                None => {
+                    copies.push(copy);
+                    None
+                }
+            };
+            match was {
+                Some(was) => self.note_medium(key, &loc.node, was, loc.resident),
+                // Idempotent for a subscriber that already had it from the shard before.
+                None => self.note(key, &loc.node, loc.resident, ChangeKind::Stored),
             }
         }
         if self.entries.get(i).copies.is_empty() {

@@ -598,12 +598,22 @@ impl Client {
     }
 }
 
+/// The block hash KV events carry for `key` (docs/routing.md): its 16-byte page key, big
+/// endian, in the keyspace of `prefix` (a node's `prefix` key; empty: none).
+#[pyfunction]
+#[pyo3(signature = (key, prefix = ""))]
+fn page_hash<'py>(py: Python<'py>, key: &str, prefix: &str) -> Bound<'py, pyo3::types::PyBytes> {
+    let k = peercache_store::Keyspace::new(prefix).page_key(key);
+    pyo3::types::PyBytes::new(py, &k.0.to_be_bytes())
+}
+
 /// The extension module.
 #[pymodule]
 fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Node>()?;
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_node, m)?)?;
+    m.add_function(wrap_pyfunction!(page_hash, m)?)?;
     m.add_function(wrap_pyfunction!(run_meta, m)?)?;
     m.add_function(wrap_pyfunction!(run_storage_server, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

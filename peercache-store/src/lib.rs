@@ -24,6 +24,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 mod error;
+mod events;
 pub mod layout;
 mod modes;
 mod node;

@@ -5,7 +5,8 @@
 ``peercache.linker.PeerCacheLinker`` SGLang's direct linker, and
 ``peercache.vllm.PeerCacheConnector`` a vLLM KV connector. ``peercache.Node`` is the Rust node
 underneath; ``peercache.Client`` talks to a running node's client API (``client_enabled``) from
-a process that does not run a node.
+a process that does not run a node. ``peercache.page_hash(key)`` is the block hash a node's KV
+events (docs/routing.md) carry for a key.
 
 Errors: a bad argument raises ``ValueError``; a failure of the cluster raises a
 ``PeerCacheError`` (a ``RuntimeError``) of its kind — ``DirectoryError``, ``TransportError``,
@@ -21,11 +22,12 @@ from ._peercache import (
     ShutdownError,
     TransportError,
     __version__,
+    page_hash,
 )
 from .core import PageStore
 from .store import PeerCacheStore
 
 __all__ = [
     "Client", "DirectoryError", "DiscoveryError", "Node", "PageStore", "PeerCacheError",
-    "PeerCacheStore", "ShutdownError", "TransportError", "__version__",
+    "PeerCacheStore", "ShutdownError", "TransportError", "__version__", "page_hash",
 ]

@@ -221,6 +221,21 @@ settings! {
     /// requires (`Authorization: Bearer <token>`); empty: `/cluster` is open like `/metrics`.
     http_token_file: String = String::new();
         shown "empty", example "/etc/peercache/http-token", parse p::string;
+    /// KV-event port (ZeroMQ `PUB`, vLLM's `KVEventBatch`): the changes of this node's
+    /// directory shard for routers (docs/routing.md); each rank adds its local rank offset;
+    /// `0`: off.
+    kv_events_port: u16 = 0;
+        shown "`0`", example "5557", parse p::port;
+    /// KV-event replay port (ZeroMQ `ROUTER`): past batches or the shard's whole state for a
+    /// late subscriber; each rank adds its local rank offset; `0`: off.
+    kv_events_replay_port: u16 = 0;
+        shown "`0`", example "5558", parse p::port;
+    /// KV-event bind host (empty: the node's own address; the ports need no secret).
+    kv_events_bind_host: String = String::new();
+        shown "the node's address", example "10.0.0.5", parse p::string;
+    /// Tokens per page, told as `block_size` in each `BlockStored` event (`0`: not known).
+    kv_events_block_size: u64 = 0;
+        shown "`0`", example "16", parse |k, v| p::ranged(k, v, 0, 1 << 20);
     /// Stable ring identity (empty: derived from host, meta port, ranks and prefix).
     node_id: String = String::new();
         shown "derived", example "node-a", parse p::node_id;

@@ -229,6 +229,9 @@ impl Core {
         if let Some(mut h) = self.servers.http.lock().take() {
             h.shutdown();
         }
+        if let Some(mut e) = self.servers.kv_events.lock().take() {
+            e.shutdown();
+        }
         self.transport.shutdown();
         self.reads.host_buffers.write().clear();
         self.reads.device_buffers.write().clear();

@@ -71,6 +71,8 @@ pub(crate) struct Servers {
     pub(crate) meta: Mutex<Option<DiscoveryServer>>,
     /// `/metrics`, `/healthz`, `/cluster` and the dashboard.
     pub(crate) http: Mutex<Option<HttpServer>>,
+    /// The KV-event ports (`kv_events_port`).
+    pub(crate) kv_events: Mutex<Option<crate::events::KvEvents>>,
     /// The client API's "overwrite refused" warning: one line per 10 s for this node.
     pub(crate) client_refusals: peercache_wire::limits::Throttle,
 }

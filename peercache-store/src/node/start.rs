@@ -309,6 +309,31 @@ impl Core {
         };
         // Directory shard and the control listener that serves it.
         let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
+        let event_counters = crate::events::EventCounters::register(&me);
+        let kv_events = if cfg.kv_events_port > 0 {
+            let host_of = |h: &str| -> Result<IpAddr, StoreError> {
+                Ok(if h.is_empty() {
+                    host
+                } else {
+                    bind_addr(h, 0)?.ip()
+                })
+            };
+            let ip = host_of(&cfg.kv_events_bind_host)?;
+            let replay = rank_port(cfg.kv_events_replay_port, &cfg);
+            Some(crate::events::KvEvents::start(
+                crate::events::KvEventsConfig {
+                    bind: SocketAddr::new(ip, rank_port(cfg.kv_events_port, &cfg)),
+                    replay_bind: (replay > 0).then(|| SocketAddr::new(ip, replay)),
+                    block_size: cfg.kv_events_block_size,
+                    interval: crate::events::INTERVAL,
+                    node: me.clone(),
+                },
+                dir_service.clone(),
+                event_counters,
+            )?)
+        } else {
+            None
+        };
         let (svc, node_cell) = (dir_service.clone(), cell.clone());
         let handler: rpc::Handler = Arc::new(move |peer, env| {
             if env.kind == StoreRequest::KIND {
@@ -444,6 +469,8 @@ impl Core {
             incarnation = incarnation.0, authenticated = auth.is_enabled(), insecure = cfg.insecure,
             metrics = %metrics_endpoint.map(|m| m.to_string()).unwrap_or_else(|| "off".into()),
             client = %client_endpoint.map(|c| c.to_string()).unwrap_or_else(|| "off".into()),
+            kv_events = %kv_events.as_ref().map(|e| e.addr.to_string()).unwrap_or_else(|| "off".into()),
+            kv_events_replay = %kv_events.as_ref().and_then(|e| e.replay_addr).map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
             "peercache node started"
         );
         let mode = match cfg.mode {
@@ -473,6 +500,7 @@ impl Core {
                 client: Mutex::new(client),
                 meta: Mutex::new(meta),
                 http: Mutex::new(http),
+                kv_events: Mutex::new(kv_events),
                 client_refusals: peercache_wire::limits::Throttle::new(),
             },
             client_endpoint,

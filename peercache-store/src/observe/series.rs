@@ -8,6 +8,19 @@ peercache_wire::metric_names! {
     pub const HTTP_REFUSED: &str = "peercache_http_connections_refused_total";
     /// Requests for `/cluster` refused because they did not carry the `http_token_file` token.
     pub const HTTP_UNAUTHORIZED: &str = "peercache_http_unauthorized_total";
+    /// KV-event batches published (docs/routing.md).
+    pub const KV_EVENT_BATCHES: &str = "peercache_kv_event_batches_total";
+    /// KV-event batches a slow subscriber missed (the sequence numbers show it the gap).
+    pub const KV_EVENT_MISSED: &str = "peercache_kv_event_batches_missed_total";
+    /// Shard changes past the journal's cap: subscribers were told to start over and sent the
+    /// state.
+    pub const KV_EVENT_LOST: &str = "peercache_kv_event_changes_lost_total";
+    /// KV-event replay requests served.
+    pub const KV_EVENT_REPLAYS: &str = "peercache_kv_event_replays_total";
+    /// KV-event connections refused: over the cap, a failed greeting or a wrong socket type.
+    pub const KV_EVENT_REFUSED: &str = "peercache_kv_event_connections_refused_total";
+    /// KV-event subscribers connected now.
+    pub const KV_EVENT_SUBSCRIBERS: &str = "peercache_kv_event_subscribers";
     /// Pages asked for by `batch_get`.
     pub const READ_REQUESTS: &str = "peercache_read_requests_total";
     /// Pages served.

@@ -1,0 +1,185 @@
+//! The replay port (`ROUTER`, vLLM's replay protocol): a request is one message whose last
+//! frame is an 8-byte big-endian sequence number; the answer is the batches numbered from it
+//! on, if the log still holds them all, else the shard's whole current state (an
+//! `AllBlocksCleared` batch, then `BlockStored` batches), every batch numbered with the
+//! sequence number the state is current as of (0 before anything was published); then the end
+//! marker (an empty topic, sequence number -1, an empty payload). A request from a `REQ`
+//! socket starts with an empty delimiter frame and so does every answer to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use peercache_directory::DirectoryService;
+use tokio::io::AsyncWriteExt;
+
+use super::log::EventLog;
+use super::zmtp;
+use super::{EventCounters, MAX_REPLAYS, PEER_DEADLINE};
+
+/// A replay connection that asks nothing for this long is closed.
+const IDLE: Duration = Duration::from_secs(30);
+/// The sequence number that ends an answer.
+const END: i64 = -1;
+
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    log: Arc<EventLog>,
+    dir: Arc<DirectoryService>,
+    counters: EventCounters,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let live = Arc::new(tokio::sync::Semaphore::new(MAX_REPLAYS));
+    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => break,
+        };
+        let sock = match accepted {
+            Ok((sock, _)) => {
+                backoff.accepted();
+                sock
+            }
+            Err(e) => {
+                let pause = backoff.failed(&e, "kv events replay");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.changed() => break,
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = live.clone().try_acquire_owned() else {
+            counters.refused.increment(1);
+            continue;
+        };
+        let (log, dir, counters) = (log.clone(), dir.clone(), counters.clone());
+        conns.spawn(async move {
+            let _permit = permit;
+            if let Err(e) = requester(sock, &log, &dir, &counters).await {
+                tracing::debug!(error = %e, "KV-event replay connection closed");
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    conns.shutdown().await;
+}
+
+async fn requester(
+    mut sock: tokio::net::TcpStream,
+    log: &EventLog,
+    dir: &DirectoryService,
+    counters: &EventCounters,
+) -> Result<(), zmtp::ZmtpError> {
+    let kind = match zmtp::accept(&mut sock, "ROUTER", PEER_DEADLINE).await {
+        Ok(k) => k,
+        Err(e) => {
+            counters.refused.increment(1);
+            return Err(e);
+        }
+    };
+    if kind != "REQ" && kind != "DEALER" {
+        counters.refused.increment(1);
+        return Err(zmtp::ZmtpError::Protocol(format!(
+            "a {kind} socket on the replay port (REQ or DEALER expected)"
+        )));
+    }
+    loop {
+        let request = tokio::time::timeout(IDLE, read_request(&mut sock))
+            .await
+            .map_err(|_| zmtp::ZmtpError::Deadline(IDLE))??;
+        let Some((delimited, start)) = request else {
+            continue;
+        };
+        counters.replays.increment(1);
+        let mut out = Vec::new();
+        let message = |out: &mut Vec<u8>, topic: &[u8], seq: i64, payload: &[u8]| {
+            let seq = seq.to_be_bytes();
+            if delimited {
+                zmtp::put_message(out, &[b"", topic, &seq, payload]);
+            } else {
+                zmtp::put_message(out, &[topic, &seq, payload]);
+            }
+        };
+        match u64::try_from(start).ok().and_then(|s| log.since(s)) {
+            Some(batches) => {
+                for p in batches {
+                    message(
+                        &mut out,
+                        p.topic.as_str().as_bytes(),
+                        p.seq as i64,
+                        &p.payload,
+                    );
+                    flush_if_large(&mut sock, &mut out).await?;
+                }
+            }
+            None => {
+                let (as_of, state) = log.state(dir);
+                for b in state {
+                    message(
+                        &mut out,
+                        b.holder.as_str().as_bytes(),
+                        as_of as i64,
+                        &b.payload,
+                    );
+                    flush_if_large(&mut sock, &mut out).await?;
+                }
+            }
+        }
+        message(&mut out, b"", END, b"");
+        write(&mut sock, &out).await?;
+    }
+}
+
+/// Reads one request: whether it came with an empty delimiter frame (a `REQ` socket), and the
+/// sequence number asked for; `None` for a message that is not a request (ignored).
+async fn read_request(
+    sock: &mut tokio::net::TcpStream,
+) -> Result<Option<(bool, i64)>, zmtp::ZmtpError> {
+    let mut frames = Vec::new();
+    loop {
+        let f = zmtp::read_frame(sock, 64).await?;
+        if f.command {
+            // PING and the like: not part of a message.
+            continue;
+        }
+        let more = f.more;
+        if frames.len() < 4 {
+            frames.push(f.body);
+        } else {
+            return Err(zmtp::ZmtpError::Protocol(
+                "a replay request of over 4 frames".into(),
+            ));
+        }
+        if !more {
+            break;
+        }
+    }
+    let delimited = frames.len() > 1 && frames[0].is_empty();
+    let Some(last) = frames.last() else {
+        return Ok(None);
+    };
+    let Ok(seq) = <[u8; 8]>::try_from(&last[..]) else {
+        return Ok(None);
+    };
+    Ok(Some((delimited, i64::from_be_bytes(seq))))
+}
+
+async fn flush_if_large(
+    sock: &mut tokio::net::TcpStream,
+    out: &mut Vec<u8>,
+) -> Result<(), zmtp::ZmtpError> {
+    if out.len() >= 1 << 20 {
+        write(sock, out).await?;
+        out.clear();
+    }
+    Ok(())
+}
+
+async fn write(sock: &mut tokio::net::TcpStream, bytes: &[u8]) -> Result<(), zmtp::ZmtpError> {
+    tokio::time::timeout(PEER_DEADLINE, sock.write_all(bytes))
+        .await
+        .map_err(|_| zmtp::ZmtpError::Deadline(PEER_DEADLINE))??;
+    Ok(())
+}
