@@ -86,7 +86,6 @@ def test_booleans_are_parsed_strictly():
 
 
 def test_page_hash_is_the_page_key_kv_events_carry():
-    import peercache
     # The documented test vector of the key grammar (docs/architecture.md), big endian.
     assert peercache.page_hash("hello") == bytes.fromhex("b5e9c1ad071b3e7fc779cfaa5e523818")
     assert peercache.page_hash("abc", prefix="tenant-a") == peercache.page_hash("tenant-a_abc")
