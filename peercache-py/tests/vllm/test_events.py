@@ -15,14 +15,16 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-import msgspec
 import pytest
-import zmq
 
-import peercache
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+msgspec = pytest.importorskip("msgspec", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+zmq = pytest.importorskip("zmq", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+pytest.importorskip("vllm.distributed.kv_events", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
-from harness import free_port
+import peercache  # noqa: E402
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch  # noqa: E402
+
+from harness import free_port  # noqa: E402
 
 SECRET = "kv events test secret, 32 bytes!"
 PAGE = 64 << 10
