@@ -47,7 +47,7 @@ pub use info::{NodeInfo, derive_node_id};
 pub use membership::{Membership, Source};
 pub use msg::{DiscReply, DiscRequest};
 pub use server_core::ServerCore;
-pub use service::{DiscoveryServer, Hosting};
+pub use service::{DiscoveryServer, Hosting, META_FRAME_BUDGET};
 
 /// Parses `discovery_addr`: `host:port` or a comma-separated seed list sharing one port.
 pub fn parse_seeds(addr: &str) -> Result<Vec<std::net::SocketAddr>, DiscoveryError> {

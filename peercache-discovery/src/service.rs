@@ -84,13 +84,39 @@ pub enum Hosting {
     PortTaken,
 }
 
+/// What one peer may hold of the meta port by default: frames above 64 KiB are charged, while
+/// they arrive, to a budget of this many bytes (a member's requests are at most 16 KiB).
+pub const META_FRAME_BUDGET: usize = 64 << 20;
+
 impl DiscoveryServer {
-    /// Binds `bind` and serves with members expiring `ttl` after their last heartbeat.
+    /// Binds `bind` and serves with members expiring `ttl` after their last heartbeat; large
+    /// frames share a budget of [`META_FRAME_BUDGET`], and no source address is limited below
+    /// the connection cap.
     pub fn start(
         bind: SocketAddr,
         ttl: Duration,
         node: Option<NodeId>,
         auth: Auth,
+    ) -> Result<Self, WireError> {
+        Self::start_with(bind, ttl, node, auth, Self::default_shares())
+    }
+
+    /// The shares [`DiscoveryServer::start`] serves with.
+    pub fn default_shares() -> rpc::Shares {
+        rpc::Shares {
+            per_source: None,
+            frame_budget: Some(peercache_wire::shares::FrameBudget::new(META_FRAME_BUDGET)),
+        }
+    }
+
+    /// [`DiscoveryServer::start`] with the connection share per source address and the frame
+    /// budget given (a node passes its own, so the meta port shares them with its other ports).
+    pub fn start_with(
+        bind: SocketAddr,
+        ttl: Duration,
+        node: Option<NodeId>,
+        auth: Auth,
+        shares: rpc::Shares,
     ) -> Result<Self, WireError> {
         let core = Arc::new(Mutex::new(ServerCore::new(ttl.as_millis() as Millis)));
         let epoch = Instant::now();
@@ -166,7 +192,7 @@ impl DiscoveryServer {
                 workers: 1,
                 name: "pc-meta",
                 auth,
-                shares: Default::default(),
+                shares,
             },
             handler,
         )?;
@@ -186,7 +212,18 @@ impl DiscoveryServer {
         node: Option<NodeId>,
         auth: Auth,
     ) -> Result<Hosting, WireError> {
-        match Self::start(bind, ttl, node, auth) {
+        Self::try_host_with(bind, ttl, node, auth, Self::default_shares())
+    }
+
+    /// [`DiscoveryServer::try_host`] with the shares given ([`DiscoveryServer::start_with`]).
+    pub fn try_host_with(
+        bind: SocketAddr,
+        ttl: Duration,
+        node: Option<NodeId>,
+        auth: Auth,
+        shares: rpc::Shares,
+    ) -> Result<Hosting, WireError> {
+        match Self::start_with(bind, ttl, node, auth, shares) {
             Ok(s) => Ok(Hosting::Hosting(s)),
             Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 Ok(Hosting::PortTaken)
@@ -205,6 +242,12 @@ impl DiscoveryServer {
     /// Bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// Connections closed at accept because their source address held its share
+    /// ([`DiscoveryServer::start_with`]).
+    pub fn refused_for_source(&self) -> u64 {
+        self.server.counters().refused_source.get()
     }
 
     /// Members this server holds now.

@@ -129,11 +129,29 @@ impl Core {
             crate::DiscoveryKind::Builtin => Source::Masters(cfg.discovery(seeds, auth.clone())),
             crate::DiscoveryKind::Etcd => Source::Etcd(cfg.etcd()?),
         };
+        // The meta, control and client ports' shares: one frame budget for all three, one
+        // share of each port's connection cap per source address when configured.
+        let frame_budget = peercache_wire::shares::FrameBudget::new(
+            usize::try_from(cfg.frame_budget_bytes).unwrap_or(usize::MAX),
+        );
+        let shares = || rpc::Shares {
+            per_source: (cfg.max_inbound_connections_per_source > 0).then(|| {
+                peercache_wire::shares::SourceShare::new(cfg.max_inbound_connections_per_source)
+            }),
+            frame_budget: Some(frame_budget.clone()),
+        };
         let meta = match &source {
             Source::Masters(_) => {
                 let ttl = Duration::from_secs_f64(cfg.member_ttl);
                 let meta_bind = bind_addr(&cfg.meta_bind_host, meta_port)?;
-                match DiscoveryServer::try_host(meta_bind, ttl, Some(me.clone()), auth.clone())? {
+                let hosting = DiscoveryServer::try_host_with(
+                    meta_bind,
+                    ttl,
+                    Some(me.clone()),
+                    auth.clone(),
+                    shares(),
+                )?;
+                match hosting {
                     Hosting::Hosting(s) => {
                         s.check_sources(cfg.meta_check_sources);
                         Some(s)
@@ -296,17 +314,6 @@ impl Core {
         };
         let data_endpoint = advertise(transport.local_endpoint(), host, explicit_host);
 
-        // The control and client ports' shares: one frame budget for both, one share of each
-        // port's connection cap per source address when configured.
-        let frame_budget = peercache_wire::shares::FrameBudget::new(
-            usize::try_from(cfg.frame_budget_bytes).unwrap_or(usize::MAX),
-        );
-        let shares = || rpc::Shares {
-            per_source: (cfg.max_inbound_connections_per_source > 0).then(|| {
-                peercache_wire::shares::SourceShare::new(cfg.max_inbound_connections_per_source)
-            }),
-            frame_budget: Some(frame_budget.clone()),
-        };
         // Directory shard and the control listener that serves it.
         let dir_service = Arc::new(DirectoryService::new(cfg.shard()));
         let event_counters = crate::events::EventCounters::register(&me);

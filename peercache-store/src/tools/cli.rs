@@ -71,6 +71,9 @@ pub struct MetaArgs {
     /// from (members behind a NAT, or announcing another interface than they connect from).
     #[arg(long)]
     pub no_source_check: bool,
+    /// Most connections one source address may hold (0: only the server's cap of 4096).
+    #[arg(long, default_value_t = 0)]
+    pub max_connections_per_source: usize,
 }
 
 pub use crate::tools::tool::tool_auth;
@@ -193,11 +196,18 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
         }
         tracing::warn!("no cluster secret: any process that reaches this port can join");
     }
-    let mut server = peercache_discovery::DiscoveryServer::start(
+    let mut shares = peercache_discovery::DiscoveryServer::default_shares();
+    if args.max_connections_per_source > 0 {
+        shares.per_source = Some(peercache_wire::shares::SourceShare::new(
+            args.max_connections_per_source,
+        ));
+    }
+    let mut server = peercache_discovery::DiscoveryServer::start_with(
         args.bind,
         Duration::from_secs_f64(args.member_ttl),
         None,
         auth,
+        shares,
     )
     .with_context(|| format!("binding the discovery server on {}", args.bind))?;
     server.check_sources(!args.no_source_check);
