@@ -36,7 +36,7 @@ Copy = Tuple[bytes, str, str]  # (block hash, holder node id, medium)
 class Stream:
     """One node's KV events as a router follows them: subscribe, ask the replay port for the
     state, apply live batches numbered after it, and replay again from the first missing
-    number when a gap shows."""
+    number when a gap shows or the stream has been quiet for half a second."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int, replay_port: int) -> None:
         self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
@@ -51,9 +51,11 @@ class Stream:
         self.copies: Set[Copy] = set()
         self.last: Optional[int] = None
         self.removed = 0
+        self.caught_up = 0.0
         self.replay(0)
 
     def replay(self, start: int) -> None:
+        self.caught_up = time.monotonic()
         self.replayer.send_multipart([b"", start.to_bytes(8, "big")])
         while True:
             _, topic, seq, payload = self.replayer.recv_multipart()
@@ -75,7 +77,12 @@ class Stream:
         self.last = seq if self.last is None else max(self.last, seq)
 
     def pump(self) -> None:
-        """Applies every batch that has arrived."""
+        """Applies every batch that has arrived; when none has for a while, asks the replay
+        port for anything after the last one (a subscription takes effect a moment after the
+        connection, so a batch published in between reaches this subscriber only that way)."""
+        if not self.sub.poll(0) and time.monotonic() - self.caught_up > 0.5:
+            assert self.last is not None
+            self.replay(self.last + 1)
         while self.sub.poll(0):
             topic, seq_b, payload = self.sub.recv_multipart()
             seq = int.from_bytes(seq_b, "big")

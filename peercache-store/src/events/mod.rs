@@ -26,6 +26,8 @@ use std::time::Duration;
 use peercache_directory::DirectoryService;
 use peercache_wire::NodeId;
 
+use crate::serve::listener::ServerThread;
+
 pub(crate) use log::EventLog;
 
 /// Where and how a node publishes its KV events.
@@ -94,8 +96,7 @@ pub(crate) struct KvEvents {
     pub(crate) addr: SocketAddr,
     /// The replay port's bound address.
     pub(crate) replay_addr: Option<SocketAddr>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: ServerThread,
 }
 
 impl KvEvents {
@@ -107,14 +108,9 @@ impl KvEvents {
         counters: EventCounters,
     ) -> std::io::Result<KvEvents> {
         let pub_listener = std::net::TcpListener::bind(cfg.bind)?;
-        pub_listener.set_nonblocking(true)?;
         let addr = pub_listener.local_addr()?;
         let replay_listener = match cfg.replay_bind {
-            Some(b) => {
-                let l = std::net::TcpListener::bind(b)?;
-                l.set_nonblocking(true)?;
-                Some(l)
-            }
+            Some(b) => Some(std::net::TcpListener::bind(b)?),
             None => None,
         };
         let replay_addr = match &replay_listener {
@@ -122,62 +118,37 @@ impl KvEvents {
             None => None,
         };
         dir.with_shard(|sh, _| sh.record_changes(JOURNAL_CAP));
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let log = Arc::new(EventLog::new(cfg.node.clone(), cfg.block_size));
-        let thread = std::thread::Builder::new()
-            .name("pc-kv-events".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let Ok(pub_listener) = tokio::net::TcpListener::from_std(pub_listener) else {
-                        return;
-                    };
-                    let mut tasks = tokio::task::JoinSet::new();
-                    tasks.spawn(stream::serve(
-                        pub_listener,
-                        log.clone(),
-                        counters.clone(),
-                        rx.clone(),
-                    ));
-                    if let Some(l) = replay_listener
-                        && let Ok(l) = tokio::net::TcpListener::from_std(l)
-                    {
-                        tasks.spawn(replay::serve(
-                            l,
-                            log.clone(),
-                            dir.clone(),
-                            counters.clone(),
-                            rx.clone(),
-                        ));
-                    }
-                    pump(log, dir, cfg.interval, counters, rx).await;
-                    tasks.shutdown().await;
-                });
-            })?;
+        let thread = ServerThread::spawn("pc-kv-events", move |stop| async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            tasks.spawn(stream::serve(
+                pub_listener,
+                log.clone(),
+                counters.clone(),
+                stop.clone(),
+            ));
+            if let Some(l) = replay_listener {
+                tasks.spawn(replay::serve(
+                    l,
+                    log.clone(),
+                    dir.clone(),
+                    counters.clone(),
+                    stop.clone(),
+                ));
+            }
+            pump(log, dir, cfg.interval, counters, stop).await;
+            tasks.shutdown().await;
+        })?;
         Ok(KvEvents {
             addr,
             replay_addr,
-            stop: Some(tx),
-            thread: Some(thread),
+            thread,
         })
     }
 
     /// Stops publishing and closes every subscriber.
     pub(crate) fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for KvEvents {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.thread.shutdown();
     }
 }
 

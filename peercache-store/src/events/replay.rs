@@ -15,6 +15,7 @@ use tokio::io::AsyncWriteExt;
 use super::log::EventLog;
 use super::zmtp;
 use super::{EventCounters, MAX_REPLAYS, PEER_DEADLINE};
+use crate::serve::listener::{Accepting, accept_loop};
 
 /// A replay connection that asks nothing for this long is closed.
 const IDLE: Duration = Duration::from_secs(30);
@@ -22,48 +23,26 @@ const IDLE: Duration = Duration::from_secs(30);
 const END: i64 = -1;
 
 pub(super) async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: std::net::TcpListener,
     log: Arc<EventLog>,
     dir: Arc<DirectoryService>,
     counters: EventCounters,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let live = Arc::new(tokio::sync::Semaphore::new(MAX_REPLAYS));
-    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => break,
-        };
-        let sock = match accepted {
-            Ok((sock, _)) => {
-                backoff.accepted();
-                sock
-            }
-            Err(e) => {
-                let pause = backoff.failed(&e, "kv events replay");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = stop.changed() => break,
-                }
-                continue;
-            }
-        };
-        let Ok(permit) = live.clone().try_acquire_owned() else {
-            counters.refused.increment(1);
-            continue;
-        };
+    let accepting = Accepting {
+        max: MAX_REPLAYS,
+        what: "KV-event replay port",
+        refused: counters.refused.clone(),
+    };
+    accept_loop(listener, accepting, stop, move |sock| {
         let (log, dir, counters) = (log.clone(), dir.clone(), counters.clone());
-        conns.spawn(async move {
-            let _permit = permit;
+        async move {
             if let Err(e) = requester(sock, &log, &dir, &counters).await {
                 tracing::debug!(error = %e, "KV-event replay connection closed");
             }
-        });
-        while conns.try_join_next().is_some() {}
-    }
-    conns.shutdown().await;
+        }
+    })
+    .await;
 }
 
 async fn requester(

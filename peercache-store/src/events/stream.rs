@@ -12,57 +12,36 @@ use tokio::sync::broadcast::error::RecvError;
 use super::log::EventLog;
 use super::zmtp::{self, Subscription};
 use super::{EventCounters, MAX_SUBSCRIBERS, PEER_DEADLINE};
+use crate::serve::listener::{Accepting, accept_loop};
 
 /// Most subscriptions one subscriber holds, and the longest topic it may subscribe to.
 const MAX_SUBSCRIPTIONS: usize = 64;
 const MAX_TOPIC: usize = 256;
 
 pub(super) async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: std::net::TcpListener,
     log: Arc<EventLog>,
     counters: EventCounters,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let live = Arc::new(tokio::sync::Semaphore::new(MAX_SUBSCRIBERS));
-    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => break,
-        };
-        let sock = match accepted {
-            Ok((sock, _)) => {
-                backoff.accepted();
-                sock
-            }
-            Err(e) => {
-                let pause = backoff.failed(&e, "kv events");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = stop.changed() => break,
-                }
-                continue;
-            }
-        };
-        let Ok(permit) = live.clone().try_acquire_owned() else {
-            counters.refused.increment(1);
-            continue;
-        };
+    let accepting = Accepting {
+        max: MAX_SUBSCRIBERS,
+        what: "KV-event port",
+        refused: counters.refused.clone(),
+    };
+    accept_loop(listener, accepting, stop, move |sock| {
         // Subscribed before the greeting: nothing published after the connection is missed.
         let rx = log.subscribe();
         let counters = counters.clone();
-        conns.spawn(async move {
-            let _permit = permit;
+        async move {
             counters.subscribers.increment(1.0);
             if let Err(e) = subscriber(sock, rx, &counters).await {
                 tracing::debug!(error = %e, "KV-event subscriber closed");
             }
             counters.subscribers.decrement(1.0);
-        });
-        while conns.try_join_next().is_some() {}
-    }
-    conns.shutdown().await;
+        }
+    })
+    .await;
 }
 
 async fn subscriber(

@@ -15,6 +15,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::listener::{Accepting, ServerThread, accept_loop};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// What one stranger may hold of the HTTP port.
@@ -42,8 +44,7 @@ impl Default for HttpLimits {
 /// A node's HTTP endpoint.
 pub(crate) struct HttpServer {
     pub(crate) addr: SocketAddr,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: ServerThread,
 }
 
 impl HttpServer {
@@ -65,99 +66,25 @@ impl HttpServer {
             }
             Err(e) => return Err(e),
         };
-        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name("pc-metrics-http".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    accept_loop(listener, app, limits, refused, rx).await;
-                });
-            })?;
-        Ok(HttpServer {
-            addr,
-            stop: Some(tx),
-            thread: Some(thread),
-        })
+        let accepting = Accepting {
+            max: limits.max_connections,
+            what: "metrics HTTP port",
+            refused,
+        };
+        let thread = ServerThread::spawn("pc-metrics-http", move |stop| {
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let each = stop.clone();
+            accept_loop(listener, accepting, stop, move |sock| {
+                serve_conn(sock, service.clone(), limits, each.clone())
+            })
+        })?;
+        Ok(HttpServer { addr, thread })
     }
 
     pub(crate) fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.shutdown();
     }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    limits: HttpLimits,
-    refused: metrics::Counter,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let live = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let mut backoff = peercache_wire::limits::AcceptBackoff::new();
-    let at_limit = peercache_wire::limits::Throttle::new();
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => break,
-        };
-        let sock = match accepted {
-            Ok((sock, _)) => {
-                backoff.accepted();
-                sock
-            }
-            Err(e) => {
-                let pause = backoff.failed(&e, "http");
-                if !pause.is_zero() {
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = stop.changed() => break,
-                    }
-                }
-                continue;
-            }
-        };
-        let Ok(permit) = live.clone().try_acquire_owned() else {
-            refused.increment(1);
-            if let Some(held) = at_limit.admit() {
-                tracing::warn!(
-                    limit = limits.max_connections,
-                    refused_since_last = held,
-                    "metrics HTTP port at its connection limit; refusing connections"
-                );
-            }
-            continue;
-        };
-        let (service, stop) = (service.clone(), stop.clone());
-        // Finished connections are reaped as new ones come, so the set stays as small as the
-        // live connections.
-        while conns.try_join_next().is_some() {}
-        conns.spawn(async move {
-            let _permit = permit;
-            serve_conn(sock, service, limits, stop).await;
-        });
-    }
-    conns.abort_all();
 }
 
 /// Serves one connection until the client closes it, it breaks a limit, or the node stops.
