@@ -230,8 +230,28 @@ impl Shard {
     /// Calls `f(key, node, resident)` for every copy of a live owner: the shard's current state,
     /// as a late subscriber to its changes needs it.
     pub fn for_each_copy(&self, mut f: impl FnMut(PageKey, &NodeId, bool)) {
-        for i in self.index.iter() {
+        let mut from = 0;
+        while let Some(next) = self.for_each_copy_in(from, u32::MAX, &mut f) {
+            from = next;
+        }
+    }
+
+    /// [`Shard::for_each_copy`] over at most `slots` entry slots from slot `from` on; returns
+    /// the slot to go on from, or `None` at the end. A caller that takes the shard's lock per
+    /// call holds it for one chunk only; an entry present throughout is visited exactly once,
+    /// one added or dropped between calls may or may not be.
+    pub fn for_each_copy_in(
+        &self,
+        from: u32,
+        slots: u32,
+        mut f: impl FnMut(PageKey, &NodeId, bool),
+    ) -> Option<u32> {
+        let end = from.saturating_add(slots).min(self.entries.len());
+        for i in from..end {
             let e = self.entries.get(i);
+            if e.stamp & VACANT != 0 {
+                continue;
+            }
             for c in &e.copies {
                 let r = self.owners.get(c.id());
                 if r.live {
@@ -239,6 +259,7 @@ impl Shard {
                 }
             }
         }
+        (end < self.entries.len()).then_some(end)
     }
 
     fn note(&mut self, key: [u64; 2], node: &NodeId, resident: bool, kind: ChangeKind) {

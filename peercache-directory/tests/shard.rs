@@ -354,4 +354,13 @@ fn the_journal_keeps_its_cap_and_counts_the_rest_lost() {
     let mut state = 0;
     sh.for_each_copy(|_, _, _| state += 1);
     assert_eq!(state, 25);
+    // In chunks of 7 slots (the lock is taken per chunk): the same copies, each once.
+    let mut chunked = Vec::new();
+    let mut from = Some(0);
+    while let Some(f) = from {
+        from = sh.for_each_copy_in(f, 7, |k, _, _| chunked.push(k));
+    }
+    chunked.sort();
+    chunked.dedup();
+    assert_eq!(chunked.len(), 25);
 }

@@ -17,6 +17,8 @@ use super::zmtp;
 const REPLAY_BATCHES: usize = 10_000;
 /// Bytes of batches kept for replay, at most.
 const REPLAY_BYTES: usize = 64 << 20;
+/// Entry slots of the shard read under one hold of its lock while a state is sent.
+const STATE_CHUNK: u32 = 16_384;
 /// Batches a subscriber may fall behind before it misses some.
 const SUBSCRIBER_QUEUE: usize = 1024;
 
@@ -83,11 +85,17 @@ impl EventLog {
     /// Tells every subscriber to forget what it was told (`AllBlocksCleared`) and publishes
     /// the shard's whole state; returns the batches sent.
     pub(crate) fn publish_state(&self, dir: &DirectoryService) -> u64 {
-        self.push(self.node.clone(), batch::all_cleared(now_s()));
-        let state = self.state_batches(dir);
-        let n = 1 + state.len() as u64;
-        for b in state {
-            self.push(b.holder, b.payload);
+        let cleared = self.cleared();
+        self.push(cleared.holder, cleared.payload);
+        let mut n = 1;
+        let mut from = Some(0);
+        while let Some(f) = from {
+            let (batches, next) = self.state_chunk(dir, f);
+            n += batches.len() as u64;
+            for b in batches {
+                self.push(b.holder, b.payload);
+            }
+            from = next;
         }
         n
     }
@@ -137,26 +145,31 @@ impl EventLog {
         )
     }
 
-    /// The shard's whole state as batches, led by an `AllBlocksCleared` (forget what this
-    /// node told you before), and the sequence number it is current as of: every batch
-    /// numbered up to it is reflected, later ones may repeat part of it (a `BlockStored` told
-    /// twice changes nothing).
-    pub(crate) fn state(&self, dir: &DirectoryService) -> (u64, Vec<Encoded>) {
-        // The number first: whatever it covers was applied to the shard before it was
-        // published, so the state read after it includes it.
-        let as_of = self.inner.lock().seq;
-        let mut batches = vec![Encoded {
-            holder: self.node.clone(),
-            payload: batch::all_cleared(now_s()),
-        }];
-        batches.extend(self.state_batches(dir));
-        (as_of, batches)
+    /// The sequence number a state read from now on is current as of: every batch numbered up
+    /// to it was applied to the shard before it was published, so the state includes it; later
+    /// batches may repeat part of the state (a `BlockStored` told twice changes nothing).
+    pub(crate) fn as_of(&self) -> u64 {
+        self.inner.lock().seq
     }
 
-    fn state_batches(&self, dir: &DirectoryService) -> Vec<Encoded> {
+    /// The batch that leads a state: forget what this node told you before.
+    pub(crate) fn cleared(&self) -> Encoded {
+        Encoded {
+            holder: self.node.clone(),
+            payload: batch::all_cleared(now_s()),
+        }
+    }
+
+    /// The state's copies in [`STATE_CHUNK`] entry slots from slot `from` on, as batches, and
+    /// the slot to go on from (`None` at the end). The shard's lock is held for one chunk.
+    pub(crate) fn state_chunk(
+        &self,
+        dir: &DirectoryService,
+        from: u32,
+    ) -> (Vec<Encoded>, Option<u32>) {
         let mut copies = Vec::new();
-        dir.with_shard(|sh, _| {
-            sh.for_each_copy(|key, node, resident| {
+        let next = dir.with_shard(|sh, _| {
+            sh.for_each_copy_in(from, STATE_CHUNK, |key, node, resident| {
                 copies.push(Change {
                     key,
                     node: node.clone(),
@@ -165,6 +178,6 @@ impl EventLog {
                 })
             })
         });
-        batch::encode(&copies, self.block_size, now_s())
+        (batch::encode(&copies, self.block_size, now_s()), next)
     }
 }

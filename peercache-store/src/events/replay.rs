@@ -34,10 +34,12 @@ pub(super) async fn serve(
         what: "KV-event replay port",
         refused: counters.refused.clone(),
     };
+    let states = Arc::new(tokio::sync::Semaphore::new(1));
     accept_loop(listener, accepting, stop, move |sock| {
         let (log, dir, counters) = (log.clone(), dir.clone(), counters.clone());
+        let states = states.clone();
         async move {
-            if let Err(e) = requester(sock, &log, &dir, &counters).await {
+            if let Err(e) = requester(sock, &log, &dir, &counters, &states).await {
                 tracing::debug!(error = %e, "KV-event replay connection closed");
             }
         }
@@ -50,6 +52,7 @@ async fn requester(
     log: &EventLog,
     dir: &DirectoryService,
     counters: &EventCounters,
+    states: &tokio::sync::Semaphore,
 ) -> Result<(), zmtp::ZmtpError> {
     let kind = match zmtp::accept(&mut sock, "ROUTER", PEER_DEADLINE).await {
         Ok(k) => k,
@@ -94,15 +97,30 @@ async fn requester(
                 }
             }
             None => {
-                let (as_of, state) = log.state(dir);
-                for b in state {
-                    message(
-                        &mut out,
-                        b.holder.as_str().as_bytes(),
-                        as_of as i64,
-                        &b.payload,
-                    );
-                    flush_if_large(&mut sock, &mut out).await?;
+                // One state at a time per node, read a chunk per hold of the shard's lock and
+                // sent as it is read: a requester costs neither the shard's lock nor memory
+                // beyond a chunk.
+                let _one = states
+                    .acquire()
+                    .await
+                    .map_err(|_| zmtp::ZmtpError::Protocol("the node is stopping".into()))?;
+                let as_of = log.as_of() as i64;
+                let cleared = log.cleared();
+                message(
+                    &mut out,
+                    cleared.holder.as_str().as_bytes(),
+                    as_of,
+                    &cleared.payload,
+                );
+                let mut from = Some(0);
+                while let Some(f) = from {
+                    let (batches, next) = log.state_chunk(dir, f);
+                    for b in batches {
+                        message(&mut out, b.holder.as_str().as_bytes(), as_of, &b.payload);
+                        flush_if_large(&mut sock, &mut out).await?;
+                    }
+                    from = next;
+                    tokio::task::yield_now().await;
                 }
             }
         }
