@@ -15,7 +15,7 @@ use super::zmtp;
 
 /// Batches kept for replay, at most.
 const REPLAY_BATCHES: usize = 10_000;
-/// Bytes of batches kept for replay, at most.
+/// Bytes of batches kept for replay, at most (payloads and their framed copies).
 const REPLAY_BYTES: usize = 64 << 20;
 /// Entry slots of the shard read under one hold of its lock while a state is sent.
 const STATE_CHUNK: u32 = 16_384;
@@ -31,6 +31,13 @@ pub(crate) struct Published {
     pub(crate) payload: Vec<u8>,
     /// The `PUB` message (topic, 8-byte sequence number, payload) as ZMTP frames.
     pub(crate) framed: Vec<u8>,
+}
+
+impl Published {
+    /// Bytes this batch keeps in memory: its payload and its framed copy.
+    fn held(&self) -> usize {
+        self.payload.len() + self.framed.len()
+    }
 }
 
 struct Inner {
@@ -115,11 +122,11 @@ impl EventLog {
             payload,
             framed,
         });
-        inner.bytes += p.payload.len();
+        inner.bytes += p.held();
         inner.ring.push_back(p.clone());
         while inner.ring.len() > REPLAY_BATCHES || inner.bytes > REPLAY_BYTES {
             match inner.ring.pop_front() {
-                Some(old) => inner.bytes -= old.payload.len(),
+                Some(old) => inner.bytes -= old.held(),
                 None => break,
             }
         }
