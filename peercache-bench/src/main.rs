@@ -2,8 +2,8 @@
 
 use peercache_bench::cmd::{
     compare, directory as dirbench, disk as diskbench, drive, latency, main_job as mainjob, micro,
-    modes as modesbench, mooncake, pool as poolbench, replicas as replicabench, saturation, scale,
-    serve, startup, suite, throughput,
+    modes as modesbench, mooncake, pool as poolbench, prefix as prefixbench,
+    replicas as replicabench, saturation, scale, serve, startup, suite, throughput,
 };
 use peercache_bench::{load::alloc, report};
 
@@ -34,6 +34,8 @@ enum Cmd {
     /// Transport (raw-tcp, tcp-read, tcp-write) and, with `--path store|both`, store-get and
     /// store-set, between two processes.
     Micro(micro::MicroArgs),
+    /// A router's prefix query of 64 keys on three nodes (store API and HTTP) beside raw TCP.
+    Prefix(prefixbench::PrefixArgs),
     /// Pool publish against memcpy, and metadata-only allocate/evict/lookup rates.
     Pool(poolbench::PoolArgs),
     /// Directory: in-process shard lookups, loopback lookup/exists/insert, hand-off.
@@ -134,6 +136,7 @@ fn run() -> Result<()> {
         Some(Cmd::Startup(args)) => finish(startup::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Disk(args)) => finish(diskbench::run(&args)?, args.json.as_deref()),
         Some(Cmd::Pool(args)) => finish(poolbench::run(&args)?, args.run.json.as_deref()),
+        Some(Cmd::Prefix(args)) => finish(prefixbench::run(&args)?, args.run.json.as_deref()),
         None => {
             eprintln!(
                 "peercache-bench main job: embedded two-node cluster on loopback, {}",

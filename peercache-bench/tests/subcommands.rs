@@ -396,6 +396,26 @@ fn the_main_job_and_the_component_benches_run_briefly() {
         "0.05",
     ]);
     assert_eq!(v["bench"], "directory");
+    for row in v["results"].as_array().unwrap() {
+        assert_eq!(row["errors"], 0, "{row}");
+    }
+    // The prefix query: every answer checked against a scan, none wrong.
+    let v = run(&[
+        "prefix", "--keys", "3000", "--rounds", "1", "--secs", "0.05",
+    ]);
+    assert_eq!(v["bench"], "prefix");
+    assert_eq!(v["summary"]["wrong_answers"], 0, "{v}");
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["raw-tcp-rr", "prefix-64", "prefix-64-http"]);
+    assert!(
+        v["results"][1]["pages_per_s"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
     let v = run(&["disk", "--pages", "64", "--rounds", "1"]);
     assert_eq!(v["bench"], "disk");
     let v = run(&[

@@ -397,7 +397,7 @@ impl Node {
         let runs = py
             .detach(|| self.store.prefix_locations(&keys))
             .map_err(to_py)?;
-        Ok(peercache_store::tools::locate::prefix_json(&runs).to_string())
+        Ok(peercache_store::prefix_json(&runs).to_string())
     }
 
     /// How many leading pages are present.
@@ -577,7 +577,7 @@ impl Client {
         let runs = py
             .detach(|| self.inner.prefix_locations(&keys))
             .map_err(to_py)?;
-        Ok(peercache_store::tools::locate::prefix_json(&runs).to_string())
+        Ok(peercache_store::prefix_json(&runs).to_string())
     }
 
     /// Where the directory says each key lives, as a JSON text: per key, a list of owners

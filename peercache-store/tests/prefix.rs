@@ -1,7 +1,11 @@
 //! Prefix location on three loopback nodes: for any request's keys, each node's leading run
-//! equals a scan of what that node published, through the store API and the client API alike,
-//! and a node that leaves disappears from the answers.
+//! equals a scan of what that node published, through the store API, the client API and the
+//! HTTP port's `POST /prefix` alike, and a node that leaves disappears from the answers; who
+//! may ask over HTTP, and what bad queries get.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use peercache_store::client::Client;
@@ -27,11 +31,50 @@ fn scan(node: usize, start: usize, len: usize) -> usize {
     (start..start + len).take_while(|&i| holds(node, i)).count()
 }
 
+/// `POST /prefix` with `body` (and `Authorization: Bearer <token>` when given): status, body.
+fn post_prefix(addr: SocketAddr, body: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "POST /prefix HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    // A refusal may close before the whole body is read: what arrived is the answer.
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+/// A token file readable by its owner only.
+fn token_file(dir: &tempfile::TempDir, token: &str) -> String {
+    let path = dir.path().join("http-token");
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.display().to_string()
+}
+
+const TOKEN: &str = "a-router-token-of-this-test-0001";
+
 #[test]
 fn prefix_runs_equal_a_scan_of_what_each_node_published_over_100k_keys() {
+    let dir = tempfile::tempdir().unwrap();
     let nodes = common::cluster(
         &[66, 67, 68],
-        json!({"global_segment_size": "64mb", "client_enabled": true, "member_ttl": 30.0}),
+        json!({"global_segment_size": "64mb", "client_enabled": true, "member_ttl": 30.0,
+               "metrics_enabled": true, "metrics_port": 0,
+               "http_token_file": token_file(&dir, TOKEN)}),
     );
     let keys: Vec<String> = (0..N).map(|i| format!("prefix/{i}")).collect();
     let page = [7u8; 64];
@@ -85,6 +128,18 @@ fn prefix_runs_equal_a_scan_of_what_each_node_published_over_100k_keys() {
         client.prefix_locations(&keys[start..start + 64]).unwrap(),
         nodes[0].prefix_locations(&keys[start..start + 64]).unwrap()
     );
+    // So does the HTTP port, with the token, in the `locate --prefix --json` shape.
+    let http = nodes[1].metrics_endpoint().unwrap();
+    for start in [0, 699, 51_234, N - 64] {
+        let q = json!({"keys": &keys[start..start + 64]}).to_string();
+        let (status, body) = post_prefix(http, &q, Some(TOKEN));
+        assert_eq!(status, 200, "{body}");
+        let got: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let want = nodes[0].prefix_locations(&keys[start..start + 64]).unwrap();
+        assert_eq!(got["keys"], 64, "{body}");
+        assert_eq!(got["nodes"], peercache_store::prefix_json(&want), "{body}");
+        check(&want, start, 64);
+    }
     // A node that leaves takes its runs with it.
     nodes[2].shutdown();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -103,4 +158,64 @@ fn prefix_runs_equal_a_scan_of_what_each_node_published_over_100k_keys() {
     for n in &nodes[..2] {
         n.shutdown();
     }
+}
+
+#[test]
+fn the_http_prefix_query_needs_the_token_and_refuses_bad_queries_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let http_extra = json!({"metrics_enabled": true, "metrics_port": 0});
+    // A cluster with a secret and no token file: nobody may ask.
+    let open = common::cluster(&[69], http_extra.clone());
+    let (status, body) = post_prefix(
+        open[0].metrics_endpoint().unwrap(),
+        r#"{"keys":["a"]}"#,
+        None,
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("http_token_file"), "{body}");
+    open[0].shutdown();
+
+    let mut extra = http_extra;
+    extra["http_token_file"] = token_file(&dir, TOKEN).into();
+    let node = common::cluster(&[70], extra);
+    let http = node[0].metrics_endpoint().unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("tok/{i}")).collect();
+    assert!(
+        node[0]
+            .batch_set(&keys[..5], &[&[1u8; 64][..]; 5])
+            .unwrap()
+            .iter()
+            .all(|s| *s)
+    );
+    let q = json!({"keys": keys}).to_string();
+    // Strangers: no token, a wrong one.
+    for token in [None, Some("a-router-token-of-this-test-0002")] {
+        let (status, body) = post_prefix(http, &q, token);
+        assert_eq!(status, 401, "{token:?}: {body}");
+        assert!(!body.contains(node[0].node_id().as_str()), "{body}");
+    }
+    let (status, body) = post_prefix(http, &q, Some(TOKEN));
+    assert_eq!(status, 200, "{body}");
+    let got: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        got,
+        json!({"keys": 8, "nodes": [{"node": node[0].node_id().as_str(), "leading": 5, "resident": 5}]})
+    );
+    // Bad queries: a reason each, and the port keeps serving.
+    let too_many = json!({"keys": vec!["k"; 4097]}).to_string();
+    let huge = format!(r#"{{"keys":["{}"]}}"#, "x".repeat(2 << 20));
+    for (q, want) in [
+        ("not json", 400),
+        (r#"{"keys": "a"}"#, 400),
+        (r#"{"keys": [1, 2]}"#, 400),
+        (r#"{"keys": [], "more": 1}"#, 400),
+        (too_many.as_str(), 413),
+        (huge.as_str(), 413),
+    ] {
+        let (status, body) = post_prefix(http, q, Some(TOKEN));
+        assert_eq!(status, want, "{}: {body}", &q[..q.len().min(40)]);
+    }
+    let (status, body) = post_prefix(http, r#"{"keys": []}"#, Some(TOKEN));
+    assert_eq!((status, body.as_str()), (200, r#"{"keys":0,"nodes":[]}"#));
+    node[0].shutdown();
 }

@@ -158,7 +158,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
         rows.push(timed("insert", 32, round, dur, || {
             batch.clear();
             for _ in 0..32 {
-                batch.push((key(next), location(&owner, next)));
+                batch.push((key(next), location(&writer, next)));
                 next += 1;
             }
             client

@@ -11,6 +11,7 @@ pub mod micro;
 pub mod modes;
 pub mod mooncake;
 pub mod pool;
+pub mod prefix;
 pub mod replicas;
 pub mod saturation;
 pub mod scale;

@@ -46,7 +46,14 @@ pub struct ModesArgs {
     pub load: crate::load::rows::LoadArgs,
 }
 
-fn start(ip: &str, seed: &str, pool_mib: u64, extra: serde_json::Value) -> Result<Store> {
+/// A bench node on `ip` seeded by `seed`, with a `pool_mib` pool, warmed; `extra` overrides any
+/// key.
+pub(crate) fn start(
+    ip: &str,
+    seed: &str,
+    pool_mib: u64,
+    extra: serde_json::Value,
+) -> Result<Store> {
     let mut cfg = json!({
         "discovery_addr": seed, "protocol": "tcp", "node_id": format!("bench-{ip}"),
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,

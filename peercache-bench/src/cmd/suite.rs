@@ -20,7 +20,7 @@ pub struct SuiteArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "main,throughput,drive,latency,saturation,modes,replicas,compare,micro,pool,directory,disk"
+        default_value = "main,throughput,drive,latency,saturation,modes,replicas,compare,micro,pool,directory,prefix,disk"
     )]
     pub only: Vec<String>,
     /// Where each bench's results go.
@@ -43,6 +43,7 @@ fn flags(bench: &str, quick: bool) -> Vec<&'static str> {
             "compare" => "compare",
             "pool" => "pool",
             "directory" => "directory",
+            "prefix" => "prefix",
             "disk" => "disk",
             "throughput" => "throughput",
             "drive" => "drive",
@@ -53,7 +54,7 @@ fn flags(bench: &str, quick: bool) -> Vec<&'static str> {
     if quick
         && matches!(
             bench,
-            "main" | "latency" | "saturation" | "modes" | "replicas" | "compare"
+            "main" | "latency" | "saturation" | "modes" | "replicas" | "compare" | "prefix"
         )
     {
         f.extend(["--rounds", "1", "--secs", "0.2"]);

@@ -134,12 +134,13 @@ pub fn render() -> String {
 pub(crate) struct Pages {
     /// The dashboard at `/` (a static page; its data comes from `/cluster` and `/metrics`).
     pub(crate) dashboard: bool,
-    /// The token `/cluster` requires (`None`: open).
+    /// The token `/cluster` and `/prefix` require (`None`: `/cluster` open, `/prefix` open
+    /// only on a cluster without a secret).
     pub(crate) guard: Option<crate::serve::bearer::BearerGuard>,
 }
 
-/// Serves `/metrics`, `/healthz`, `/cluster` and `/` for the node behind `inner` on `bind`
-/// (an ephemeral port if that one is taken).
+/// Serves `/metrics`, `/healthz`, `/cluster`, `/prefix` and `/` for the node behind `inner` on
+/// `bind` (an ephemeral port if that one is taken).
 pub(crate) fn serve(
     bind: SocketAddr,
     inner: NodeCell,
@@ -159,7 +160,9 @@ fn routes(inner: NodeCell, pages: Pages) -> axum::Router {
     use axum::response::IntoResponse;
     use axum::routing::get;
     let cluster_inner = inner.clone();
+    let prefix = crate::serve::prefix::route(inner.clone(), pages.guard.clone());
     let mut app = axum::Router::new()
+        .route("/prefix", prefix)
         .route(
             "/metrics",
             get(|| async {

@@ -83,6 +83,27 @@ pub fn prefix_runs<O: AsRef<[Location]>>(owners: &[O]) -> Vec<PrefixRun> {
     out
 }
 
+/// Prefix runs as JSON: `[{"node", "leading", "resident"}, …]`, longest first — what
+/// `locate --prefix --json` prints under `nodes`, `POST /prefix` answers and the Python
+/// bindings return.
+///
+/// ```
+/// use peercache_store::{PrefixRun, prefix_json};
+/// use peercache_wire::NodeId;
+///
+/// let runs = [PrefixRun { node: NodeId::new("a").unwrap(), leading: 3, resident: 2 }];
+/// assert_eq!(prefix_json(&runs), serde_json::json!([{"node": "a", "leading": 3, "resident": 2}]));
+/// ```
+pub fn prefix_json(runs: &[PrefixRun]) -> serde_json::Value {
+    runs.iter()
+        .map(|r| {
+            serde_json::json!({
+                "node": r.node.as_str(), "leading": r.leading, "resident": r.resident,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

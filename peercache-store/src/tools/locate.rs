@@ -115,18 +115,6 @@ pub fn run(args: LocateArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prefix runs as JSON: `[{"node", "leading", "resident"}, …]`, longest first (what
-/// `locate --prefix --json` prints under `nodes`, and the Python bindings return).
-pub fn prefix_json(runs: &[crate::PrefixRun]) -> serde_json::Value {
-    runs.iter()
-        .map(|r| {
-            serde_json::json!({
-                "node": r.node.as_str(), "leading": r.leading, "resident": r.resident,
-            })
-        })
-        .collect()
-}
-
 /// `--prefix`: each node's leading run of the keys.
 fn print_prefix(args: &LocateArgs, found: &[Vec<peercache_directory::Location>]) -> Result<()> {
     let runs = crate::prefix_runs(found);
@@ -134,7 +122,7 @@ fn print_prefix(args: &LocateArgs, found: &[Vec<peercache_directory::Location>])
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
-                "keys": args.keys.len(), "nodes": prefix_json(&runs),
+                "keys": args.keys.len(), "nodes": crate::prefix_json(&runs),
             }))?
         );
         return Ok(());
