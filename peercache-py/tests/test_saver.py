@@ -33,7 +33,7 @@ def job(keys: List[str], *reqs: str) -> SaveJob:
 
 def test_a_finished_request_is_reported_only_after_its_saves_ended_and_once():
     put, done = HeldPut(), []
-    q = SaveQueue(put, lambda s, f, t: done.append((s, f)))
+    q = SaveQueue(put, lambda j, ok, t: done.append((sum(ok), len(ok) - sum(ok))))
     q.submit(job(["a", "b"], "r1", "r1"))
     q.submit(job(["c"], "r2"))
     assert q.finished(["r1", "r2", "r3"]) == {"r3"}, "r3 had no batch in flight"
@@ -48,7 +48,7 @@ def test_a_finished_request_is_reported_only_after_its_saves_ended_and_once():
 
 def test_waiting_for_a_preempted_request_ends_at_its_deadline_while_the_put_is_held():
     put = HeldPut()
-    q = SaveQueue(put, lambda s, f, t: None)
+    q = SaveQueue(put, lambda j, ok, t: None)
     q.submit(job(["a"], "r1"))
     assert not q.wait_for(["r1"], 0.05), "still in flight: the deadline ends the wait"
     assert q.wait_for(["other"], 0.05), "a request without batches never waits"
@@ -62,7 +62,7 @@ def test_a_failing_put_counts_its_pages_as_failed_and_releases_the_request():
     put, done = HeldPut(), []
     put.fail = True
     put.gate.set()
-    q = SaveQueue(put, lambda s, f, t: done.append((s, f)))
+    q = SaveQueue(put, lambda j, ok, t: done.append((sum(ok), len(ok) - sum(ok))))
     q.submit(job(["a", "b", "c"], "r1"))
     assert q.wait_for(["r1"], 10)
     assert done == [(0, 3)]
@@ -72,7 +72,7 @@ def test_a_failing_put_counts_its_pages_as_failed_and_releases_the_request():
 
 def test_close_lets_queued_batches_end_within_its_deadline():
     put = HeldPut()
-    q = SaveQueue(put, lambda s, f, t: None)
+    q = SaveQueue(put, lambda j, ok, t: None)
     q.submit(job(["a"], "r1"))
     assert not q.close(0.05), "the put is held: close reports it did not drain"
     put.gate.set()

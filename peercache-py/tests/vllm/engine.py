@@ -3,7 +3,8 @@
     python engine.py SPEC_JSON RESULT_FD
 
 SPEC (JSON): {"model": dir, "kv": null | KVTransferConfig kwargs, "prefix_caching": bool,
-"dtype": "bfloat16", "block_size": 32, "kv_cache_gb": 1.0, "max_model_len": 8192, "metrics": "host:port" | null}.
+"dtype": "bfloat16", "block_size": 32, "kv_cache_gb": 1.0, "max_model_len": 8192, "metrics": "host:port" | null,
+"kv_events": null | "tcp://host:port" (vLLM's KV-event publisher binds there)}.
 
 The engine starts, writes ``{"ready": start seconds}`` (or ``{"error": why}``, and exits) as one
 JSON line to RESULT_FD, then
@@ -43,17 +44,19 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     results = os.fdopen(int(sys.argv[2]), "w", buffering=1)
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+    from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.inputs import TokensPrompt
 
     kv = KVTransferConfig(**spec["kv"]) if spec.get("kv") else None
+    events = (KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=spec["kv_events"])
+              if spec.get("kv_events") else None)
     t0 = time.perf_counter()
     try:
         llm = LLM(model=spec["model"], skip_tokenizer_init=True, block_size=spec.get("block_size", 32),
                   enforce_eager=True, dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 8192),
                   kv_cache_memory_bytes=int(spec.get("kv_cache_gb", 1.0) * (1 << 30)),
                   enable_prefix_caching=spec.get("prefix_caching", False),
-                  kv_transfer_config=kv, seed=0)
+                  kv_transfer_config=kv, kv_events_config=events, seed=0)
     except Exception as e:  # the engine did not start: say why, and do not linger
         results.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
         results.flush()

@@ -17,15 +17,22 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 pytest.importorskip("vllm.config", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
-from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
+from vllm.config import KVEventsConfig, KVTransferConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed.kv_events import BlockStored  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    KVCacheBlock,
+    get_request_block_hasher,
+    init_none_hash,
+    maybe_convert_block_hash,
+)
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.kv_cache_interface import KVCacheConfig  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from harness import Meta, free_port, prompts_sharing  # noqa: E402
@@ -33,6 +40,7 @@ from model import make_model  # noqa: E402
 
 from peercache.vllm.config import ConfigError, check_hash_algo  # noqa: E402
 from peercache.vllm.connector import PeerCacheConnector  # noqa: E402
+from peercache.vllm.events import PeerCacheKVEvents, StoredBlocks  # noqa: E402
 
 BLOCK = 32
 NUM_BLOCKS = 48
@@ -61,7 +69,7 @@ def env():
             meta.stop()
 
 
-def vllm_config(env, host, dtype="bfloat16", block_size=BLOCK, secret=None, **extra):
+def vllm_config(env, host, dtype="bfloat16", block_size=BLOCK, secret=None, kv_events=False, **extra):
     extra_cfg = {"discovery_addr": env["meta"], "local_hostname": host, "protocol": "tcp",
                  "global_segment_size": "64mb", "cluster_secret_file": secret or env["secret"],
                  "metrics_enabled": False, "op_timeout": 1.0, "startup_timeout": 10,
@@ -69,8 +77,10 @@ def vllm_config(env, host, dtype="bfloat16", block_size=BLOCK, secret=None, **ex
     extra_cfg.update(extra)
     kv = KVTransferConfig(kv_connector="PeerCacheConnector", kv_connector_module_path="peercache.vllm",
                           kv_role="kv_both", kv_connector_extra_config=extra_cfg)
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
     args = EngineArgs(model=env["model"], skip_tokenizer_init=True, block_size=block_size,
-                      enforce_eager=True, dtype=dtype, max_model_len=4096, kv_transfer_config=kv)
+                      enforce_eager=True, dtype=dtype, max_model_len=4096, kv_transfer_config=kv,
+                      kv_events_config=events)
     return args.create_engine_config()
 
 
@@ -371,3 +381,57 @@ def test_a_non_cryptographic_hash_without_a_shared_seed_is_refused_with_the_fix(
         check_hash_algo("xxhash", env={})
     check_hash_algo("xxhash", env={"PYTHONHASHSEED": "0"})
     check_hash_algo("sha256", env={})
+
+
+def events_of(e, deadline=10.0):
+    """The worker's report handed to the scheduler, as vLLM does each step; the scheduler's
+    events. Waits (bounded) for a report when the saves run on the save thread."""
+    import time  # noqa: PLC0415
+
+    until = time.monotonic() + deadline
+    report = e.worker.get_kv_connector_kv_cache_events()
+    while report is None and time.monotonic() < until:
+        time.sleep(0.01)
+        report = e.worker.get_kv_connector_kv_cache_events()
+    e.sched.update_connector_output(KVConnectorOutput(kv_cache_events=report))
+    return list(e.sched.take_events())
+
+
+def test_stored_blocks_are_announced_as_vllm_block_stored_events_with_their_tokens(env):
+    a = Engine(env, "127.0.0.37", fill=1, kv_events=True)
+    try:
+        settle(a)
+        ids = prompts_sharing(3 * BLOCK + 5, 0, 1, seed=11)[0]
+        req = publish(a, "ev-1", ids, [4, 5, 6, 7])
+        got = events_of(a)
+        # The three full blocks, chained as vLLM chains them; the tail page is no vLLM block.
+        assert [type(e) for e in got] == [BlockStored] * 3, got
+        for i, e in enumerate(got):
+            # The engine's own events name blocks so (an int unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+            assert e.block_hashes == [maybe_convert_block_hash(req.block_hashes[i])]
+            assert e.parent_block_hash == (maybe_convert_block_hash(req.block_hashes[i - 1]) if i else None)
+            assert e.token_ids == ids[i * BLOCK:(i + 1) * BLOCK]
+            assert (e.block_size, e.medium) == (BLOCK, "cpu")
+        assert events_of(a, deadline=0.05) == [], "each block is announced once"
+    finally:
+        a.close()
+
+
+def test_a_block_is_announced_only_once_every_worker_stored_it():
+    block = 4
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    s = StoredBlocks(workers=2, block_size=block, max_pending=8)
+    s.planned(hashes, None, list(range(12)))
+    one = PeerCacheKVEvents.of_hashes([h.hex() for h in hashes[:2]] + ["t0123"], block)
+    s.reported(one)
+    assert s.take() == [], "one of two ranks stored them"
+    s.reported(PeerCacheKVEvents.of_hashes([hashes[0].hex()], block))
+    got = s.take()
+    assert [e.block_hashes for e in got] == [[maybe_convert_block_hash(hashes[0])]]
+    assert got[0].token_ids == [0, 1, 2, 3] and got[0].parent_block_hash is None
+    assert s.pending() == 2
+    # Blocks whose saves never land everywhere are forgotten past the bound, oldest first.
+    s.planned([bytes([9, i]) * 16 for i in range(10)], hashes[2], list(range(40)))
+    assert s.pending() == 8 and s.dropped == 4
+    s.reported(PeerCacheKVEvents.of_hashes([hashes[1].hex()] * 2, block))
+    assert s.take() == [], "hashes[1] was forgotten: never announced half-stored"

@@ -1,8 +1,9 @@
 """PeerCache inside real vLLM engines serving a real (locally generated) model, end to end:
 engine A publishes what it computed, engine B on another node loads the shared prefixes from
 it and answers with the same greedy tokens as a cold engine; with A's node killed, B still
-answers identically (it recomputes) within the deadline. Run by the `vllm` CI stage
-(scripts/vllm-e2e.sh)."""
+answers identically (it recomputes) within the deadline. A router subscribed to A's own KV-event
+stream hears every block A published to the cluster, as vLLM ``BlockStored`` events with their
+tokens and parents. Run by the `vllm` CI stage (scripts/vllm-e2e.sh)."""
 
 from __future__ import annotations
 
@@ -65,9 +66,11 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
     variants = prompts_sharing(PREFIX, 84, 6, seed=1)[3:]  # same prefix, other suffixes
     after_kill = prompts_sharing(PREFIX, 84, 9, seed=1)[6:]
     m_a, m_b = free_port("127.0.0.11"), free_port("127.0.0.12")
+    events_port = free_port("127.0.0.11")
     engines = []
+    router = None
     try:
-        a = Engine("a", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.11:{m_a}",
+        a = Engine("a", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.11:{m_a}", "kv_events": f"tcp://*:{events_port}",
                          "kv": connector("127.0.0.11", meta.addr, value, m_a)}, workdir)
         ref = Engine("b-off", {"model": model, "dtype": DTYPE, "kv": None}, workdir)
         b = Engine("b", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.12:{m_b}",
@@ -75,8 +78,20 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
         engines = [a, ref, b]
         for e in engines:
             e.ready()
+        # vLLM's publisher binds (``tcp://*:port``, its default form); the router connects.
+        router = EngineEvents(f"tcp://127.0.0.11:{events_port}")
         cold = a.run(shared)
         assert a.node()["peercache_pool_published_total"] > 0, "A published nothing"
+        # Every full block of A's prompts, announced on A's own event stream once stored, with
+        # its tokens, chained to its parent as vLLM chains blocks.
+        blocks = {tuple(ids[i * BLOCK:(i + 1) * BLOCK]) for ids in shared for i in range(len(ids) // BLOCK)}
+        router.until(lambda: blocks <= router.by_tokens.keys(), 30)
+        for ids in shared:
+            chain = [router.by_tokens[tuple(ids[i * BLOCK:(i + 1) * BLOCK])] for i in range(len(ids) // BLOCK)]
+            assert chain[0].parent_block_hash is None
+            for prev, ev in zip(chain, chain[1:]):
+                assert ev.parent_block_hash == prev.block_hashes[0]
+            assert all((ev.medium, ev.block_size) == ("cpu", BLOCK) for ev in chain)
         expect = ref.run(shared + variants + after_kill)
         assert cold["tokens"] == expect["tokens"][:3], "A's tokens with the connector differ from a cold engine's"
 
@@ -100,6 +115,45 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
         print(json.dumps({"start_s": [e.start_s for e in engines], "cold_ttft": cold["ttft_s"],
                           "b_ttft": got["ttft_s"], "after_kill_ttft": late["ttft_s"], "remote_blocks": remote}))
     finally:
+        if router is not None:
+            router.close()
         for e in engines:
             e.stop()
         meta.stop()
+
+
+class EngineEvents:
+    """A router on one engine's KV-event stream (vLLM's ZeroMQ publisher at ``endpoint``): the
+    ``BlockStored`` events heard, by their blocks' tokens."""
+
+    def __init__(self, endpoint: str) -> None:
+        import msgspec  # noqa: PLC0415
+        import zmq  # noqa: PLC0415
+        from vllm.distributed.kv_events import KVEventBatch  # noqa: PLC0415
+
+        self.zmq = zmq
+        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.connect(endpoint)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.by_tokens: dict = {}
+
+    def until(self, cond, timeout: float) -> None:
+        """Applies batches as they come until ``cond()`` holds (at most ``timeout`` s)."""
+        from vllm.distributed.kv_events import BlockStored  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout
+        while not cond():
+            left = deadline - time.monotonic()
+            assert left > 0, f"{len(self.by_tokens)} blocks heard when the deadline passed"
+            if self.sub.poll(int(min(left, 0.2) * 1000)):
+                *_, payload = self.sub.recv_multipart()
+                for ev in self.decoder.decode(payload).events:
+                    if isinstance(ev, BlockStored):
+                        self.by_tokens.setdefault(tuple(ev.token_ids), ev)
+
+    def close(self) -> None:
+        self.sub.close()
+        self.ctx.term()

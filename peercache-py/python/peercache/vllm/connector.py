@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -15,6 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from ..core import ConfigValue, KeyScheme, PageStore
 from .config import Layout, check_hash_algo, node_configs, settings
+from .events import PeerCacheKVEvents, StoredBlocks
 from .meta import PeerCacheMeta
 from .scheduler import SchedulerSide
 from .stats import PeerCachePromMetrics, PeerCacheStats
@@ -22,6 +23,8 @@ from .worker import StorageTensor, WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -80,19 +83,27 @@ class PeerCacheConnector(KVConnectorBase_V1):
         self.store: Optional[PageStore] = None
         self._sched: Optional[SchedulerSide] = None
         self._worker: Optional[WorkerSide] = None
+        # With the engine's KV events on, blocks stored in the cluster are announced too.
+        kec = vllm_config.kv_events_config
+        events_on = bool(kec is not None and kec.enable_kv_cache_events and self.settings.save)
+        self._events: Optional[StoredBlocks] = None
         if role == KVConnectorRole.SCHEDULER:
+            if events_on:
+                pc = vllm_config.parallel_config
+                workers = int(pc.tensor_parallel_size) * int(pc.pipeline_parallel_size)
+                self._events = StoredBlocks(workers, self.layout.block_size)
             if self.settings.load:
                 self.store = PageStore(sched_cfg, startup_timeout=startup)
                 self.store.wait_ready()
             self._sched = SchedulerSide(self.store, self.scheme, self.layout.block_size,
                                         self.settings.load, self.settings.save, self.settings.prefix_wait_s,
                                         tails=self.settings.tails, save_async=self.settings.save_async,
-                                        load_async=self.settings.load_async)
+                                        load_async=self.settings.load_async, events=self._events)
         else:
             self.store = PageStore(worker_cfg, startup_timeout=startup)
             self.store.wait_ready()
             self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks),
-                                      save_async=self.settings.save_async)
+                                      save_async=self.settings.save_async, events=events_on)
         logger.info("peercache: vLLM connector (%s) layout %s, load=%s save=%s, node %s",
                     role.name.lower(), self.scheme.namespace, self.settings.load, self.settings.save,
                     self.store.node_id if self.store else "none")
@@ -140,6 +151,12 @@ class PeerCacheConnector(KVConnectorBase_V1):
         data = self._worker.take_counts()
         return PeerCacheStats(data=data) if any(data.values()) else None
 
+    def get_kv_connector_kv_cache_events(self) -> Optional[PeerCacheKVEvents]:
+        if self._worker is None:
+            return None
+        stored = self._worker.take_stored()
+        return PeerCacheKVEvents.of_hashes(stored, self.layout.block_size) if stored else None
+
     @classmethod
     def build_kv_connector_stats(cls, data: Optional[Mapping[str, object]] = None) -> PeerCacheStats:
         return PeerCacheStats(data=dict(data or {}))
@@ -173,6 +190,15 @@ class PeerCacheConnector(KVConnectorBase_V1):
                for i, (rid, ids) in enumerate(zip(cached.req_ids, cached.new_block_ids))]
         return self._sched.build_meta(new, old, dict(so.num_scheduled_tokens), list(so.finished_req_ids),
                                       sorted(so.preempted_req_ids or ()))
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        report = connector_output.kv_cache_events
+        if self._events is not None and isinstance(report, PeerCacheKVEvents):
+            self._events.reported(report)
+
+    def take_events(self) -> Iterable["KVCacheEvent"]:
+        if self._events is not None:
+            yield from self._events.take()
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, object]]]:
         # True: saves of the request may still be running; vLLM frees its blocks when the

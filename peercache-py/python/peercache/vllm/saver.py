@@ -9,7 +9,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from ..core import Segments
@@ -18,17 +18,19 @@ logger = logging.getLogger("peercache.vllm")
 
 # put(keys, segments) -> one flag per page
 PutFn = Callable[[Sequence[str], Segments], List[bool]]
-# done(pages saved, pages not saved, seconds)
-DoneFn = Callable[[int, int, float], None]
+# done(the batch, one flag per page, seconds)
+DoneFn = Callable[["SaveJob", List[bool], float], None]
 
 
 @dataclass
 class SaveJob:
-    """One step's save batch: page ``i`` of ``keys`` from its segments, for ``req_ids``."""
+    """One step's save batch: page ``i`` of ``keys`` from its segments, for ``req_ids``;
+    ``hashes[i]`` is page ``i``'s page hash (what KV events name)."""
 
     keys: List[str]
     segs: Segments
     req_ids: List[str]
+    hashes: List[str] = field(default_factory=list)
 
 
 class SaveQueue:
@@ -63,9 +65,8 @@ class SaveQueue:
             except Exception as e:  # a full pool or a node down costs future hits, nothing else
                 logger.warning("peercache: %d block(s) not published (%s)", len(job.keys), e)
                 ok = [False] * len(job.keys)
-            saved = sum(ok)
             try:
-                self._done(saved, len(ok) - saved, time.perf_counter() - t0)
+                self._done(job, ok, time.perf_counter() - t0)
             finally:
                 with self._cond:
                     for r in set(job.req_ids):

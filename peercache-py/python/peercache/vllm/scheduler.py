@@ -40,6 +40,17 @@ class EngineRequest(Protocol):
     @property
     def mm_features(self) -> Sequence[object]: ...
 
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+
+class PlannedBlocks(Protocol):
+    """Where the blocks sent for saving are noted for the connector's KV events (a
+    :class:`peercache.vllm.events.StoredBlocks`)."""
+
+    def planned(self, block_hashes: Sequence[bytes], parent: Optional[bytes], token_ids: Sequence[int],
+                lora_id: Optional[int] = None, lora_name: Optional[str] = None) -> None: ...
+
 
 class Directory(Protocol):
     """What the scheduler asks of the cluster (a :class:`peercache.core.PageStore`)."""
@@ -73,7 +84,8 @@ class SchedulerSide:
 
     def __init__(self, directory: Optional[Directory], scheme: KeyScheme, block_size: int,
                  load: bool, save: bool, prefix_wait_s: float, tails: bool = True,
-                 save_async: bool = True, load_async: bool = False) -> None:
+                 save_async: bool = True, load_async: bool = False,
+                 events: Optional[PlannedBlocks] = None) -> None:
         self.directory = directory
         self.scheme = scheme
         self.block_size = block_size
@@ -83,6 +95,7 @@ class SchedulerSide:
         self.tails = tails
         self.save_async = save_async
         self.load_async = load_async
+        self.events = events
         self.reqs: Dict[str, _ReqState] = {}
         self._delayed: List[str] = []
         self._async_loads: List[str] = []  # requests whose load goes out with the next meta
@@ -249,6 +262,10 @@ class SchedulerSide:
             meta.saves.append(BlockIO(req_id, [hash_hex(h) for h in hashes[a:b]], list(st.block_ids[a:b])))
             st.saved_upto = b
             st.had_saves = True
+            if self.events is not None and isinstance(hashes[a], (bytes, bytearray)):
+                bs = self.block_size
+                self.events.planned([bytes(h) for h in hashes[a:b]], bytes(hashes[a - 1]) if a > 0 else None,
+                                    st.request.all_token_ids[a * bs:b * bs])
         if not st.tail_done and tokens_done >= st.request.num_prompt_tokens:
             # The step that writes the prompt's last rows publishes its partial tail block.
             st.tail_done = True

@@ -20,6 +20,9 @@ from .saver import SaveJob, SaveQueue
 
 logger = logging.getLogger("peercache.vllm")
 
+# Stored page hashes kept for the next events report at most.
+MAX_STORED = 1 << 16
+
 
 class Pages(Protocol):
     """What the worker needs of the node (a :class:`peercache.core.PageStore`)."""
@@ -63,7 +66,7 @@ class WorkerSide:
     """One worker rank's connector state."""
 
     def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int, save_async: bool = True,
-                 save_wait_s: float = 60.0) -> None:
+                 save_wait_s: float = 60.0, events: bool = False) -> None:
         self.pages = pages
         self.scheme = scheme
         self.num_blocks = num_blocks
@@ -77,6 +80,10 @@ class WorkerSide:
         self._saves: Optional[SaveQueue] = SaveQueue(pages.put, self._saved) if save_async else None
         self._delayed: List[str] = []
         self._loads = LoadQueue(self._load_ios)
+        # Page hashes stored since the last events report (``events``: the engine publishes KV
+        # events); bounded like the scheduler's half.
+        self.events = events
+        self._stored: List[str] = []
 
     def register(self, kv_caches: Mapping[str, StorageTensor]) -> None:
         """``register_kv_caches``: the block table, and every tensor's storage registered
@@ -164,8 +171,9 @@ class WorkerSide:
             return
         segs = self.table.segments(block_ids)
         keys = self.scheme.keys(hashes)
+        job = SaveJob(keys, segs, [io.req_id for io in meta.saves], hashes)
         if self._saves is not None:
-            self._saves.submit(SaveJob(keys, segs, [io.req_id for io in meta.saves]))
+            self._saves.submit(job)
             return
         t0 = time.perf_counter()
         try:
@@ -173,16 +181,27 @@ class WorkerSide:
         except Exception as e:  # a full pool or a node down costs future hits, nothing else
             logger.warning("peercache: %d block(s) not published (%s)", len(hashes), e)
             ok = [False] * len(hashes)
-        saved = sum(ok)
-        self._saved(saved, len(ok) - saved, time.perf_counter() - t0)
+        self._saved(job, ok, time.perf_counter() - t0)
 
-    def _saved(self, saved: int, failed: int, seconds: float) -> None:
+    def _saved(self, job: SaveJob, ok: List[bool], seconds: float) -> None:
         block_bytes = self.table.block_bytes if self.table is not None else 0
+        saved = sum(ok)
         with self._lock:
             self.counts.saved_blocks += saved
-            self.counts.save_failed_blocks += failed
+            self.counts.save_failed_blocks += len(ok) - saved
             self.counts.save_bytes += saved * block_bytes
             self.counts.save_seconds += seconds
+            if self.events:
+                self._stored.extend(h for h, stored in zip(job.hashes, ok) if stored)
+                if len(self._stored) > MAX_STORED:
+                    # Nobody took the reports (no scheduler reads them): keep the newest.
+                    del self._stored[:len(self._stored) - MAX_STORED]
+
+    def take_stored(self) -> List[str]:
+        """Page hashes stored since the last call (for the connector's KV events)."""
+        with self._lock:
+            out, self._stored = self._stored, []
+        return out
 
     def finished(self, req_ids: Set[str]) -> Tuple[Set[str], Set[str]]:
         """``get_finished``: forgets requests that ended; returns the finished requests vLLM
