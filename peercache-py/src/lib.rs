@@ -282,7 +282,9 @@ impl Node {
             .map_err(to_py)
     }
 
-    /// Reads pages into raw segments; `True` = the segments hold the page.
+    /// Reads pages into raw segments; `True` = the segments hold the page. `hint`: the node
+    /// a router says holds them (asked first, instead of the directory).
+    #[pyo3(signature = (keys, ptrs, sizes, counts, hint=None))]
     fn batch_get_ptrs(
         &self,
         py: Python<'_>,
@@ -290,12 +292,16 @@ impl Node {
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
         counts: Vec<usize>,
+        hint: Option<String>,
     ) -> PyResult<Vec<bool>> {
         let segs = SendSegs(raw(&ptrs, &sizes)?);
         // SAFETY: the pointers come from live, writable SGLang buffers or tensors the caller
         // keeps alive and does not touch during the call.
-        py.detach(|| unsafe { self.store.batch_get_raw(&keys, &segs.0, &counts) })
-            .map_err(to_py)
+        py.detach(|| unsafe {
+            self.store
+                .batch_get_raw_hinted(&keys, &segs.0, &counts, hint.as_deref())
+        })
+        .map_err(to_py)
     }
 
     /// Publishes pages from raw segments, page `i` holding data in its first `valid_lens[i]`
@@ -443,6 +449,7 @@ impl Node {
             "verify_rejects": s.verify_rejects, "staged_reads": s.staged_reads,
             "rdma_read_bytes": s.rdma_read_bytes, "rdma_fallbacks": s.rdma_fallbacks,
             "layout_mismatches": s.layout_mismatches,
+            "read_hint_hits": s.read_hint_hits, "read_hint_misses": s.read_hint_misses,
             "layout": self.store.layout().to_string(),
         })
         .to_string()

@@ -47,6 +47,9 @@ pub enum StoreRequest {
     /// Make written reservations live, each only if its payload's checksum is the writer's
     /// (token, XXH3-64 of the page): a torn or stray write is released, not published.
     CommitVerified(Vec<(u64, u64)>),
+    /// Where this node's own pool holds these pages (a router's hint named it): its resident
+    /// copies only, no promotion. At most `MAX_PROMOTE_KEYS` keys.
+    Locate(Vec<PageKey>),
 }
 
 impl Message for StoreRequest {
@@ -69,6 +72,8 @@ pub enum StoreReply {
     Ingested(Vec<Option<Location>>),
     /// One outcome per slot-written page.
     SlotWritten(Vec<bool>),
+    /// One entry per located key: the node's resident copy, or None (not in its pool).
+    Located(Vec<Option<Location>>),
 }
 
 /// What a storage server did with one page of a prepare.

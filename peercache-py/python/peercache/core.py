@@ -231,10 +231,12 @@ class PageStore:
         """Publishes pages whose valid bytes are ``valid[i]`` (a partial tail page)."""
         return list(self._node.batch_set_partial_ptrs(list(keys), segs.ptrs, segs.sizes, segs.counts, list(valid)))
 
-    def get(self, keys: Sequence[str], segs: Segments) -> List[bool]:
+    def get(self, keys: Sequence[str], segs: Segments, hint: Optional[str] = None) -> List[bool]:
         """Reads page ``i`` into its segments; True = the segments hold the page written under
-        that key (verified), False = a miss."""
-        return list(self._node.batch_get_ptrs(list(keys), segs.ptrs, segs.sizes, segs.counts))
+        that key (verified), False = a miss. ``hint``: the node id a router says holds the
+        pages; it is asked first, instead of the directory, and what it does not hold is
+        looked up as always (never trusted for the bytes)."""
+        return list(self._node.batch_get_ptrs(list(keys), segs.ptrs, segs.sizes, segs.counts, hint))
 
     def get_valid(self, keys: Sequence[str], segs: Segments) -> List[Optional[int]]:
         """Like :meth:`get`, with each page's valid byte count (None: a miss)."""

@@ -107,8 +107,9 @@ class Engine:
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(self.cfg.cache_config.block_size, hash_fn)
 
-    def request(self, rid, ids):
-        return Request(rid, ids, SamplingParams(max_tokens=4), None, block_hasher=self.hasher)
+    def request(self, rid, ids, kv_transfer_params=None):
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+        return Request(rid, ids, SamplingParams(max_tokens=4, extra_args=extra), None, block_hasher=self.hasher)
 
     def step(self, req, block_ids, computed, scheduled):
         """One scheduler step of a new request, then the worker's load, forward and save."""
@@ -435,3 +436,41 @@ def test_a_block_is_announced_only_once_every_worker_stored_it():
     assert s.pending() == 8 and s.dropped == 4
     s.reported(PeerCacheKVEvents.of_hashes([hashes[1].hex()] * 2, block))
     assert s.take() == [], "hashes[1] was forgotten: never announced half-stored"
+
+
+def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_directory(env):
+    a = Engine(env, "127.0.0.33", fill=1)
+    b = Engine(env, "127.0.0.34", fill=0)
+    try:
+        settle(a, b)
+        ids = prompts_sharing(8 * BLOCK, 0, 1, seed=23)[0]
+        src = list(range(3, 11))
+        publish(a, "h-a", ids, src)
+        holder = a.worker.store.node_id
+        for rid, params, hits, misses in [("h-1", {"peercache_holder": holder}, 7, 0),
+                                          ("h-2", {"peercache_holder": b.worker.store.node_id}, 0, 7),
+                                          ("h-3", {"peercache_holder": 17}, 0, 0)]:
+            req = b.request(rid, ids, kv_transfer_params=params)
+            n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+            assert n == 7 * BLOCK, "every full block but the one holding the last token"
+            dst = list(range(20, 28))
+            for name in b.kv:
+                b.kv[name][dst] = 0
+            b.alloc(req, dst, n)
+            before = b.worker.store.stats()
+            meta = b.step(req, dst, n, 1)
+            after = b.worker.store.stats()
+            assert [io.hint for io in meta.loads] == [params["peercache_holder"] if hits + misses else None]
+            assert b.worker.get_block_ids_with_load_errors() == set(), rid
+            for name in a.kv:
+                # The last block is vLLM's own to compute (it holds the last token); the rest loaded.
+                assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), (rid, name)
+            got = (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"])
+            assert got == (hits, misses), (rid, got)
+            if hits:
+                # The holder answered where its pages are: no directory request at all.
+                assert after["directory_rpcs"] == before["directory_rpcs"], rid
+            finish(b, req)
+    finally:
+        a.close()
+        b.close()

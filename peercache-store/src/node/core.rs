@@ -92,6 +92,21 @@ impl Core {
         self.stamp().resident(loc)
     }
 
+    /// Where this node's pool holds `keys` now (None: not resident here), as directory
+    /// locations: what a hinted reader asks of the node its hint names.
+    pub(crate) fn resident_locations(
+        &self,
+        keys: &[PageKey],
+    ) -> Vec<Option<peercache_directory::Location>> {
+        let mut found = Vec::with_capacity(keys.len());
+        self.pool.lookup_batch(keys, &mut found);
+        let stamp = self.stamp();
+        found
+            .iter()
+            .map(|l| l.as_ref().map(|l| stamp.resident(l)))
+            .collect()
+    }
+
     /// The disk-tier promotions, with what they need of the node.
     pub(crate) fn promotion(&self) -> crate::tasks::promotion::Promotion<'_> {
         crate::tasks::promotion::Promotion {

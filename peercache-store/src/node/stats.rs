@@ -47,4 +47,9 @@ pub struct StoreStats {
     /// Pages the disk tier recovered after a restart that the directory took back (re-published
     /// as this node's disk-only copies).
     pub disk_republished: u64,
+    /// Pages a router's hint located: read from the hinted node, no directory lookup
+    /// ([`Store::batch_get_hinted`](crate::Store::batch_get_hinted)).
+    pub read_hint_hits: u64,
+    /// Pages a hint named that the hinted node did not hold (looked up in the directory).
+    pub read_hint_misses: u64,
 }

@@ -382,6 +382,63 @@ impl Store {
         self.batch_get_segments(keys, pages, &counts)
     }
 
+    /// [`Store::batch_get`] with a router's hint: `holder` names the node that holds the pages
+    /// (vLLM's `kv_transfer_params`, a KV-hint envelope). That node is asked where its pool
+    /// holds them — one RPC, no directory lookup — and what it does not hold is looked up in
+    /// the directory as always; counted in `peercache_read_hint_{hits,misses}_total`. The pages
+    /// are verified like any other: a wrong hint costs a round trip, never a page. A `holder`
+    /// that is no valid node id is a [`StoreError::BadRequest`].
+    ///
+    /// ```no_run
+    /// # fn demo(store: &peercache_store::Store) -> Result<(), peercache_store::StoreError> {
+    /// let mut page = vec![0u8; 4096];
+    /// let got = store.batch_get_hinted(&["req-17/0"], &mut [&mut page[..]], "node-a")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn batch_get_hinted<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        pages: &mut [&mut [u8]],
+        holder: &str,
+    ) -> Result<Vec<bool>, StoreError> {
+        let counts = vec![1; pages.len()];
+        let raw: Vec<RawSeg> = pages
+            .iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect();
+        // SAFETY: the pages are exclusively borrowed for the whole call and do not overlap.
+        unsafe { self.batch_get_raw_hinted(keys, &raw, &counts, Some(holder)) }
+    }
+
+    /// [`Store::batch_get_raw`] with an optional router hint (see [`Store::batch_get_hinted`]).
+    ///
+    /// # Safety
+    /// As [`Store::batch_get_raw`].
+    pub unsafe fn batch_get_raw_hinted<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segs: &[RawSeg],
+        counts: &[usize],
+        holder: Option<&str>,
+    ) -> Result<Vec<bool>, StoreError> {
+        let hint = holder
+            .map(|h| {
+                peercache_wire::NodeId::new(h)
+                    .map_err(|e| StoreError::BadRequest(format!("hint {h:?}: {e}")))
+            })
+            .transpose()?;
+        let pkeys = self.page_keys(keys);
+        // SAFETY: forwarded from the caller.
+        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
+        let r = self
+            .inner
+            .get_pages_hinted(&pkeys, &mut dest, hint.as_ref())?;
+        Ok(r.into_iter().map(|v| v.is_some()).collect())
+    }
+
     /// Reads pages scattered into segments (`counts[i]` segments for page `i`).
     pub fn batch_get_segments<K: AsRef<str>>(
         &self,
@@ -411,11 +468,8 @@ impl Store {
         segs: &[RawSeg],
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
-        let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
-        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
-        let r = self.inner.get_pages(&pkeys, &mut dest)?;
-        Ok(r.into_iter().map(|v| v.is_some()).collect())
+        unsafe { self.batch_get_raw_hinted(keys, segs, counts, None) }
     }
 
     /// Like [`Store::batch_get`], but reports each page's valid length (`None` = miss): a
@@ -544,6 +598,8 @@ impl Store {
                 + inner.dir_service.refusals().identity.get(),
             layouts_refused: inner.metrics.layouts_refused.get(),
             disk_republished: inner.metrics.republishes.get(),
+            read_hint_hits: inner.metrics.read_hint_hits.get(),
+            read_hint_misses: inner.metrics.read_hint_misses.get(),
         }
     }
 

@@ -91,6 +91,11 @@ peercache_wire::metric_names! {
     pub const EVICTION_NOTICES_FAILED: &str = "peercache_eviction_notices_failed_total";
     /// Directory lookups saved by the exists → get hand-off.
     pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
+    /// Pages a router's hint located (read from the hinted node, no directory lookup).
+    pub const READ_HINT_HITS: &str = "peercache_read_hint_hits_total";
+    /// Pages a router's hint named that the hinted node did not hold (looked up in the
+    /// directory instead).
+    pub const READ_HINT_MISSES: &str = "peercache_read_hint_misses_total";
     /// `batch_exists` calls.
     pub const EXISTS_REQUESTS: &str = "peercache_exists_requests_total";
     /// Leading pages found by `batch_exists`.
@@ -166,6 +171,8 @@ pub(crate) struct Handles {
     pub(crate) bytes_written: Tally,
     pub(crate) evictions: Tally,
     pub(crate) lookups_saved: Tally,
+    pub(crate) read_hint_hits: Tally,
+    pub(crate) read_hint_misses: Tally,
     pub(crate) exists_requests: Tally,
     pub(crate) exists_pages_found: Tally,
     pub(crate) read_latency: metrics::Histogram,
@@ -235,6 +242,8 @@ impl Handles {
             bytes_written: c(BYTES_WRITTEN),
             evictions: c(EVICTIONS),
             lookups_saved: c(LOOKUPS_SAVED),
+            read_hint_hits: c(READ_HINT_HITS),
+            read_hint_misses: c(READ_HINT_MISSES),
             exists_requests: c(EXISTS_REQUESTS),
             exists_pages_found: c(EXISTS_PAGES_FOUND),
             read_latency: metrics::histogram!(OP_LATENCY, "op" => "read", "node" => n.clone()),

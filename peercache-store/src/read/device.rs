@@ -146,7 +146,7 @@ impl Core {
         let me = self.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
         if self.mode.slots().is_none() {
-            self.find_owners(keys, &mut plan);
+            self.find_owners(keys, &mut plan, None);
         }
         // Pages only this node holds (or only disk tiers hold) get no remote candidate: the
         // plan leaves them unserved.

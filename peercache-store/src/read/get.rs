@@ -26,11 +26,22 @@ impl Core {
         keys: &[PageKey],
         dest: &mut PageDest<'_>,
     ) -> Result<Vec<Option<u32>>, StoreError> {
+        self.get_pages_hinted(keys, dest, None)
+    }
+
+    /// [`Core::get_pages`] with a router's hint: the node that holds the pages, asked first
+    /// instead of the directory.
+    pub(crate) fn get_pages_hinted(
+        &self,
+        keys: &[PageKey],
+        dest: &mut PageDest<'_>,
+        hint: Option<&NodeId>,
+    ) -> Result<Vec<Option<u32>>, StoreError> {
         self.check_open()?;
         self.touches_device(dest.all_segs())?;
         let t0 = std::time::Instant::now();
         let whole = Stage::start();
-        let r = self.get_impl(keys, dest);
+        let r = self.get_impl(keys, dest, hint);
         self.metrics.read_latency.record(t0.elapsed().as_secs_f64());
         whole.end(|s| &mut s.total);
         Ok(r)
@@ -64,7 +75,12 @@ impl Core {
 
     /// One host read: the slot map's, or owners, local pages, promotions, remote rounds and
     /// replication.
-    fn get_impl(&self, keys: &[PageKey], dest: &mut PageDest<'_>) -> Vec<Option<u32>> {
+    fn get_impl(
+        &self,
+        keys: &[PageKey],
+        dest: &mut PageDest<'_>,
+        hint: Option<&NodeId>,
+    ) -> Vec<Option<u32>> {
         let m = &self.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
@@ -79,7 +95,7 @@ impl Core {
         let me = self.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
         let stage = Stage::start();
-        self.find_owners(keys, &mut plan);
+        self.find_owners(keys, &mut plan, hint);
         stage.end(|s| &mut s.locate);
         let mut bytes = self.read_local(keys, dest, &mut plan);
 
@@ -235,8 +251,14 @@ impl Core {
     }
 
     /// Fills `plan` with the owners of `keys`: handed over by a preceding `exists` (primed),
-    /// else from the read cache (`directory_read_cache_ttl`), else one directory fan-out.
-    pub(crate) fn find_owners(&self, keys: &[PageKey], plan: &mut ReadPlan<'_>) {
+    /// else from the read cache (`directory_read_cache_ttl`), else from the node `hint` names
+    /// (when given), else one directory fan-out.
+    pub(crate) fn find_owners(
+        &self,
+        keys: &[PageKey],
+        plan: &mut ReadPlan<'_>,
+        hint: Option<&NodeId>,
+    ) {
         let inner = self;
         let mut need = Vec::new();
         {
@@ -265,6 +287,11 @@ impl Core {
             .metrics
             .lookups_saved
             .add((keys.len() - need.len()) as u64);
+        if let Some(hint) = hint
+            && !need.is_empty()
+        {
+            need = inner.owners_from_hint(hint, keys, need, plan);
+        }
         if need.is_empty() {
             return;
         }

@@ -1,11 +1,12 @@
 //! The read wing: `get` (local copy or one transport batch per owner, then verification),
-//! device reads, `exists`/`contains`, prefix locations, the sans-IO read plan, the exists →
+//! router hints (owners from the hinted node instead of the directory), device reads, `exists`/`contains`, prefix locations, the sans-IO read plan, the exists →
 //! get hand-off and the registered scratch memory reads land in.
 
 pub(crate) mod dest;
 pub(crate) mod device;
 pub(crate) mod exists;
 pub(crate) mod get;
+pub(crate) mod hint;
 pub(crate) mod plan;
 pub(crate) mod prefix;
 pub(crate) mod prime;

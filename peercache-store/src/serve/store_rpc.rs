@@ -129,6 +129,15 @@ pub(crate) fn serve_store(
             ),
             false,
         ),
+        StoreRequest::Locate(keys) if keys.len() > MAX_PROMOTE_KEYS => refuse(
+            RpcError::CODE_REFUSED,
+            format!(
+                "{} keys in one locate (limit {MAX_PROMOTE_KEYS})",
+                keys.len()
+            ),
+            false,
+        ),
+        StoreRequest::Locate(keys) => frame(StoreReply::Located(inner.resident_locations(&keys))),
         StoreRequest::Promote(keys) => {
             let locs = inner.promotion().promote_here(&keys, false);
             match envelope::encode(&StoreReply::Promoted(locs), &[]) {

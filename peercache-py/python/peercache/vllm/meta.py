@@ -5,7 +5,7 @@ Plain data (it crosses processes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 try:  # vLLM's base class when vLLM is importable; the connector module needs it anyway.
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata as _MetaBase
@@ -15,11 +15,13 @@ except ImportError:  # pragma: no cover - only the policy tests run without vLLM
 
 @dataclass
 class BlockIO:
-    """Page ``hashes[i]`` moves to or from block ``block_ids[i]`` of request ``req_id``."""
+    """Page ``hashes[i]`` moves to or from block ``block_ids[i]`` of request ``req_id``;
+    ``hint``: the node a router named as the holder of the request's KV (loads only)."""
 
     req_id: str
     hashes: List[str]
     block_ids: List[int]
+    hint: Optional[str] = None
 
 
 @dataclass

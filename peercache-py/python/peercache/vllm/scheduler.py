@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from .. import policy
 from ..core import KeyScheme
@@ -42,6 +42,21 @@ class EngineRequest(Protocol):
 
     @property
     def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def kv_transfer_params(self) -> Optional[Mapping[str, object]]: ...
+
+
+# The ``kv_transfer_params`` field a router sets to the node id that holds a request's KV.
+HINT_PARAM = "peercache_holder"
+
+
+def holder_hint(request: EngineRequest) -> Optional[str]:
+    """The node id a router named in the request's ``kv_transfer_params`` (None: no hint, or
+    not a string)."""
+    params = request.kv_transfer_params
+    hint = params.get(HINT_PARAM) if isinstance(params, Mapping) else None
+    return hint if isinstance(hint, str) and hint else None
 
 
 class PlannedBlocks(Protocol):
@@ -241,7 +256,8 @@ class SchedulerSide:
         page_hashes = self._page_hashes(st, a, b)
         if not page_hashes:
             return None
-        return BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)]))
+        return BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)]),
+                       hint=holder_hint(st.request))
 
     def _plan(self, meta: PeerCacheMeta, req_id: str, st: _ReqState, computed: int, scheduled: int) -> None:
         hashes = st.request.block_hashes

@@ -31,7 +31,7 @@ class Pages(Protocol):
 
     def put(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
 
-    def get(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
+    def get(self, keys: Sequence[str], segs: Segments, hint: Optional[str] = None) -> List[bool]: ...
 
 
 class StorageTensor(KVTensor, Protocol):
@@ -109,10 +109,20 @@ class WorkerSide:
         self._loads.submit(list(meta.async_loads))
 
     def _load_ios(self, ios: List[BlockIO]) -> None:
-        """Reads the pages of ``ios`` into their blocks in one batch; every block that did not
-        land is remembered for :meth:`take_errors`, and its request publishes nothing more
-        (what a forward pass computed over a missing block is discarded and recomputed, and a
-        step already scheduled behind it may have read it too)."""
+        """Reads the pages of ``ios`` into their blocks, one batch per router hint (one batch
+        when no request carries a hint)."""
+        groups: Dict[Optional[str], List[BlockIO]] = {}
+        for io in ios:
+            groups.setdefault(io.hint, []).append(io)
+        for hint, group in groups.items():
+            self._load_group(group, hint)
+
+    def _load_group(self, ios: List[BlockIO], hint: Optional[str]) -> None:
+        """Reads the pages of ``ios`` into their blocks in one batch (asking the node ``hint``
+        names first); every block that did not land is remembered for :meth:`take_errors`, and
+        its request publishes nothing more (what a forward pass computed over a missing block
+        is discarded and recomputed, and a step already scheduled behind it may have read it
+        too)."""
         hashes, block_ids = PeerCacheMeta(loads=ios).load_pairs()
         if not hashes:
             return
@@ -122,7 +132,7 @@ class WorkerSide:
         segs = self.table.segments(block_ids)
         t0 = time.perf_counter()
         try:
-            ok = self.pages.get(self.scheme.keys(hashes), segs)
+            ok = self.pages.get(self.scheme.keys(hashes), segs, hint)
         except Exception as e:  # node down, timeout, bad secret: recompute, never raise
             self._fail(block_ids, str(e), ios)
             return

@@ -1,0 +1,76 @@
+//! Router hints on the read path. A read whose hint names the node that holds its KV (a
+//! router's `kv_transfer_params`) asks that node where its pool holds the pages, one RPC per
+//! 4096 keys, instead of the directory shards. What the node does not hold goes to the
+//! directory as always, so a wrong or stale hint costs one round trip, never a page. A hint is
+//! never trusted for correctness: the pages it locates are read and verified like any other.
+
+use peercache_directory::Location;
+use peercache_wire::envelope;
+use peercache_wire::rpc;
+use peercache_wire::{NodeId, PageKey};
+
+use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
+use crate::node::core::Core;
+use crate::read::plan::ReadPlan;
+
+impl Core {
+    /// Owners of the keys `need` indexes, from the node `hint` names; returns the indices it
+    /// did not locate (for the directory). Counts each page once: located by the hint, or
+    /// missed by it.
+    pub(crate) fn owners_from_hint(
+        &self,
+        hint: &NodeId,
+        keys: &[PageKey],
+        need: Vec<usize>,
+        plan: &mut ReadPlan<'_>,
+    ) -> Vec<usize> {
+        let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
+        let found = if *hint == self.me {
+            self.resident_locations(&ks)
+        } else {
+            self.ask_locate(hint, &ks)
+        };
+        let layout = self.layout();
+        let mut rest = Vec::new();
+        for (&i, l) in need.iter().zip(found) {
+            match l.filter(|l| l.node == *hint && l.layout == layout) {
+                Some(l) => plan.set_owners(i, Some(smallvec::smallvec![l])),
+                None => rest.push(i),
+            }
+        }
+        let m = &self.metrics;
+        m.read_hint_hits.add((need.len() - rest.len()) as u64);
+        m.read_hint_misses.add(rest.len() as u64);
+        rest
+    }
+
+    /// `Locate` on `node`'s control port, every chunk in flight at once, bounded by
+    /// `op_timeout`: per key its resident copy there (None: not held, or no answer).
+    fn ask_locate(&self, node: &NodeId, keys: &[PageKey]) -> Vec<Option<Location>> {
+        let mut out = vec![None; keys.len()];
+        let Some(ep) = self.dir.control_of(node) else {
+            return out;
+        };
+        let frames: Vec<Vec<u8>> = keys
+            .chunks(MAX_PROMOTE_KEYS)
+            .filter_map(|c| envelope::encode(&StoreRequest::Locate(c.to_vec()), &[]).ok())
+            .collect();
+        if frames.len() != keys.len().div_ceil(MAX_PROMOTE_KEYS) {
+            return out;
+        }
+        let calls: Vec<_> = frames.iter().map(|f| (ep, f.as_slice())).collect();
+        let replies = self.dir.rpc().call_many(&calls, self.cfg.op_timeout());
+        for (c, r) in replies.into_iter().enumerate() {
+            let at = c * MAX_PROMOTE_KEYS;
+            let want = (keys.len() - at).min(MAX_PROMOTE_KEYS);
+            if let Ok(StoreReply::Located(locs)) = r.and_then(|f| rpc::decode_reply(&f))
+                && locs.len() == want
+            {
+                for (j, l) in locs.into_iter().enumerate() {
+                    out[at + j] = l;
+                }
+            }
+        }
+        out
+    }
+}
