@@ -229,6 +229,7 @@ mod tests {
             incarnation: Incarnation(1),
             addr: addr.parse().unwrap(),
             authenticated: true,
+            grant: peercache_wire::auth::Grant::Full,
         }
     }
 

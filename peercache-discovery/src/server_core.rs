@@ -343,6 +343,7 @@ mod tests {
             incarnation: i.incarnation,
             addr: std::net::SocketAddr::new(i.host, 9),
             authenticated: true,
+            grant: peercache_wire::auth::Grant::Full,
         }
     }
 

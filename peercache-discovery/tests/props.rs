@@ -51,6 +51,7 @@ fn peer(n: u8, inc: u8) -> Peer {
         incarnation: Incarnation(inc as u64),
         addr: SocketAddr::new(i.host, 40000),
         authenticated: true,
+        grant: peercache_wire::auth::Grant::Full,
     }
 }
 

@@ -123,6 +123,7 @@ impl Sim {
                 incarnation: me.incarnation,
                 addr: SocketAddr::new(me.host, 1),
                 authenticated: true,
+                grant: peercache_wire::auth::Grant::Full,
             };
             let answers: Vec<_> = round
                 .into_iter()

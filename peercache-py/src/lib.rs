@@ -614,6 +614,15 @@ fn page_hash<'py>(py: Python<'py>, key: &str, prefix: &str) -> Bound<'py, pyo3::
     pyo3::types::PyBytes::new(py, &k.0.to_be_bytes())
 }
 
+/// The read-only client token of the cluster `secret` (64 hex digits): a `Client` that gives it
+/// as its `cluster_secret` may read, check and locate pages on a node's client API, and its
+/// writes are refused. `ValueError` for a secret shorter than 16 bytes.
+#[pyfunction]
+fn read_only_token(secret: &str) -> PyResult<String> {
+    peercache_wire::auth::read_only_token(secret.as_bytes())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The extension module.
 #[pymodule]
 fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -621,6 +630,7 @@ fn _peercache(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(run_node, m)?)?;
     m.add_function(wrap_pyfunction!(page_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(read_only_token, m)?)?;
     m.add_function(wrap_pyfunction!(run_meta, m)?)?;
     m.add_function(wrap_pyfunction!(run_storage_server, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -208,6 +208,16 @@ def test_a_client_without_a_node_puts_and_gets_through_the_client_api(port):
             peercache.Client("not an endpoint")
         with pytest.raises(RuntimeError, match="authenticat"):
             peercache.Client(a.core.client_endpoint).exists(["pyclient-0"])
+        # The read-only client token: reads and lookups, no writes.
+        token = peercache.read_only_token(secret)
+        assert len(token) == 64 and token == peercache.read_only_token(secret) and secret not in token
+        ro = peercache.Client(b.core.client_endpoint, cluster_secret=token, timeout=5)
+        assert ro.get(keys, 8192) == pages and ro.exists(["pyclient-0"]) == [True]
+        with pytest.raises(peercache.TransportError, match="read-only"):
+            ro.put(["pyclient-ro"], [pages[0]])
+        assert cb.exists(["pyclient-ro"]) == [False]
+        with pytest.raises(ValueError):
+            peercache.read_only_token("short")
     finally:
         a.close()
         b.close()

@@ -162,6 +162,79 @@ fn the_client_api_is_off_unless_enabled() {
     nodes[0].shutdown();
 }
 
+#[test]
+fn the_read_only_token_reads_and_looks_up_on_the_client_api_and_writes_nothing() {
+    let nodes = common::cluster(&[43, 44], json!({"client_enabled": true}));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let keys: Vec<String> = (0..16).map(|i| format!("ro/{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..16).map(|i| common::page(i, 4096)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|s| *s));
+    // The operator's tool prints the token of the secret (from the environment here).
+    let token = node_tool_ok(&["read-only-token"]).trim().to_string();
+    assert_eq!(
+        token,
+        peercache_wire::auth::read_only_token(common::secret().as_bytes()).unwrap()
+    );
+    let ro = Client::new(
+        b.client_endpoint().unwrap(),
+        Auth::from_secret(token.as_bytes()).unwrap(),
+        Duration::from_secs(5),
+    );
+    // Reads, presence, locations and prefix runs: served.
+    let got = ro.get(&keys, 4096).unwrap();
+    assert!(
+        got.iter()
+            .zip(&pages)
+            .all(|(g, want)| g.as_ref().is_some_and(|g| g.bytes == *want))
+    );
+    assert!(ro.exists(&keys).unwrap().iter().all(|p| *p));
+    assert!(ro.locate(&keys).unwrap().iter().all(|o| !o.is_empty()));
+    assert_eq!(ro.prefix_locations(&keys).unwrap()[0].leading, 16);
+    // Writes: refused, typed, and nothing is stored.
+    let fresh = ["ro/new".to_string()];
+    match ro.put(&fresh, &[&pages[0][..]]) {
+        Err(StoreError::Remote { code, message }) => {
+            assert_eq!(code, RpcError::CODE_FORBIDDEN, "{message}");
+            assert!(message.contains("read-only"), "{message}");
+        }
+        other => panic!("a read-only client's put: {other:?}"),
+    }
+    assert_eq!(
+        b.batch_exists(&fresh).unwrap(),
+        0,
+        "the refused page is nowhere"
+    );
+    // The same connection still reads after the refusal.
+    assert!(ro.exists(&keys[..1]).unwrap()[0]);
+    // The token is no cluster secret: the control port (a node's plane) refuses it.
+    let control = RpcClient::new(rpc::ClientConfig {
+        hello: peercache_wire::handshake::Hello::new(
+            peercache_wire::handshake::Plane::Control,
+            None,
+            Incarnation(9),
+        ),
+        max_idle_per_peer: 1,
+        max_frame: 1 << 20,
+        auth: Auth::from_secret(token.as_bytes()).unwrap(),
+    });
+    let frame = envelope::encode(
+        &ClientRequest::Exists {
+            keys: vec!["ro/0".into()],
+        },
+        &[],
+    )
+    .unwrap();
+    let ep = b.control_endpoint();
+    match control.call(ep, &frame, Duration::from_secs(5)) {
+        Err(WireError::Unauthenticated(_)) => {}
+        other => panic!("the token on the control port: {other:?}"),
+    }
+    for n in &nodes {
+        n.shutdown();
+    }
+}
+
 /// Runs the `peercache-node` binary with `args` and the test nodes' secret in its
 /// environment (`PEERCACHE_CLUSTER_SECRET`, as an operator's tool would have it).
 fn node_tool(args: &[&str]) -> std::process::Output {

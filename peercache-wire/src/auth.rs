@@ -25,6 +25,11 @@
 //! mis-configuration from one member overwriting another, but a member that lies in its Hello
 //! is not stopped by the secret; per-node keys (docs/security.md) would be.
 //!
+//! A **read-only client token** ([`read_only_token`]) is derived from the secret. An endpoint
+//! that accepts it ([`Auth::accepting_read_only`], the client API port) learns from the
+//! handshake which credential the client proved ([`Grant`]), and answers with its proof under
+//! that same key. Holding the token does not reveal the secret, and no other port accepts it.
+//!
 //! Traffic after the handshake is neither encrypted nor integrity-protected: this keeps
 //! strangers out of a trusted fabric, it does not defend against an on-path attacker.
 
@@ -49,6 +54,7 @@ pub const TAG_LEN: usize = 32;
 pub use crate::metrics::AUTH_REJECTED_TOTAL as REJECTED_TOTAL;
 
 const KDF_LABEL: &[u8] = b"peercache cluster_secret v1";
+const READ_ONLY_LABEL: &[u8] = b"peercache read-only client token v1";
 const SERVER_LABEL: &[u8] = b"peercache auth v2 server";
 const CLIENT_LABEL: &[u8] = b"peercache auth v2 client";
 
@@ -61,9 +67,22 @@ pub enum Side {
     Client,
 }
 
+/// What a peer's proof grants it: the cluster secret (everything), or the read-only client
+/// token (reads and lookups on the client API).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// The cluster secret (or an open cluster).
+    Full,
+    /// The read-only client token.
+    ReadOnly,
+}
+
 struct Inner {
-    /// Proves with `keys[0]`; accepts proofs made with any of them.
+    /// Proves with `keys[0]` unless answering a peer that proved another; accepts proofs made
+    /// with any of them.
     keys: Vec<[u8; 32]>,
+    /// Keys from this index on are read-only client tokens.
+    read_only_from: usize,
     rejected: Tally,
     last_warn_s: AtomicU64,
 }
@@ -104,10 +123,41 @@ impl Auth {
             .chain(also_accepted.iter().copied())
             .map(derive_key)
             .collect::<Result<Vec<_>, _>>()?;
+        let read_only_from = keys.len();
         Ok(Auth {
             inner: Some(Arc::new(Inner {
                 keys,
+                read_only_from,
                 rejected: Tally::new(metrics::counter!(REJECTED_TOTAL)),
+                last_warn_s: AtomicU64::new(0),
+            })),
+        })
+    }
+
+    /// This endpoint's authentication that also accepts the read-only client token of
+    /// `secret` (see [`read_only_token`]); a peer that proves it is granted
+    /// [`Grant::ReadOnly`]. Without a secret configured, the endpoint stays open.
+    ///
+    /// ```
+    /// use peercache_wire::auth::{Auth, read_only_token};
+    ///
+    /// let secret = b"a cluster secret of 32 bytes ok!";
+    /// let client_port = Auth::from_secret(secret)?.accepting_read_only(secret)?;
+    /// let token = read_only_token(secret)?;
+    /// assert_eq!(token.len(), 64);
+    /// # Ok::<(), peercache_wire::WireError>(())
+    /// ```
+    pub fn accepting_read_only(&self, secret: &[u8]) -> Result<Auth, WireError> {
+        let Some(inner) = self.inner.as_ref() else {
+            return Ok(self.clone());
+        };
+        let mut keys = inner.keys.clone();
+        keys.push(derive_key(read_only_token(secret)?.as_bytes())?);
+        Ok(Auth {
+            inner: Some(Arc::new(Inner {
+                keys,
+                read_only_from: inner.keys.len(),
+                rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
             })),
         })
@@ -132,13 +182,35 @@ impl Auth {
         server_nonce: &[u8; TAG_LEN],
         transcript: &[&[u8]],
     ) -> Option<[u8; TAG_LEN]> {
+        self.proof_with(0, side, client_nonce, server_nonce, transcript)
+    }
+
+    /// [`Auth::proof`] with key `key` (the one [`Auth::verify_key`] matched), so a peer that
+    /// proved a read-only token can check the answer with that token.
+    pub fn proof_with(
+        &self,
+        key: usize,
+        side: Side,
+        client_nonce: &[u8; TAG_LEN],
+        server_nonce: &[u8; TAG_LEN],
+        transcript: &[&[u8]],
+    ) -> Option<[u8; TAG_LEN]> {
         let inner = self.inner.as_ref()?;
+        let key = inner.keys.get(key).unwrap_or(&inner.keys[0]);
         Some(
-            transcript_mac(&inner.keys[0], side, client_nonce, server_nonce, transcript)
+            transcript_mac(key, side, client_nonce, server_nonce, transcript)
                 .finalize()
                 .into_bytes()
                 .into(),
         )
+    }
+
+    /// What the proof made with key `key` grants.
+    pub fn grant_of(&self, key: usize) -> Grant {
+        match self.inner.as_ref() {
+            Some(i) if key >= i.read_only_from => Grant::ReadOnly,
+            _ => Grant::Full,
+        }
     }
 
     /// Checks `proof` from `side` in constant time. False without a secret.
@@ -150,15 +222,26 @@ impl Auth {
         transcript: &[&[u8]],
         proof: &[u8; TAG_LEN],
     ) -> bool {
-        let Some(inner) = self.inner.as_ref() else {
-            return false;
-        };
+        self.verify_key(side, client_nonce, server_nonce, transcript, proof)
+            .is_some()
+    }
+
+    /// [`Auth::verify`], naming the key that matched (None: none did, or no secret).
+    pub fn verify_key(
+        &self,
+        side: Side,
+        client_nonce: &[u8; TAG_LEN],
+        server_nonce: &[u8; TAG_LEN],
+        transcript: &[&[u8]],
+        proof: &[u8; TAG_LEN],
+    ) -> Option<usize> {
+        let inner = self.inner.as_ref()?;
         // Every key is checked (constant time each), so timing does not reveal which matched.
-        inner.keys.iter().fold(false, |ok, key| {
+        inner.keys.iter().enumerate().fold(None, |found, (i, key)| {
             let this = transcript_mac(key, side, client_nonce, server_nonce, transcript)
                 .verify_slice(proof)
                 .is_ok();
-            ok | this
+            found.or(this.then_some(i))
         })
     }
 
@@ -187,6 +270,22 @@ impl Auth {
             tracing::debug!(why, "refused an unauthenticated connection");
         }
     }
+}
+
+/// The read-only client token of the cluster `secret`: 64 hex digits, an HMAC of the secret's
+/// derived key, so the token does not reveal the secret. Give it to routers and tools that only
+/// read: the client API port accepts it for reads, lookups and prefix queries, and refuses its
+/// writes. No other port accepts it.
+pub fn read_only_token(secret: &[u8]) -> Result<String, WireError> {
+    let key = derive_key(secret)?;
+    let mut mac = HmacSha256::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(READ_ONLY_LABEL);
+    Ok(mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 fn derive_key(secret: &[u8]) -> Result<[u8; 32], WireError> {

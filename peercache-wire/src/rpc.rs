@@ -85,6 +85,9 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// Whether the peer proved the cluster secret (false in an open cluster).
     pub authenticated: bool,
+    /// What its proof granted: [`Grant::ReadOnly`](crate::auth::Grant::ReadOnly) for a
+    /// read-only client token, on a server whose `auth` accepts one.
+    pub grant: crate::auth::Grant,
 }
 
 impl Peer {
@@ -430,7 +433,13 @@ async fn serve_conn(
         incarnation: cfg.incarnation,
         auth: cfg.auth.clone(),
     };
-    let hello = match handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
+    let (hello, grant) = match handshake::server_async_granted(
+        &mut framed,
+        &acceptor,
+        cfg.handshake_timeout,
+    )
+    .await
+    {
         Ok(h) => h,
         Err(e) => {
             counters.handshake_failures.add(1);
@@ -443,6 +452,7 @@ async fn serve_conn(
         incarnation: hello.incarnation,
         addr,
         authenticated: cfg.auth.is_enabled(),
+        grant,
     };
     framed.codec_mut().set_max_frame_length(cfg.max_frame);
     let budget = cfg.shares.frame_budget.clone();

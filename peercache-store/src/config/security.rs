@@ -10,24 +10,56 @@ impl PeerCacheConfig {
     /// The handshake authentication this config asks for: `cluster_secret`, else the contents
     /// of `cluster_secret_file` (surrounding whitespace trimmed), else none.
     pub fn cluster_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
-        let from_file;
-        let secret = if !self.cluster_secret.is_empty() {
-            self.cluster_secret.expose()
-        } else if !self.cluster_secret_file.is_empty() {
-            let path = PathBuf::from(&self.cluster_secret_file);
-            from_file = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
-                path: path.clone(),
-                reason: format!("reading cluster_secret_file: {e}"),
-            })?;
-            from_file.trim()
-        } else {
+        let Some(secret) = self.secret()? else {
             return Ok(peercache_wire::Auth::none());
         };
         let also: Vec<&[u8]> = [self.cluster_secret_accept.expose().as_bytes()]
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect();
-        peercache_wire::Auth::rotating(secret.as_bytes(), &also).map_err(|e| ConfigError::Invalid {
+        peercache_wire::Auth::rotating(secret.as_bytes(), &also).map_err(|e| self.invalid(e))
+    }
+
+    /// The client API port's authentication: [`Self::cluster_auth`], also accepting the
+    /// secret's read-only client token ([`peercache_wire::auth::read_only_token`]), whose
+    /// holders may read and look up but not write.
+    pub fn client_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
+        let auth = self.cluster_auth()?;
+        match self.secret()? {
+            Some(secret) => auth
+                .accepting_read_only(secret.as_bytes())
+                .map_err(|e| self.invalid(e)),
+            None => Ok(auth),
+        }
+    }
+
+    /// The read-only client token of this config's secret (None without a secret).
+    pub fn read_only_token(&self) -> Result<Option<String>, ConfigError> {
+        self.secret()?
+            .map(|s| {
+                peercache_wire::auth::read_only_token(s.as_bytes()).map_err(|e| self.invalid(e))
+            })
+            .transpose()
+    }
+
+    /// `cluster_secret`, else the contents of `cluster_secret_file` (trimmed), else None.
+    fn secret(&self) -> Result<Option<String>, ConfigError> {
+        if !self.cluster_secret.is_empty() {
+            return Ok(Some(self.cluster_secret.expose().to_string()));
+        }
+        if self.cluster_secret_file.is_empty() {
+            return Ok(None);
+        }
+        let path = PathBuf::from(&self.cluster_secret_file);
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
+            path: path.clone(),
+            reason: format!("reading cluster_secret_file: {e}"),
+        })?;
+        Ok(Some(text.trim().to_string()))
+    }
+
+    fn invalid(&self, e: peercache_wire::WireError) -> ConfigError {
+        ConfigError::Invalid {
             key: if self.cluster_secret.is_empty() {
                 "cluster_secret_file"
             } else {
@@ -35,7 +67,7 @@ impl PeerCacheConfig {
             },
             value: "<redacted>".into(),
             reason: e.to_string(),
-        })
+        }
     }
 
     /// A warning when the secret comes from `cluster_secret_file` and that file can be read by

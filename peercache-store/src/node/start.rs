@@ -376,8 +376,12 @@ impl Core {
         // peers) never queue behind directory requests on the control port.
         let client = if cfg.client_enabled {
             let node_cell = cell.clone();
-            let handler: rpc::Handler = Arc::new(move |_peer, env| {
-                crate::serve::client::serve(node_cell.get().and_then(|w| w.upgrade()), env)
+            let handler: rpc::Handler = Arc::new(move |peer, env| {
+                crate::serve::client::serve(
+                    node_cell.get().and_then(|w| w.upgrade()),
+                    peer.grant,
+                    env,
+                )
             });
             Some(RpcServer::start(
                 ServerConfig {
@@ -391,7 +395,8 @@ impl Core {
                     offload: &[],
                     workers: 2,
                     name: "pc-client",
-                    auth: auth.clone(),
+                    // The one port that also takes the read-only client token.
+                    auth: cfg.client_auth()?,
                     shares: shares(),
                 },
                 handler,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use peercache_directory::msg::LayoutRuns;
+use peercache_wire::auth::Grant;
 use peercache_wire::envelope::{self, Envelope, Message};
 use peercache_wire::rpc::{Reply, RpcError};
 use serde_bytes::ByteBuf;
@@ -40,8 +41,9 @@ fn check(keys: usize, page_bytes: u32, data: Option<usize>) -> Result<(), String
     Ok(())
 }
 
-/// Serves one client request on the node `core` (`None`: starting or stopping).
-pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
+/// Serves one client request on the node `core` (`None`: starting or stopping) for a client
+/// whose proof granted it `grant`: a read-only client token's `Put` is refused (forbidden).
+pub(crate) fn serve(core: Option<Arc<Core>>, grant: Grant, env: Envelope<'_>) -> Reply {
     let refuse = |code, message: String, close| Reply::Error {
         error: RpcError { code, message },
         close,
@@ -57,6 +59,15 @@ pub(crate) fn serve(core: Option<Arc<Core>>, env: Envelope<'_>) -> Reply {
         Ok(r) => r,
         Err(e) => return refuse(RpcError::CODE_MALFORMED, e.to_string(), true),
     };
+    if grant == Grant::ReadOnly && matches!(req, ClientRequest::Put { .. }) {
+        return refuse(
+            RpcError::CODE_FORBIDDEN,
+            "this client proved the read-only client token: it may read, look up and locate, \
+             not write"
+                .into(),
+            false,
+        );
+    }
     let Some(core) = core else {
         return refuse(
             RpcError::CODE_SHUTDOWN,
@@ -241,7 +252,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        match serve(None, Envelope::parse(&other).unwrap()) {
+        match serve(None, Grant::Full, Envelope::parse(&other).unwrap()) {
             Reply::Error { error, close } => {
                 assert_eq!(error.code, RpcError::CODE_UNKNOWN_KIND);
                 assert!(close);
@@ -255,9 +266,30 @@ mod tests {
             &[],
         )
         .unwrap();
-        match serve(None, Envelope::parse(&req).unwrap()) {
+        match serve(None, Grant::ReadOnly, Envelope::parse(&req).unwrap()) {
             Reply::Error { error, .. } => assert_eq!(error.code, RpcError::CODE_SHUTDOWN),
             Reply::Frame(_) => panic!("served without a node"),
+        }
+    }
+
+    #[test]
+    fn a_read_only_client_s_put_is_forbidden_before_anything_else() {
+        let put = envelope::encode(
+            &ClientRequest::Put {
+                keys: vec!["k".into()],
+                page_bytes: 4,
+                data: ByteBuf::from(vec![1, 2, 3, 4]),
+            },
+            &[],
+        )
+        .unwrap();
+        match serve(None, Grant::ReadOnly, Envelope::parse(&put).unwrap()) {
+            Reply::Error { error, close } => {
+                assert_eq!(error.code, RpcError::CODE_FORBIDDEN);
+                assert!(error.message.contains("read-only"), "{}", error.message);
+                assert!(!close, "the connection keeps serving reads");
+            }
+            Reply::Frame(_) => panic!("a read-only put was served"),
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::config::{self, PeerCacheConfig, Role};
 #[derive(Debug, Parser)]
 #[command(name = "peercache-node", version, about = "Run one PeerCache node")]
 pub struct NodeArgs {
-    /// `status`, `drive` or `locate`: a tool instead of running a node.
+    /// `status`, `drive`, `locate` or `read-only-token`: a tool instead of running a node.
     #[command(subcommand)]
     pub command: Option<NodeCommand>,
     /// TOML config file (keys as in docs/configuration.md).
@@ -43,6 +43,9 @@ pub enum NodeCommand {
     /// Print where the directory says keys live (owners, resident or disk-only, class,
     /// generation), asking one node through its client API.
     Locate(crate::tools::locate::LocateArgs),
+    /// Print the read-only client token of the cluster secret: routers and tools that only
+    /// read use it as their secret on the client API, which refuses their writes.
+    ReadOnlyToken(crate::tools::token::TokenArgs),
 }
 
 /// `peercache-meta`: a standalone discovery server.
@@ -156,6 +159,7 @@ pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
         Some(NodeCommand::Status(s)) => return crate::tools::status::run(s),
         Some(NodeCommand::Drive(d)) => return crate::tools::drive::run(d),
         Some(NodeCommand::Locate(l)) => return crate::tools::locate::run(l),
+        Some(NodeCommand::ReadOnlyToken(t)) => return crate::tools::token::run(t),
         None => {}
     }
     block_signals();

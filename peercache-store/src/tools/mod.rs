@@ -1,9 +1,10 @@
 //! The operator tools behind the binaries in `src/bin/`: [`cli`] (the node and meta server
-//! commands) with [`status`], [`drive`] and [`locate`], sharing [`tool`]'s connection and
-//! output helpers.
+//! commands) with [`status`], [`drive`], [`locate`] and [`token`], sharing [`tool`]'s
+//! connection and output helpers.
 
 pub mod cli;
 pub mod drive;
 pub mod locate;
 pub mod status;
+pub mod token;
 pub mod tool;

@@ -138,6 +138,18 @@ pub async fn server_async<T: AsyncRead + AsyncWrite + Unpin>(
     acceptor: &Acceptor,
     timeout: Duration,
 ) -> Result<Hello, WireError> {
+    server_async_granted(framed, acceptor, timeout)
+        .await
+        .map(|(hello, _)| hello)
+}
+
+/// [`server_async`], with what the client's proof granted it (see
+/// [`crate::auth::Auth::accepting_read_only`]).
+pub async fn server_async_granted<T: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<T, LengthDelimitedCodec>,
+    acceptor: &Acceptor,
+    timeout: Duration,
+) -> Result<(Hello, crate::auth::Grant), WireError> {
     let mut hs = ServerHandshake::new(acceptor);
     let fut = async {
         loop {
@@ -171,5 +183,5 @@ pub async fn server_async<T: AsyncRead + AsyncWrite + Unpin>(
     ) {
         hs.abandoned();
     }
-    res
+    res.map(|hello| (hello, hs.grant()))
 }

@@ -29,7 +29,7 @@ mod server;
 mod tests;
 
 pub use client::ClientHandshake;
-pub use drive::{client_async, client_sync, server_async, server_sync};
+pub use drive::{client_async, client_sync, server_async, server_async_granted, server_sync};
 pub use server::ServerHandshake;
 
 /// Envelope extension of a [`Hello`] carrying the client's 32-byte authentication nonce.

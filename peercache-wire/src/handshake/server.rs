@@ -5,7 +5,7 @@ use super::{
     EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, Step, accept, version_reason,
 };
 use crate::WireError;
-use crate::auth::{self, Side, TAG_LEN};
+use crate::auth::{self, Grant, Side, TAG_LEN};
 use crate::envelope::{self, Envelope, Extension};
 
 /// The server's side of the handshake, without I/O. In an authenticated cluster it sends
@@ -14,6 +14,8 @@ use crate::envelope::{self, Envelope, Extension};
 pub struct ServerHandshake<'a> {
     acceptor: &'a Acceptor,
     pending: Option<Pending>,
+    /// The acceptor's key the client proved (answered with the same key).
+    key: usize,
 }
 
 #[derive(Debug)]
@@ -38,7 +40,14 @@ impl<'a> ServerHandshake<'a> {
         ServerHandshake {
             acceptor,
             pending: None,
+            key: 0,
         }
+    }
+
+    /// What the client's proof granted it: [`Grant::ReadOnly`] for a read-only client token
+    /// (on an endpoint that accepts one), else [`Grant::Full`]. Meaningful once accepted.
+    pub fn grant(&self) -> Grant {
+        self.acceptor.auth.grant_of(self.key)
     }
 
     /// Answers `hello`; with `proven`, the exchange the client proved, the acceptance carries
@@ -51,7 +60,8 @@ impl<'a> ServerHandshake<'a> {
             let body = Envelope::parse(&frame)?.body;
             let proof = a
                 .auth
-                .proof(
+                .proof_with(
+                    self.key,
                     Side::Server,
                     &p.client_nonce,
                     &p.server_nonce,
@@ -159,14 +169,15 @@ impl<'a> ServerHandshake<'a> {
             Ok(p) => p,
             Err(_) => return self.refuse("expected an authentication proof"),
         };
-        if !self.acceptor.auth.verify(
+        match self.acceptor.auth.verify_key(
             Side::Client,
             &p.client_nonce,
             &p.server_nonce,
             &[&p.hello_frame],
             &proof.proof,
         ) {
-            return self.refuse("wrong proof (different cluster_secret, or a replay)");
+            Some(key) => self.key = key,
+            None => return self.refuse("wrong proof (different cluster_secret, or a replay)"),
         }
         let hello = p.hello.clone();
         self.finish(hello, Some(&p))

@@ -340,3 +340,74 @@ async fn async_handshake_round_trip() {
     assert_eq!(acc.incarnation, Incarnation(3));
     assert!(srv.await.unwrap().is_ok());
 }
+
+/// Both state machines against each other; the grant the server gave.
+fn run_granted(
+    client: &Auth,
+    server: &Auth,
+) -> (
+    Result<Accepted, WireError>,
+    Result<crate::auth::Grant, WireError>,
+) {
+    let acc = acceptor(&[Plane::Control], None, 1, server.clone());
+    let mut srv = ServerHandshake::new(&acc);
+    let (mut cli, mut to_server) = ClientHandshake::new(&hello(Plane::Control), client).unwrap();
+    loop {
+        match srv.on_frame(&to_server) {
+            Ok(Step::Send(f)) => match cli.on_frame(&f) {
+                Ok(Step::Send(f)) => to_server = f,
+                other => panic!("the client stopped early: {other:?}"),
+            },
+            Ok(Step::Finish(f, r)) => {
+                let c = match cli.on_frame(&f) {
+                    Ok(Step::Finish(_, c)) => c,
+                    Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
+                    Err(e) => Err(e),
+                };
+                return (c, r.map(|_| srv.grant()));
+            }
+            Err(e) => return (Err(WireError::Closed), Err(e)),
+        }
+    }
+}
+
+#[test]
+fn the_read_only_token_is_granted_read_only_only_where_accepted_and_both_sides_verify() {
+    let secret = b"a cluster secret of 32 bytes ok!";
+    let token = crate::auth::read_only_token(secret).unwrap();
+    assert_eq!(token.len(), 64);
+    assert_eq!(
+        token,
+        crate::auth::read_only_token(secret).unwrap(),
+        "the same on every process"
+    );
+    assert_ne!(
+        token,
+        crate::auth::read_only_token(b"another secret of 32 bytes, ok!!").unwrap()
+    );
+    assert!(!token.contains("a cluster secret"));
+    let full = Auth::from_secret(secret).unwrap();
+    let client_port = full.accepting_read_only(secret).unwrap();
+    let ro = Auth::from_secret(token.as_bytes()).unwrap();
+    // The client port: the secret is granted everything, the token read-only; the client
+    // checks the server's answer with the key it proved, so both handshakes complete.
+    let (c, s) = run_granted(&full, &client_port);
+    assert!(c.is_ok(), "{c:?}");
+    assert_eq!(s.unwrap(), crate::auth::Grant::Full);
+    let (c, s) = run_granted(&ro, &client_port);
+    assert!(c.is_ok(), "{c:?}");
+    assert_eq!(s.unwrap(), crate::auth::Grant::ReadOnly);
+    // Every other port: the token is a stranger's secret.
+    let (c, s) = run_granted(&ro, &full);
+    assert!(
+        c.is_err() && matches!(s, Err(WireError::Unauthenticated(_))),
+        "{c:?} {s:?}"
+    );
+    // An open endpoint stays open (and grants everything).
+    assert!(
+        !Auth::none()
+            .accepting_read_only(secret)
+            .unwrap()
+            .is_enabled()
+    );
+}
