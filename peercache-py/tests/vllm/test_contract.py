@@ -447,9 +447,9 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
         src = list(range(3, 11))
         publish(a, "h-a", ids, src)
         holder = a.worker.store.node_id
-        for rid, params, hits, misses in [("h-1", {"peercache_holder": holder}, 7, 0),
-                                          ("h-2", {"peercache_holder": b.worker.store.node_id}, 0, 7),
-                                          ("h-3", {"peercache_holder": 17}, 0, 0)]:
+        for rid, params, hits, misses in [("h-1", {"holder_node": holder}, 7, 0),
+                                          ("h-2", {"holder_node": b.worker.store.node_id}, 0, 7),
+                                          ("h-3", {"holder_node": 17}, 0, 0)]:
             req = b.request(rid, ids, kv_transfer_params=params)
             n, _ = b.sched.get_num_new_matched_tokens(req, 0)
             assert n == 7 * BLOCK, "every full block but the one holding the last token"
@@ -460,7 +460,7 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
             before = b.worker.store.stats()
             meta = b.step(req, dst, n, 1)
             after = b.worker.store.stats()
-            assert [io.hint for io in meta.loads] == [params["peercache_holder"] if hits + misses else None]
+            assert [io.hint for io in meta.loads] == [params["holder_node"] if hits + misses else None]
             assert b.worker.get_block_ids_with_load_errors() == set(), rid
             for name in a.kv:
                 # The last block is vLLM's own to compute (it holds the last token); the rest loaded.

@@ -48,7 +48,7 @@ class EngineRequest(Protocol):
 
 
 # The ``kv_transfer_params`` field a router sets to the node id that holds a request's KV.
-HINT_PARAM = "peercache_holder"
+HINT_PARAM = "holder_node"
 
 
 def holder_hint(request: EngineRequest) -> Optional[str]:
