@@ -402,13 +402,7 @@ impl Store {
         holder: &str,
     ) -> Result<Vec<bool>, StoreError> {
         let counts = vec![1; pages.len()];
-        let raw: Vec<RawSeg> = pages
-            .iter_mut()
-            .map(|s| RawSeg {
-                ptr: s.as_mut_ptr(),
-                len: s.len(),
-            })
-            .collect();
+        let raw = RawSeg::of_mut(pages);
         // SAFETY: the pages are exclusively borrowed for the whole call and do not overlap.
         unsafe { self.batch_get_raw_hinted(keys, &raw, &counts, Some(holder)) }
     }
@@ -446,13 +440,7 @@ impl Store {
         segs: &mut [&mut [u8]],
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
-        let raw: Vec<RawSeg> = segs
-            .iter_mut()
-            .map(|s| RawSeg {
-                ptr: s.as_mut_ptr(),
-                len: s.len(),
-            })
-            .collect();
+        let raw = RawSeg::of_mut(segs);
         // SAFETY: the segments are exclusively borrowed for the whole call.
         unsafe { self.batch_get_raw(keys, &raw, counts) }
     }
@@ -481,13 +469,7 @@ impl Store {
         pages: &mut [&mut [u8]],
     ) -> Result<Vec<Option<u32>>, StoreError> {
         let counts = vec![1; pages.len()];
-        let raw: Vec<RawSeg> = pages
-            .iter_mut()
-            .map(|s| RawSeg {
-                ptr: s.as_mut_ptr(),
-                len: s.len(),
-            })
-            .collect();
+        let raw = RawSeg::of_mut(pages);
         // SAFETY: the pages are exclusively borrowed for the whole call.
         unsafe { self.batch_get_valid_raw(keys, &raw, &counts) }
     }

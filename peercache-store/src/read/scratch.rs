@@ -16,6 +16,19 @@ pub struct RawSeg {
     pub len: usize,
 }
 
+impl RawSeg {
+    /// The segments of exclusively borrowed buffers, one each (for the safe read entry points,
+    /// which keep the borrow for the whole call).
+    pub(crate) fn of_mut(bufs: &mut [&mut [u8]]) -> Vec<RawSeg> {
+        bufs.iter_mut()
+            .map(|s| RawSeg {
+                ptr: s.as_mut_ptr(),
+                len: s.len(),
+            })
+            .collect()
+    }
+}
+
 // SAFETY: a RawSeg is only an address and a length; the unsafe entry points that take them
 // state the validity requirements.
 unsafe impl Send for RawSeg {}
