@@ -411,7 +411,15 @@ fn the_main_job_and_the_component_benches_run_briefly() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["raw-tcp-rr", "prefix-64", "prefix-64-http"]);
+    assert_eq!(
+        names,
+        [
+            "raw-tcp-rr",
+            "prefix-64",
+            "prefix-64-client",
+            "prefix-64-http"
+        ]
+    );
     assert!(
         v["results"][1]["pages_per_s"].as_f64().unwrap() > 0.0,
         "{v}"

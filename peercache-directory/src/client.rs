@@ -13,9 +13,11 @@ use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::DirError;
 use crate::handoff;
+use crate::holding::{Holding, holding_of};
 use crate::location::{Location, Owners};
 use crate::msg::{
-    DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, LayoutRuns, Moving, OwnerRef,
+    DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_HOLDERS_ONLY, EXT_MOVING, LayoutRuns, Moving,
+    OwnerRef,
 };
 use crate::ring::Ring;
 use crate::service::DirectoryService;
@@ -344,19 +346,32 @@ impl DirectoryClient {
         chunks: &[Chunk],
         build: impl Fn(&[usize]) -> DirRequest<'a>,
     ) -> Vec<Result<DirReply, DirError>> {
-        self.fan_out_hinted(view, chunks, build)
+        self.fan_out_as(view, chunks, build, false)
+    }
+
+    /// [`Self::fan_out`]; with `holders`, lookups ask for holders only
+    /// ([`crate::msg::EXT_HOLDERS_ONLY`]).
+    fn fan_out_as<'a>(
+        &self,
+        view: &View,
+        chunks: &[Chunk],
+        build: impl Fn(&[usize]) -> DirRequest<'a>,
+        holders: bool,
+    ) -> Vec<Result<DirReply, DirError>> {
+        self.fan_out_hinted(view, chunks, build, holders)
             .into_iter()
             .map(|(r, _)| r)
             .collect()
     }
 
-    /// [`Self::fan_out`], with each reply's [`Moving`] hints (empty unless a shard is still
+    /// [`Self::fan_out_as`], with each reply's [`Moving`] hints (empty unless a shard is still
     /// receiving a hand-off of keys it missed).
     fn fan_out_hinted<'a>(
         &self,
         view: &View,
         chunks: &[Chunk],
         build: impl Fn(&[usize]) -> DirRequest<'a>,
+        holders: bool,
     ) -> Vec<(Result<DirReply, DirError>, Moving)> {
         let mut results: Vec<Option<(Result<DirReply, DirError>, Moving)>> =
             (0..chunks.len()).map(|_| None).collect();
@@ -366,7 +381,10 @@ impl DirectoryClient {
             let req = build(items);
             if *node == self.me {
                 self.c.local_calls.add(1);
-                let reply = self.local.apply(&req);
+                let reply = match &req {
+                    DirRequest::Lookup(keys) if holders => self.local.apply_holders(keys),
+                    _ => self.local.apply(&req),
+                };
                 let moving = self.local.moving(&req, &reply);
                 results[ci] = Some((Ok(reply), moving));
                 continue;
@@ -378,8 +396,13 @@ impl DirectoryClient {
                 ));
                 continue;
             };
-            let frame =
-                LayoutRuns::extension(&req).and_then(|ext| envelope::encode(&req, ext.as_slice()));
+            let frame = LayoutRuns::extension(&req).and_then(|layouts| {
+                let mut ext: Vec<Extension> = layouts.into_iter().collect();
+                if holders {
+                    ext.push(Extension::of(EXT_HOLDERS_ONLY, &1u8)?);
+                }
+                envelope::encode(&req, &ext)
+            });
             match frame {
                 Ok(f) => {
                     frames.push((addr, f));
@@ -498,6 +521,7 @@ impl DirectoryClient {
     pub fn lookup(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, DirError> {
         self.replica_query(
             keys,
+            false,
             None,
             |items| DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
             |reply| match reply {
@@ -508,11 +532,39 @@ impl DirectoryClient {
         )
     }
 
+    /// Which nodes hold each key and whether in memory, without the locations: the compact
+    /// form of [`Self::lookup`] a router's prefix query needs (a few bytes per key on the wire
+    /// instead of a location per copy). Same replicas, fallbacks and hand-off grace as
+    /// [`Self::lookup`]; a shard of a release before holders answers with full owners, which
+    /// are folded here. A key nobody holds (or whose shards failed) is empty.
+    pub fn holders(&self, keys: &[PageKey]) -> Result<Vec<Holding>, DirError> {
+        self.replica_query(
+            keys,
+            true,
+            Holding::new(),
+            |items| DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
+            |reply| match reply {
+                DirReply::Holders(h) => {
+                    let n = h.len();
+                    h.into_holdings(n).ok()
+                }
+                DirReply::Found(v) => Some(
+                    v.iter()
+                        .map(|o| o.as_ref().map(holding_of).unwrap_or_default())
+                        .collect(),
+                ),
+                _ => None,
+            },
+            |h| !h.is_empty(),
+        )
+    }
+
     /// Presence of each key (memory or disk of a live owner). Within `handoff_grace` of a ring
     /// change, a key no owner has is asked about on every member, as [`Self::lookup`] does.
     pub fn exists(&self, keys: &[PageKey]) -> Result<Vec<bool>, DirError> {
         self.replica_query(
             keys,
+            false,
             false,
             |items| DirRequest::Exists(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
             |reply| match reply {
@@ -533,6 +585,7 @@ impl DirectoryClient {
     fn replica_query<'a, T: Clone>(
         &self,
         keys: &[PageKey],
+        holders: bool,
         missing: T,
         build: impl Fn(&[usize]) -> DirRequest<'a>,
         decode: impl Fn(DirReply) -> Option<Vec<T>>,
@@ -555,7 +608,7 @@ impl DirectoryClient {
                 self.c.fallbacks.add(pending.len() as u64);
             }
             let chunks = self.group(&view, pending.iter().map(|&i| (i, keys[i])), rank, true);
-            let replies = self.fan_out_hinted(&view, &chunks, &build);
+            let replies = self.fan_out_hinted(&view, &chunks, &build, holders);
             let mut next = Vec::new();
             for ((node, items), (reply, moving)) in chunks.iter().zip(replies) {
                 for (j, holder) in moving.keys {
@@ -599,7 +652,8 @@ impl DirectoryClient {
                         .collect::<Vec<_>>()
                 })
                 .collect();
-            for ((_, items), reply) in chunks.iter().zip(self.fan_out(&view, &chunks, &build)) {
+            let replies = self.fan_out_as(&view, &chunks, &build, holders);
+            for ((_, items), reply) in chunks.iter().zip(replies) {
                 if let Some(v) = reply.ok().and_then(&decode)
                     && v.len() == items.len()
                 {
@@ -613,7 +667,7 @@ impl DirectoryClient {
             pending.retain(|&i| !found(&out[i]));
         }
         if retry_misses && !pending.is_empty() {
-            for (items, reply) in self.ask_every_member(&view, &pending, &build) {
+            for (items, reply) in self.ask_every_member(&view, &pending, &build, holders) {
                 if let Some(v) = reply.ok().and_then(&decode)
                     && v.len() == items.len()
                 {
@@ -637,6 +691,7 @@ impl DirectoryClient {
         view: &View,
         pending: &[usize],
         build: impl Fn(&[usize]) -> DirRequest<'a>,
+        holders: bool,
     ) -> Vec<(Vec<usize>, Result<DirReply, DirError>)> {
         self.c.fallbacks.add(pending.len() as u64);
         let max = self.cfg.max_keys_per_request.max(1);
@@ -646,7 +701,7 @@ impl DirectoryClient {
             .iter()
             .flat_map(|m| pending.chunks(max).map(move |c| (m.clone(), c.to_vec())))
             .collect();
-        let replies = self.fan_out(view, &chunks, build);
+        let replies = self.fan_out_as(view, &chunks, build, holders);
         chunks
             .into_iter()
             .map(|(_, items)| items)

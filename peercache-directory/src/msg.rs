@@ -7,6 +7,7 @@ use peercache_wire::envelope::{Envelope, Extension, Message};
 use peercache_wire::{Layout, NodeId, PageKey, WireError};
 use serde::{Deserialize, Serialize};
 
+use crate::holding::KeyHolders;
 use crate::location::{Location, Owners};
 use crate::shard::InsertOutcome;
 
@@ -54,6 +55,9 @@ pub enum DirReply {
     Exists(Vec<bool>),
     /// How many items changed something.
     Applied(u32),
+    /// Which nodes hold each looked-up key (the answer to a [`DirRequest::Lookup`] that
+    /// carries [`EXT_HOLDERS_ONLY`]).
+    Holders(KeyHolders),
 }
 
 impl Message for DirReply {
@@ -72,6 +76,12 @@ pub const EXT_MOVING: u16 = 0x0201;
 /// handing off. A shard keeps answering [`EXT_MOVING`] until every sender reached 0. Payload:
 /// a postcard `u64`.
 pub const EXT_HANDOFF_MORE: u16 = 0x0202;
+
+/// Extension of a [`DirRequest::Lookup`] (not critical): answer [`DirReply::Holders`] — each
+/// key's holders and whether their copies are in memory, without the locations — instead of
+/// [`DirReply::Found`]. A shard of a release before it ignores the extension and answers
+/// `Found`, which the asker folds into holders itself. Payload: a postcard `u8` (1).
+pub const EXT_HOLDERS_ONLY: u16 = 0x0204;
 
 /// The payload of [`EXT_MOVING`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,9 @@ use peercache_wire::tally::Tally;
 
 use crate::admission::{self, Holders, Refusal};
 use crate::location::Owners;
-use crate::msg::{DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_MOVING, LayoutRuns, Moving};
+use crate::msg::{
+    DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_HOLDERS_ONLY, EXT_MOVING, LayoutRuns, Moving,
+};
 use crate::receiving::Receiving;
 use crate::ring::Ring;
 use crate::shard::{Millis, Shard, ShardConfig};
@@ -147,6 +149,12 @@ impl DirectoryService {
                 .filter(|(_, (_, o))| o.is_none())
                 .map(|(i, (k, _))| (i as u32, *k))
                 .collect(),
+            (DirRequest::Lookup(keys), DirReply::Holders(h)) => keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| h.copies_of(*i) == 0)
+                .map(|(i, k)| (i as u32, *k))
+                .collect(),
             (DirRequest::Exists(keys), DirReply::Exists(v)) => keys
                 .iter()
                 .zip(v)
@@ -241,6 +249,13 @@ impl DirectoryService {
         };
         self.entries.set(sh.len() as f64);
         reply
+    }
+
+    /// [`DirRequest::Lookup`] of `keys` answered with holders only ([`EXT_HOLDERS_ONLY`]).
+    pub fn apply_holders(&self, keys: &[PageKey]) -> DirReply {
+        let now = self.now();
+        let mut sh = self.shard.lock();
+        DirReply::Holders(sh.holders_many(keys, now))
     }
 
     fn items(req: &DirRequest<'_>) -> usize {
@@ -338,6 +353,7 @@ impl DirectoryService {
                 .map(|more| (node, more)),
             _ => None,
         };
+        let holders_only = env.extension(EXT_HOLDERS_ONLY).is_ok_and(|e| e.is_some());
         if Self::items(&req) > self.max_items {
             return Some(Reply::Error {
                 error: RpcError {
@@ -359,7 +375,10 @@ impl DirectoryService {
                 });
             }
         };
-        let reply = self.apply(&req);
+        let reply = match &req {
+            DirRequest::Lookup(keys) if holders_only => self.apply_holders(keys),
+            _ => self.apply(&req),
+        };
         if let Some((node, more)) = announced {
             self.receiving.lock().announced(node, more);
         }

@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 
 use crate::arena::Arena;
 use crate::changes::{Change, ChangeKind, Journal};
+use crate::holding::KeyHolders;
 use crate::key_index::KeyIndex;
 use crate::location::{CopyClass, Location, Owners};
 use crate::owner_table::{MAX_OWNERS, OwnerTable};
@@ -580,6 +581,32 @@ impl Shard {
         for chunk in keys.chunks(WARM) {
             self.warm(chunk);
             out.extend(chunk.iter().map(|k| self.lookup(*k, now)));
+        }
+        out
+    }
+
+    /// Which nodes hold each of `keys` (live copies only, in memory or on disk), in order —
+    /// what a router's prefix query needs, without building a [`Location`] per copy. A query,
+    /// not a use: it does not refresh the entries' recency.
+    pub fn holders_many(&mut self, keys: &[PageKey], now: Millis) -> KeyHolders {
+        let mut out = KeyHolders {
+            ends: Vec::with_capacity(keys.len()),
+            ..KeyHolders::default()
+        };
+        for chunk in keys.chunks(WARM) {
+            self.warm(chunk);
+            for k in chunk {
+                match self.find(*k, now) {
+                    Some(i) => {
+                        let owners = &self.owners;
+                        out.push_key(self.entries.get(i).copies.iter().filter_map(|c| {
+                            let r = owners.get(c.id());
+                            r.live.then_some((&r.node, c.resident()))
+                        }));
+                    }
+                    None => out.push_key([]),
+                }
+            }
         }
         out
     }

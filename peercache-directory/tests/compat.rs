@@ -57,6 +57,10 @@ fn v1_directory_fixtures_decode() {
     );
     check("dir_exists_reply.bin", DirReply::Exists(vec![true, false]));
     check("dir_applied.bin", DirReply::Applied(7));
+    let mut holders = peercache_directory::KeyHolders::default();
+    holders.push_key([(&a, true), (&node(2), false)]);
+    holders.push_key([]);
+    check("dir_holders.bin", DirReply::Holders(holders));
 }
 
 /// Writes (with `PEERCACHE_BLESS`) or reads a committed frame and checks it is still what this

@@ -69,6 +69,12 @@ pub enum ClientRequest {
         /// Page keys.
         keys: Vec<String>,
     },
+    /// Where one request's prefix is: the page keys of the request, in order (at most
+    /// [`MAX_CLIENT_KEYS`]).
+    Prefix {
+        /// Page keys, in request order.
+        keys: Vec<String>,
+    },
 }
 
 impl Message for ClientRequest {
@@ -93,6 +99,9 @@ pub enum ClientReply {
     Present(Vec<bool>),
     /// Per key, every owner the directory lists (empty: not in the directory).
     Located(Vec<Vec<peercache_directory::Location>>),
+    /// Every node holding the first key with its leading run, longest first
+    /// ([`crate::Store::prefix_locations`]).
+    Prefix(Vec<crate::PrefixRun>),
 }
 
 impl Message for ClientReply {
@@ -211,13 +220,45 @@ impl Client {
         Ok(out)
     }
 
-    /// Where a request's prefix is (see [`crate::Store::prefix_locations`]): the keys'
-    /// owners in one `Locate`, folded into each node's leading run.
+    /// Where a request's prefix is (see [`crate::Store::prefix_locations`]): one `Prefix`
+    /// request, which the node answers from its directory fan-out with the runs alone. More
+    /// than [`MAX_CLIENT_KEYS`] keys, or a node of a release before `Prefix` (it refuses the
+    /// request as malformed), are asked with `Locate` and the owners folded here.
     pub fn prefix_locations<K: AsRef<str>>(
         &self,
         keys: &[K],
     ) -> Result<Vec<crate::PrefixRun>, StoreError> {
-        Ok(crate::prefix_runs(&self.locate(keys)?))
+        if keys.len() > MAX_CLIENT_KEYS {
+            return Ok(crate::prefix_runs(&self.locate(keys)?));
+        }
+        let req = ClientRequest::Prefix {
+            keys: keys.iter().map(|k| k.as_ref().to_string()).collect(),
+        };
+        match self.call(&req) {
+            Ok(ClientReply::Prefix(runs)) => {
+                match runs
+                    .iter()
+                    .find(|r| r.leading > keys.len() || r.resident > r.leading)
+                {
+                    Some(r) => Err(malformed(
+                        "prefix",
+                        format!(
+                            "{} holds {} leading keys ({} resident) of {}",
+                            r.node,
+                            r.leading,
+                            r.resident,
+                            keys.len()
+                        ),
+                    )),
+                    None => Ok(runs),
+                }
+            }
+            Ok(other) => Err(unexpected("prefix", &other)),
+            Err(StoreError::Remote { code, .. }) if code == RpcError::CODE_MALFORMED => {
+                Ok(crate::prefix_runs(&self.locate(keys)?))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads pages of `page_bytes` each: one entry per key, None = a miss.
@@ -330,6 +371,7 @@ fn unexpected(op: &str, reply: &ClientReply) -> StoreError {
         }
         ClientReply::Present(p) => format!("Present with {} flags", p.len()),
         ClientReply::Located(l) => format!("Located with {} entries", l.len()),
+        ClientReply::Prefix(r) => format!("Prefix with {} runs", r.len()),
     };
     malformed(op, format!("unexpected {what}"))
 }

@@ -133,4 +133,18 @@ fn v1_client_fixtures_decode() {
         "client_located.bin",
         ClientReply::Located(vec![vec![loc()], vec![]]),
     );
+    check(
+        "client_prefix.bin",
+        ClientRequest::Prefix {
+            keys: vec!["a".into(), "b".into()],
+        },
+    );
+    check(
+        "client_prefix_runs.bin",
+        ClientReply::Prefix(vec![peercache_store::PrefixRun {
+            node: peercache_wire::NodeId::new("node-a").unwrap(),
+            leading: 2,
+            resident: 1,
+        }]),
+    );
 }

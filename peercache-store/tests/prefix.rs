@@ -128,6 +128,13 @@ fn prefix_runs_equal_a_scan_of_what_each_node_published_over_100k_keys() {
         client.prefix_locations(&keys[start..start + 64]).unwrap(),
         nodes[0].prefix_locations(&keys[start..start + 64]).unwrap()
     );
+    // Past one request's key limit the client asks with `Locate` and folds the owners itself.
+    let long = peercache_store::client::MAX_CLIENT_KEYS + 100;
+    assert_eq!(
+        client.prefix_locations(&keys[..long]).unwrap(),
+        nodes[0].prefix_locations(&keys[..long]).unwrap()
+    );
+    check(&client.prefix_locations(&keys[..long]).unwrap(), 0, long);
     // So does the HTTP port, with the token, in the `locate --prefix --json` shape.
     let http = nodes[1].metrics_endpoint().unwrap();
     for start in [0, 699, 51_234, N - 64] {

@@ -3,10 +3,12 @@
 //!
 //! Rows, interleaved per round: `raw-tcp-rr` (one 16-byte request, one `--reply-bytes` reply
 //! over plain std sockets: the floor of any request/response), `prefix-64` (the store API's
-//! `prefix_locations` of 64 keys: one directory fan-out to the three shards) and
-//! `prefix-64-http` (the same query as `POST /prefix` on the node's HTTP port, keep-alive, with
-//! the bearer token). Every answer is checked against a scan of what each node published; a
-//! wrong one is counted in the row's `errors`.
+//! `prefix_locations` of 64 keys: one holders fan-out to the three directory shards),
+//! `prefix-64-client` (the same query from a process that runs no node: the client API's
+//! `Prefix` request with the read-only client token) and `prefix-64-http` (the same query as
+//! `POST /prefix` on the node's HTTP port, keep-alive, with the bearer token). Every answer is
+//! checked against a scan of what each node published; a wrong one is counted in the row's
+//! `errors`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -63,7 +65,7 @@ fn cluster(token_file: &str) -> Result<Vec<Store>> {
     let ip = |i: usize| format!("127.0.41.{}", i + 1);
     let seed = format!("{}:{port}", ip(0));
     let extra = json!({"metrics_enabled": true, "metrics_port": 0, "http_token_file": token_file,
-                       "member_ttl": 30.0});
+                       "member_ttl": 30.0, "client_enabled": true});
     let nodes = (0..3)
         .map(|i| crate::cmd::modes::start(&ip(i), &seed, 64, extra.clone()))
         .collect::<Result<Vec<_>>>()?;
@@ -194,6 +196,16 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
             .context("the node serves no HTTP port")?,
     )?;
 
+    // A router that runs no node: the client API with the read-only client token.
+    let token = peercache_wire::auth::read_only_token(crate::load::secret::generated().as_bytes())?;
+    let client = peercache_store::client::Client::new(
+        nodes[0]
+            .client_endpoint()
+            .context("the node serves no client API")?,
+        peercache_wire::Auth::from_secret(token.as_bytes())?,
+        Duration::from_secs(10),
+    );
+
     let dur = Duration::from_secs_f64(args.run.secs);
     let mut rows = Vec::new();
     // xorshift over the query starts: every row sees the same spread of offsets.
@@ -220,6 +232,19 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         rows.push(row("prefix-64", &mut || {
             let start = next_start();
             nodes[0]
+                .prefix_locations(&keys[start..start + q])
+                .is_ok_and(|runs| {
+                    right(
+                        &mut runs
+                            .iter()
+                            .map(|r| (r.node.to_string(), r.leading as u64, r.resident as u64)),
+                        start,
+                    )
+                })
+        }));
+        rows.push(row("prefix-64-client", &mut || {
+            let start = next_start();
+            client
                 .prefix_locations(&keys[start..start + q])
                 .is_ok_and(|runs| {
                     right(
@@ -270,8 +295,12 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 .collect(),
         )
     };
-    let (raw_p50, store_p50, http_p50) =
-        (med("raw-tcp-rr"), med("prefix-64"), med("prefix-64-http"));
+    let (raw_p50, store_p50, client_p50, http_p50) = (
+        med("raw-tcp-rr"),
+        med("prefix-64"),
+        med("prefix-64-client"),
+        med("prefix-64-http"),
+    );
     let errors: u64 = rows.iter().map(|r| r.errors).sum();
     Ok(Report {
         bench: "prefix".into(),
@@ -281,6 +310,8 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         summary: json!({
             "raw_tcp_rr_p50_us": raw_p50,
             "prefix_p50_us": store_p50,
+            "prefix_client_p50_us": client_p50,
+            "prefix_client_over_raw_p50": client_p50 / raw_p50.max(1e-9),
             "prefix_http_p50_us": http_p50,
             "prefix_over_raw_p50": store_p50 / raw_p50.max(1e-9),
             "prefix_http_over_raw_p50": http_p50 / raw_p50.max(1e-9),

@@ -598,12 +598,7 @@ impl Store {
         &self,
         keys: &[K],
     ) -> Result<Vec<crate::PrefixRun>, StoreError> {
-        self.check_open()?;
-        let found = self.locate(keys)?;
-        // Borrowed slices of the answer: no copy of any key's owners.
-        let owners: Vec<&[peercache_directory::Location]> =
-            found.iter().map(|o| o.as_deref().unwrap_or(&[])).collect();
-        Ok(crate::prefix_runs(&owners))
+        self.inner.prefix_locations(&self.page_keys(keys))
     }
 
     fn check_open(&self) -> Result<(), StoreError> {

@@ -73,6 +73,17 @@ impl Core {
         self.dir.lookup(keys).map_err(StoreError::from)
     }
 
+    /// Where a request's prefix is: each node's leading run of `keys` (page keys in request
+    /// order), from the holders the directory shards name in one fan-out.
+    pub(crate) fn prefix_locations(
+        &self,
+        keys: &[PageKey],
+    ) -> Result<Vec<crate::PrefixRun>, StoreError> {
+        self.check_open()?;
+        let holders = self.dir.holders(keys)?;
+        Ok(crate::prefix_runs_of(&holders))
+    }
+
     /// One host read: the slot map's, or owners, local pages, promotions, remote rounds and
     /// replication.
     fn get_impl(

@@ -2,13 +2,11 @@
 //! says each lives, how long a leading run of them every node holds — the answer a
 //! cache-aware router needs to send the request where its prefix already is.
 
-use std::collections::BTreeMap;
-
-use peercache_directory::Location;
+use peercache_directory::{Holding, Location};
 use peercache_wire::NodeId;
 
 /// One node's share of a request's prefix.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PrefixRun {
     /// The node.
     pub node: NodeId,
@@ -43,40 +41,90 @@ pub struct PrefixRun {
 /// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 2, 2));
 /// ```
 pub fn prefix_runs<O: AsRef<[Location]>>(owners: &[O]) -> Vec<PrefixRun> {
-    // Per node: (leading run still open, leading, resident run still open, resident).
-    let mut runs: BTreeMap<&NodeId, (bool, usize, bool, usize)> = BTreeMap::new();
-    if let Some(first) = owners.first() {
-        for l in first.as_ref() {
-            runs.entry(&l.node).or_insert((true, 0, true, 0));
-        }
-    }
-    for here in owners {
-        let here = here.as_ref();
-        let mut open = false;
-        for (node, run) in runs.iter_mut() {
-            let mut copies = here.iter().filter(|l| &l.node == *node).peekable();
-            let held = copies.peek().is_some();
-            let in_memory = copies.any(|l| l.resident);
-            if run.0 {
-                run.0 = held;
-                run.1 += usize::from(held);
-            }
-            if run.2 {
-                run.2 = in_memory;
-                run.3 += usize::from(in_memory);
-            }
-            open |= run.0;
-        }
-        if !open {
+    runs_of(
+        owners
+            .iter()
+            .map(|o| o.as_ref().iter().map(|l| (&l.node, l.resident))),
+    )
+}
+
+/// [`prefix_runs`] of the compact answer the directory gives a prefix query: per key, each
+/// holder and whether its copy is in memory.
+///
+/// ```
+/// use peercache_directory::Holding;
+/// use peercache_store::prefix_runs_of;
+/// use peercache_wire::NodeId;
+///
+/// let (a, b) = (NodeId::new("a").unwrap(), NodeId::new("b").unwrap());
+/// let keys: Vec<Holding> = vec![
+///     [(a.clone(), true), (b.clone(), true)].into_iter().collect(),
+///     [(a.clone(), false)].into_iter().collect(),
+/// ];
+/// let runs = prefix_runs_of(&keys);
+/// assert_eq!((runs[0].node.as_str(), runs[0].leading, runs[0].resident), ("a", 2, 1));
+/// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 1, 1));
+/// ```
+pub fn prefix_runs_of(holders: &[Holding]) -> Vec<PrefixRun> {
+    runs_of(holders.iter().map(|h| h.iter().map(|(n, r)| (n, *r))))
+}
+
+/// One node's run while the keys are walked.
+struct Open<'a> {
+    node: &'a NodeId,
+    /// Leading run, and whether it is still open.
+    leading: (usize, bool),
+    /// Resident run, and whether it is still open.
+    resident: (usize, bool),
+    /// This key: a copy seen, an in-memory copy seen.
+    here: (bool, bool),
+}
+
+/// The runs of every node holding the first key: per key, its copies as (node, in memory).
+fn runs_of<'a, K, C>(keys: K) -> Vec<PrefixRun>
+where
+    K: Iterator<Item = C>,
+    C: Iterator<Item = (&'a NodeId, bool)>,
+{
+    let mut runs: Vec<Open<'a>> = Vec::new();
+    for (i, copies) in keys.enumerate() {
+        if i > 0 && !runs.iter().any(|r| r.leading.1) {
             break;
+        }
+        for (node, resident) in copies {
+            match runs.iter_mut().find(|r| r.node == node) {
+                Some(r) => {
+                    r.here.0 = true;
+                    r.here.1 |= resident;
+                }
+                // Only a holder of the first key has a run.
+                None if i == 0 => runs.push(Open {
+                    node,
+                    leading: (0, true),
+                    resident: (0, true),
+                    here: (true, resident),
+                }),
+                None => {}
+            }
+        }
+        for r in &mut runs {
+            let (held, in_memory) = std::mem::take(&mut r.here);
+            if r.leading.1 {
+                r.leading.1 = held;
+                r.leading.0 += usize::from(held);
+            }
+            if r.resident.1 {
+                r.resident.1 = in_memory;
+                r.resident.0 += usize::from(in_memory);
+            }
         }
     }
     let mut out: Vec<PrefixRun> = runs
         .into_iter()
-        .map(|(node, (_, leading, _, resident))| PrefixRun {
-            node: node.clone(),
-            leading,
-            resident,
+        .map(|r| PrefixRun {
+            node: r.node.clone(),
+            leading: r.leading.0,
+            resident: r.resident.0,
         })
         .collect();
     out.sort_by(|a, b| b.leading.cmp(&a.leading).then_with(|| a.node.cmp(&b.node)));
@@ -158,6 +206,11 @@ mod tests {
                 })
                 .collect();
             let runs = prefix_runs(&owners);
+            let holding: Vec<Holding> = owners
+                .iter()
+                .map(|o| o.iter().map(|l| (l.node.clone(), l.resident)).collect())
+                .collect();
+            assert_eq!(prefix_runs_of(&holding), runs, "both forms agree");
             for n in nodes {
                 let got = runs.iter().find(|r| r.node.as_str() == n);
                 let (leading, resident) = (brute(&owners, n, false), brute(&owners, n, true));

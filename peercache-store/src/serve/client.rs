@@ -95,6 +95,12 @@ pub(crate) fn serve(core: Option<Arc<Core>>, grant: Grant, env: Envelope<'_>) ->
         ClientRequest::Locate { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
+        ClientRequest::Prefix { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
+            StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
+        ),
+        ClientRequest::Prefix { keys } => core
+            .prefix_locations(&core.page_keys(&keys))
+            .map(ClientReply::Prefix),
         ClientRequest::Locate { keys } => core.locate(&core.page_keys(&keys)).map(|owners| {
             ClientReply::Located(
                 owners

@@ -101,9 +101,5 @@ async fn answer(
 }
 
 fn locate(core: &Arc<Core>, keys: &[String]) -> Result<Vec<crate::PrefixRun>, crate::StoreError> {
-    core.check_open()?;
-    let found = core.locate(&core.page_keys(keys))?;
-    let owners: Vec<&[peercache_directory::Location]> =
-        found.iter().map(|o| o.as_deref().unwrap_or(&[])).collect();
-    Ok(crate::prefix_runs(&owners))
+    core.prefix_locations(&core.page_keys(keys))
 }
