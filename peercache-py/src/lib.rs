@@ -406,9 +406,20 @@ impl Node {
         Ok(peercache_store::prefix_json(&runs).to_string())
     }
 
-    /// How many leading pages are present.
-    fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
-        py.detach(|| self.store.batch_exists(&keys)).map_err(to_py)
+    /// How many leading pages are present. `hint`: the node a router says holds them (asked
+    /// first; the directory only for what it does not hold).
+    #[pyo3(signature = (keys, hint=None))]
+    fn batch_exists(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        hint: Option<String>,
+    ) -> PyResult<usize> {
+        py.detach(|| match hint.as_deref() {
+            Some(h) => self.store.batch_exists_hinted(&keys, h),
+            None => self.store.batch_exists(&keys),
+        })
+        .map_err(to_py)
     }
 
     /// Presence of every key (not only the leading run), one directory fan-out.
@@ -443,6 +454,7 @@ impl Node {
             "pool_ready": ready.is_ready(),
             "pool_pages": s.pool_pages, "pool_evictions": s.pool_evictions,
             "evictions_notified": s.evictions_notified, "directory_rpcs": s.directory_rpcs,
+            "directory_local_calls": s.directory_local_calls,
             "shard_entries": s.shard_entries, "transport_read_bytes": s.transport_read_bytes,
             "transport_local_read_bytes": s.transport_local_read_bytes,
             "members": s.members, "primed": s.primed,

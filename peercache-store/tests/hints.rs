@@ -102,3 +102,84 @@ fn a_correct_hint_skips_the_directory_and_a_wrong_one_still_returns_the_written_
         n.shutdown();
     }
 }
+
+#[test]
+fn a_hinted_exists_counts_the_holders_run_without_the_directory_and_the_rest_through_it() {
+    let nodes = common::cluster(&[74, 75, 76], json!({}));
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let keys: Vec<String> = (0..48).map(|i| format!("hint-exists/{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..48).map(|i| common::page(i, PAGE)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| &p[..]).collect();
+    // A holds keys 0..32, B keys 32..40; 40..48 nobody.
+    assert!(
+        a.batch_set(&keys[..32], &refs[..32])
+            .unwrap()
+            .iter()
+            .all(|s| *s)
+    );
+    assert!(
+        b.batch_set(&keys[32..40], &refs[32..40])
+            .unwrap()
+            .iter()
+            .all(|s| *s)
+    );
+    let a_id = a.node_id().to_string();
+
+    // Every key on A: the answer with no directory request, the same as without a hint.
+    let before = c.stats();
+    assert_eq!(c.batch_exists_hinted(&keys[..32], &a_id).unwrap(), 32);
+    let after = c.stats();
+    assert_eq!(
+        after.directory_rpcs, before.directory_rpcs,
+        "a directory request was sent"
+    );
+    assert_eq!(after.directory_local_calls, before.directory_local_calls);
+    assert_eq!(after.read_hint_hits - before.read_hint_hits, 32);
+    assert_eq!(c.batch_exists(&keys[..32]).unwrap(), 32);
+
+    // Past A's run the directory answers: B's keys count, the first missing key ends the run.
+    let before = c.stats();
+    assert_eq!(c.batch_exists_hinted(&keys, &a_id).unwrap(), 40);
+    let after = c.stats();
+    assert_eq!(
+        (
+            after.read_hint_hits - before.read_hint_hits,
+            after.read_hint_misses - before.read_hint_misses
+        ),
+        (32, 16)
+    );
+    assert_eq!(
+        c.batch_exists(&keys).unwrap(),
+        40,
+        "the hint changed the answer"
+    );
+
+    // Wrong hints give the directory's answer.
+    for wrong in [b.node_id().to_string(), "no-such-node".to_string()] {
+        assert_eq!(c.batch_exists_hinted(&keys, &wrong).unwrap(), 40, "{wrong}");
+    }
+    // The located run is primed: the get that follows on C reads A's bytes with no lookup.
+    assert_eq!(c.batch_exists_hinted(&keys[..32], &a_id).unwrap(), 32);
+    let before = c.stats();
+    let mut bufs = vec![vec![0u8; PAGE]; 32];
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert!(
+        c.batch_get(&keys[..32], &mut slices)
+            .unwrap()
+            .iter()
+            .all(|g| *g)
+    );
+    assert_eq!(bufs, pages[..32]);
+    assert_eq!(
+        c.stats().directory_rpcs,
+        before.directory_rpcs,
+        "the primed run was looked up"
+    );
+    match c.batch_exists_hinted(&keys[..1], "bad id with spaces") {
+        Err(StoreError::BadRequest(why)) => assert!(why.contains("hint"), "{why}"),
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    for n in &nodes {
+        n.shutdown();
+    }
+}

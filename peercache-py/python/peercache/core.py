@@ -254,9 +254,11 @@ class PageStore:
         """Reads pages into writable Python buffers (copied)."""
         return list(self._node.batch_get_buffers(list(keys), list(dests)))
 
-    def leading(self, keys: Sequence[str]) -> int:
-        """How many leading keys are held anywhere in the cluster (one batched lookup)."""
-        return int(self._node.batch_exists(list(keys)))
+    def leading(self, keys: Sequence[str], hint: Optional[str] = None) -> int:
+        """How many leading keys are held anywhere in the cluster (one batched lookup). ``hint``:
+        the node id a router says holds them; it is asked first, and when it holds every key no
+        directory request is sent (a wrong hint costs a round trip, never a wrong count)."""
+        return int(self._node.batch_exists(list(keys), hint))
 
     def leading_valid(self, keys: Sequence[str]) -> List[int]:
         """The valid byte count of each leading present page."""

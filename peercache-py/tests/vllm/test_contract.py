@@ -451,8 +451,16 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
                                           ("h-2", {"holder_node": b.worker.store.node_id}, 0, 7),
                                           ("h-3", {"holder_node": 17}, 0, 0)]:
             req = b.request(rid, ids, kv_transfer_params=params)
+            asked = b.sched.store.stats()
             n, _ = b.sched.get_num_new_matched_tokens(req, 0)
             assert n == 7 * BLOCK, "every full block but the one holding the last token"
+            told = b.sched.store.stats()
+            # The scheduler's lookup asks the holder first too: with a right hint, no directory.
+            looked = (told["read_hint_hits"] - asked["read_hint_hits"], told["read_hint_misses"] - asked["read_hint_misses"])
+            assert looked == (hits, misses), (rid, looked)
+            if hits:
+                assert told["directory_rpcs"] == asked["directory_rpcs"], rid
+                assert told["directory_local_calls"] == asked["directory_local_calls"], rid
             dst = list(range(20, 28))
             for name in b.kv:
                 b.kv[name][dst] = 0

@@ -335,6 +335,30 @@ impl Store {
         Ok(n)
     }
 
+    /// [`Store::batch_exists`] with a router hint: `holder` names the node a router says holds
+    /// the request's KV. That node is asked where its pool holds the keys (one RPC); when it
+    /// holds all of them no directory request is sent, otherwise the directory is asked about
+    /// the keys past its run. A wrong hint costs one round trip, never a wrong answer. Counted
+    /// in `peercache_read_hint_{hits,misses}_total`; `exists_wait_ms` does not apply. A `holder`
+    /// that is no valid node id is a [`StoreError::BadRequest`].
+    pub fn batch_exists_hinted<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        holder: &str,
+    ) -> Result<usize, StoreError> {
+        self.check_open()?;
+        let hint = peercache_wire::NodeId::new(holder)
+            .map_err(|e| StoreError::BadRequest(format!("hint {holder:?}: {e}")))?;
+        let pkeys = self.page_keys(keys);
+        let t0 = std::time::Instant::now();
+        let n = self.inner.exists_hinted(&pkeys, &hint);
+        self.inner
+            .metrics
+            .exists_latency
+            .record(t0.elapsed().as_secs_f64());
+        Ok(n)
+    }
+
     /// Like [`Store::batch_exists`], but returns the valid length of each leading present page
     /// (the vector's length is the leading count).
     pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {

@@ -44,6 +44,51 @@ impl Core {
         rest
     }
 
+    /// How many leading keys are present, asking the node `hint` names first: the run it holds
+    /// in its pool ends the answer when it covers every key (no directory request); past it,
+    /// the directory is asked about the rest as [`Core::exists_impl`] does. Counted like the
+    /// hinted read: each key the hinted node located is a hit, each other key a miss. The
+    /// located run is primed for the get that follows, as the directory's answer would be.
+    pub(crate) fn exists_hinted(&self, keys: &[PageKey], hint: &NodeId) -> usize {
+        if self.mode.slots().is_some() || keys.is_empty() {
+            return self.exists_impl(keys);
+        }
+        let found = if *hint == self.me {
+            self.resident_locations(keys)
+        } else {
+            self.ask_locate(hint, keys)
+        };
+        let layout = self.layout();
+        let held = found
+            .iter()
+            .take_while(|l| {
+                l.as_ref()
+                    .is_some_and(|l| l.node == *hint && l.layout == layout)
+            })
+            .count();
+        let m = &self.metrics;
+        m.read_hint_hits.add(held as u64);
+        m.read_hint_misses.add((keys.len() - held) as u64);
+        m.exists_pages_found.add(held as u64);
+        // Primed like the directory's answer: a get on this node that follows skips the lookup.
+        let ttl = std::time::Duration::from_secs_f64(self.cfg.exists_prime_ttl);
+        if !ttl.is_zero() && held > 0 {
+            let now = std::time::Instant::now();
+            let mut primed = self.reads.primed.lock();
+            for (k, l) in keys.iter().zip(found).take(held) {
+                if let Some(l) = l {
+                    primed.put(*k, smallvec::smallvec![l], ttl, now);
+                }
+            }
+        }
+        if held == keys.len() {
+            m.exists_requests.add(1);
+            return held;
+        }
+        // One exists request, counted there.
+        held + self.exists_impl(&keys[held..])
+    }
+
     /// `Locate` on `node`'s control port, every chunk in flight at once, bounded by
     /// `op_timeout`: per key its resident copy there (None: not held, or no answer).
     fn ask_locate(&self, node: &NodeId, keys: &[PageKey]) -> Vec<Option<Location>> {

@@ -70,7 +70,7 @@ class PlannedBlocks(Protocol):
 class Directory(Protocol):
     """What the scheduler asks of the cluster (a :class:`peercache.core.PageStore`)."""
 
-    def leading(self, keys: Sequence[str]) -> int: ...
+    def leading(self, keys: Sequence[str], hint: Optional[str] = None) -> int: ...
 
 
 def hash_hex(h: object) -> str:
@@ -174,7 +174,7 @@ class SchedulerSide:
         if tail is not None:
             hashes.append(tail[1])
         try:
-            held = self.directory.leading(self.scheme.keys(hashes))
+            held = self.directory.leading(self.scheme.keys(hashes), hint=holder_hint(request))
         except Exception as e:  # a node down or a timeout: the engine computes
             self.lookup_errors += 1
             now = time.monotonic()
