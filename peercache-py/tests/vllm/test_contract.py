@@ -468,7 +468,7 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
             before = b.worker.store.stats()
             meta = b.step(req, dst, n, 1)
             after = b.worker.store.stats()
-            assert [io.hint for io in meta.loads] == [params["holder_node"] if hits + misses else None]
+            assert [io.hint_for(0) for io in meta.loads] == [params["holder_node"] if hits + misses else None]
             assert b.worker.get_block_ids_with_load_errors() == set(), rid
             for name in a.kv:
                 # The last block is vLLM's own to compute (it holds the last token); the rest loaded.
@@ -478,6 +478,51 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
             if hits:
                 # The holder answered where its pages are: no directory request at all.
                 assert after["directory_rpcs"] == before["directory_rpcs"], rid
+            finish(b, req)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_engine_hint_names_each_worker_ranks_own_holder(env):
+    """``holder_engine`` names an engine: worker rank r asks ``<engine>-r<r>`` (with TP/PP > 1
+    every rank saved its own share on its own node). Rank 0 of the reader finds the holder's
+    rank-0 node; the same hint read as rank 1 asks a node that does not exist and falls back to
+    the directory — the same bytes either way."""
+    a = Engine(env, "127.0.0.47", fill=1)
+    b = Engine(env, "127.0.0.48", fill=0)
+    try:
+        settle(a, b)
+        ids = prompts_sharing(8 * BLOCK, 0, 1, seed=29)[0]
+        src = list(range(3, 11))
+        publish(a, "e-a", ids, src)
+        holder = a.worker.store.node_id
+        assert holder.endswith("-r0"), holder
+        engine = holder[:-len("-r0")]
+        for rank, hits, misses in [(0, 7, 0), (1, 0, 7)]:
+            b.worker._worker.rank = rank
+            rid = f"e-{rank}"
+            req = b.request(rid, ids, kv_transfer_params={"holder_engine": engine})
+            asked = b.sched.store.stats()
+            n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+            assert n == 7 * BLOCK
+            told = b.sched.store.stats()
+            # The scheduler asks about rank 0's pages, so rank 0's holder answers it.
+            assert told["read_hint_hits"] - asked["read_hint_hits"] == 7, rid
+            dst = list(range(20, 28))
+            for name in b.kv:
+                b.kv[name][dst] = 0
+            b.alloc(req, dst, n)
+            before = b.worker.store.stats()
+            meta = b.step(req, dst, n, 1)
+            after = b.worker.store.stats()
+            assert [(io.hint, io.hint_per_rank, io.hint_for(rank)) for io in meta.loads] == [
+                (engine, True, f"{engine}-r{rank}")]
+            assert b.worker.get_block_ids_with_load_errors() == set(), rid
+            for name in a.kv:
+                assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), (rid, name)
+            got = (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"])
+            assert got == (hits, misses), (rid, got)
             finish(b, req)
     finally:
         a.close()

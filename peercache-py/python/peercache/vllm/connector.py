@@ -78,7 +78,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
         tp_rank, pp_rank = _ranks(role)
         self.layout = layout_of(vllm_config, self.settings.model_name, tp_rank, pp_rank)
         self.scheme = KeyScheme(f"vllm-{self.layout.fingerprint()}")
-        sched_cfg, worker_cfg = node_configs(extra, str(ktc.engine_id), tp_rank + pp_rank * self.layout.tp_size)
+        rank = tp_rank + pp_rank * self.layout.tp_size
+        sched_cfg, worker_cfg = node_configs(extra, str(ktc.engine_id), rank)
         startup = float(extra.get("startup_timeout", 30.0) or 0.0)
         self.store: Optional[PageStore] = None
         self._sched: Optional[SchedulerSide] = None
@@ -103,7 +104,7 @@ class PeerCacheConnector(KVConnectorBase_V1):
             self.store = PageStore(worker_cfg, startup_timeout=startup)
             self.store.wait_ready()
             self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks),
-                                      save_async=self.settings.save_async, events=events_on)
+                                      save_async=self.settings.save_async, events=events_on, rank=rank)
         logger.info("peercache: vLLM connector (%s) layout %s, load=%s save=%s, node %s",
                     role.name.lower(), self.scheme.namespace, self.settings.load, self.settings.save,
                     self.store.node_id if self.store else "none")

@@ -16,12 +16,20 @@ except ImportError:  # pragma: no cover - only the policy tests run without vLLM
 @dataclass
 class BlockIO:
     """Page ``hashes[i]`` moves to or from block ``block_ids[i]`` of request ``req_id``;
-    ``hint``: the node a router named as the holder of the request's KV (loads only)."""
+    ``hint``: the node a router named as the holder of the request's KV (loads only), or with
+    ``hint_per_rank`` the engine whose worker rank r is node ``<hint>-r<r>``."""
 
     req_id: str
     hashes: List[str]
     block_ids: List[int]
     hint: Optional[str] = None
+    hint_per_rank: bool = False
+
+    def hint_for(self, rank: int) -> Optional[str]:
+        """The node worker rank ``rank`` asks first (None: no hint)."""
+        if self.hint is None:
+            return None
+        return f"{self.hint}-r{rank}" if self.hint_per_rank else self.hint
 
 
 @dataclass

@@ -49,14 +49,38 @@ class EngineRequest(Protocol):
 
 # The ``kv_transfer_params`` field a router sets to the node id that holds a request's KV.
 HINT_PARAM = "holder_node"
+# The field a router sets to the engine whose ranks hold it: the connector's ``node_id`` base,
+# so that worker rank r asks ``<base>-r<r>`` (with TP/PP > 1 every rank saved its own share).
+ENGINE_HINT_PARAM = "holder_engine"
 
 
-def holder_hint(request: EngineRequest) -> Optional[str]:
-    """The node id a router named in the request's ``kv_transfer_params`` (None: no hint, or
-    not a string)."""
+@dataclass(frozen=True)
+class HolderHint:
+    """Who a router says holds a request's KV: one node (``per_rank`` False), or an engine whose
+    rank r is node ``<name>-r<r>``."""
+
+    name: str
+    per_rank: bool = False
+
+    def node_for(self, rank: int) -> str:
+        """The node worker rank ``rank`` asks."""
+        return f"{self.name}-r{rank}" if self.per_rank else self.name
+
+
+def holder_hint(request: EngineRequest) -> Optional[HolderHint]:
+    """The holder a router named in the request's ``kv_transfer_params``: ``holder_node`` (one
+    node id) wins over ``holder_engine`` (an engine's node id base); None when neither is a
+    non-empty string."""
     params = request.kv_transfer_params
-    hint = params.get(HINT_PARAM) if isinstance(params, Mapping) else None
-    return hint if isinstance(hint, str) and hint else None
+    if not isinstance(params, Mapping):
+        return None
+    node = params.get(HINT_PARAM)
+    if isinstance(node, str) and node:
+        return HolderHint(node)
+    engine = params.get(ENGINE_HINT_PARAM)
+    if isinstance(engine, str) and engine:
+        return HolderHint(engine, per_rank=True)
+    return None
 
 
 class PlannedBlocks(Protocol):
@@ -174,7 +198,9 @@ class SchedulerSide:
         if tail is not None:
             hashes.append(tail[1])
         try:
-            held = self.directory.leading(self.scheme.keys(hashes), hint=holder_hint(request))
+            # The scheduler asks about rank 0's pages: rank 0's holder answers.
+            hint = holder_hint(request)
+            held = self.directory.leading(self.scheme.keys(hashes), hint=hint.node_for(0) if hint else None)
         except Exception as e:  # a node down or a timeout: the engine computes
             self.lookup_errors += 1
             now = time.monotonic()
@@ -256,8 +282,9 @@ class SchedulerSide:
         page_hashes = self._page_hashes(st, a, b)
         if not page_hashes:
             return None
+        hint = holder_hint(st.request)
         return BlockIO(req_id, page_hashes, list(st.block_ids[a:a + len(page_hashes)]),
-                       hint=holder_hint(st.request))
+                       hint=hint.name if hint else None, hint_per_rank=bool(hint and hint.per_rank))
 
     def _plan(self, meta: PeerCacheMeta, req_id: str, st: _ReqState, computed: int, scheduled: int) -> None:
         hashes = st.request.block_hashes

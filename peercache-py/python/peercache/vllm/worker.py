@@ -66,8 +66,9 @@ class WorkerSide:
     """One worker rank's connector state."""
 
     def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int, save_async: bool = True,
-                 save_wait_s: float = 60.0, events: bool = False) -> None:
+                 save_wait_s: float = 60.0, events: bool = False, rank: int = 0) -> None:
         self.pages = pages
+        self.rank = rank  # this worker's rank in the engine (a per-rank hint names <base>-r<rank>)
         self.scheme = scheme
         self.num_blocks = num_blocks
         self.table: Optional[BlockTable] = None
@@ -113,7 +114,7 @@ class WorkerSide:
         when no request carries a hint)."""
         groups: Dict[Optional[str], List[BlockIO]] = {}
         for io in ios:
-            groups.setdefault(io.hint, []).append(io)
+            groups.setdefault(io.hint_for(self.rank), []).append(io)
         for hint, group in groups.items():
             self._load_group(group, hint)
 
