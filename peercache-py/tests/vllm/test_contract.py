@@ -107,9 +107,10 @@ class Engine:
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(self.cfg.cache_config.block_size, hash_fn)
 
-    def request(self, rid, ids, kv_transfer_params=None):
+    def request(self, rid, ids, kv_transfer_params=None, kv_hints=None):
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
-        return Request(rid, ids, SamplingParams(max_tokens=4, extra_args=extra), None, block_hasher=self.hasher)
+        return Request(rid, ids, SamplingParams(max_tokens=4, extra_args=extra), None, block_hasher=self.hasher,
+                       kv_hints=kv_hints)
 
     def step(self, req, block_ids, computed, scheduled):
         """One scheduler step of a new request, then the worker's load, forward and save."""
@@ -524,6 +525,66 @@ def test_an_engine_hint_names_each_worker_ranks_own_holder(env):
             got = (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"])
             assert got == (hits, misses), (rid, got)
             finish(b, req)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_typed_kv_hint_envelope_names_the_holder_and_wins_over_transfer_params(env):
+    """vLLM's ``KvHintsEnvelope`` on ``Request.kv_hints``: a ``peercache.holder`` action of a
+    known major version names the holder (node or engine) and wins over ``kv_transfer_params``;
+    other actions, an unknown major version and a payload that names nobody are passed over."""
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    from peercache.vllm.scheduler import HolderHint, envelope_hint
+
+    def action(kind, version, payload):
+        return KvHintAction(action_id="a", action_type=kind, action_version=version, payload=payload)
+
+    def env_of(*actions):
+        return KvHintsEnvelope(protocol_version="1.0", message_id="m", actions=list(actions))
+
+    assert envelope_hint(None) is None
+    assert envelope_hint(env_of(action("kv.fetch", "1.0", {"node": "x"}))) is None
+    assert envelope_hint(env_of(action("peercache.holder", "2.0", {"node": "x"}))) is None
+    assert envelope_hint(env_of(action("peercache.holder", "1.3", {"node": 7}))) is None
+    assert envelope_hint(env_of(action("kv.fetch", "1.0", {}), action("peercache.holder", "1.1", {"engine": "e"}))) == \
+        HolderHint("e", per_rank=True)
+    # The same envelope decoded to builtins (how an engine may forward it) reads the same.
+    built = {"protocol_version": "1.0", "message_id": "m",
+             "actions": [{"action_id": "a", "action_type": "peercache.holder", "action_version": "1",
+                          "payload": {"node": "n", "engine": "e"}}]}
+    assert envelope_hint(built) == HolderHint("n")
+
+    a = Engine(env, "127.0.0.49", fill=1)
+    b = Engine(env, "127.0.0.50", fill=0)
+    try:
+        settle(a, b)
+        ids = prompts_sharing(8 * BLOCK, 0, 1, seed=31)[0]
+        src = list(range(3, 11))
+        publish(a, "k-a", ids, src)
+        holder = a.worker.store.node_id
+        # The envelope names the holder; kv_transfer_params names a node without the pages.
+        hints = env_of(action("peercache.holder", "1.0", {"node": holder}))
+        req = b.request("k-1", ids, kv_transfer_params={"holder_node": b.worker.store.node_id}, kv_hints=hints)
+        asked = b.sched.store.stats()
+        n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+        assert n == 7 * BLOCK
+        told = b.sched.store.stats()
+        assert told["read_hint_hits"] - asked["read_hint_hits"] == 7
+        assert told["directory_rpcs"] == asked["directory_rpcs"]
+        dst = list(range(20, 28))
+        b.alloc(req, dst, n)
+        before = b.worker.store.stats()
+        meta = b.step(req, dst, n, 1)
+        after = b.worker.store.stats()
+        assert [io.hint_for(0) for io in meta.loads] == [holder]
+        assert b.worker.get_block_ids_with_load_errors() == set()
+        for name in a.kv:
+            assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), name
+        assert after["read_hint_hits"] - before["read_hint_hits"] == 7
+        assert after["directory_rpcs"] == before["directory_rpcs"]
+        finish(b, req)
     finally:
         a.close()
         b.close()

@@ -67,20 +67,63 @@ class HolderHint:
         return f"{self.name}-r{rank}" if self.per_rank else self.name
 
 
-def holder_hint(request: EngineRequest) -> Optional[HolderHint]:
-    """The holder a router named in the request's ``kv_transfer_params``: ``holder_node`` (one
-    node id) wins over ``holder_engine`` (an engine's node id base); None when neither is a
-    non-empty string."""
-    params = request.kv_transfer_params
-    if not isinstance(params, Mapping):
-        return None
-    node = params.get(HINT_PARAM)
+# The action of a typed KV-hint envelope (vLLM's ``Request.kv_hints``, ``KvHintsEnvelope``) that
+# names the holder: its ``action_type``, the major ``action_version`` understood, and a payload
+# of ``{"node": id}`` or ``{"engine": node id base}``. Other actions are left to whoever owns them.
+HINT_ACTION = "peercache.holder"
+HINT_ACTION_MAJOR = "1"
+
+
+def _field(obj: object, name: str) -> object:
+    """``obj.name``, or ``obj[name]`` for a mapping (an envelope decoded to builtins)."""
+    if isinstance(obj, Mapping):
+        value: object = obj.get(name)
+        return value
+    found: object = getattr(obj, name, None)
+    return found
+
+
+def _named(node: object, engine: object) -> Optional[HolderHint]:
+    """A node id wins over an engine; None when neither is a non-empty string."""
     if isinstance(node, str) and node:
         return HolderHint(node)
-    engine = params.get(ENGINE_HINT_PARAM)
     if isinstance(engine, str) and engine:
         return HolderHint(engine, per_rank=True)
     return None
+
+
+def envelope_hint(envelope: object) -> Optional[HolderHint]:
+    """The holder named by the first ``peercache.holder`` action of a KV-hint envelope whose
+    major version is understood (None: no such action, or its payload names nobody)."""
+    actions = _field(envelope, "actions")
+    if not isinstance(actions, (list, tuple)):
+        return None
+    for action in actions:
+        version = _field(action, "action_version")
+        if _field(action, "action_type") != HINT_ACTION or not isinstance(version, str):
+            continue
+        if version.split(".")[0] != HINT_ACTION_MAJOR:
+            continue
+        payload = _field(action, "payload")
+        if isinstance(payload, Mapping):
+            hint = _named(payload.get("node"), payload.get("engine"))
+            if hint is not None:
+                return hint
+    return None
+
+
+def holder_hint(request: EngineRequest) -> Optional[HolderHint]:
+    """The holder a router named for the request: the typed KV-hint envelope's
+    ``peercache.holder`` action first (``Request.kv_hints`` where vLLM has it), else the
+    ``kv_transfer_params`` fields — ``holder_node`` (one node id) wins over ``holder_engine``
+    (an engine's node id base). None when nobody is named."""
+    found = envelope_hint(getattr(request, "kv_hints", None))
+    if found is not None:
+        return found
+    params = request.kv_transfer_params
+    if not isinstance(params, Mapping):
+        return None
+    return _named(params.get(HINT_PARAM), params.get(ENGINE_HINT_PARAM))
 
 
 class PlannedBlocks(Protocol):
