@@ -120,7 +120,7 @@ impl Transport {
             conns: Mutex::new(Default::default()),
             next_conn: AtomicU64::new(0),
             rdma: rdma.clone(),
-            local: local.as_ref().map(|l| l.invitation()),
+            local: local.as_ref().map(|l| l.invites()),
         });
         let rdma = rdma.map(|r| Arc::new(RdmaRoute::new(r, cfg.rdma_writes)));
         let mut paths: Vec<Arc<dyn DataPath>> = Vec::new();

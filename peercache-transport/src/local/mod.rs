@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use peercache_wire::handshake::Hello;
 
-pub(crate) use codec::Invitation;
 pub(crate) use fds::check_shareable;
+pub(crate) use server::Invites;
 
 use crate::metrics::Counters;
 use crate::region::RegionTable;
@@ -79,9 +79,9 @@ impl LocalPath {
         })
     }
 
-    /// What the data port answers on the same-host plane.
-    pub(crate) fn invitation(&self) -> Invitation {
-        self.server.invitation.clone()
+    /// Where the data port's same-host plane gets each handshake's single-use invitation.
+    pub(crate) fn invites(&self) -> Arc<Invites> {
+        self.server.invites.clone()
     }
 
     /// Whether reads from `peer` currently copy from its shared memory.
@@ -93,7 +93,7 @@ impl LocalPath {
 impl std::fmt::Debug for LocalPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalPath")
-            .field("socket", &self.server.invitation.name)
+            .field("socket", &self.server.invites.name())
             .finish()
     }
 }
@@ -351,7 +351,7 @@ mod tests {
         use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
         let table = std::sync::Arc::new(RegionTable::new());
         let server = LocalServer::start(table, std::time::Duration::from_secs(2)).unwrap();
-        let inv = server.invitation.clone();
+        let inv = server.invites.invite().unwrap();
         let addr = UnixAddr::from_abstract_name(&inv.name).unwrap();
         // Strangers on this host that connect and say nothing.
         let silent: Vec<UnixStream> = (0..10)
@@ -368,6 +368,52 @@ mod tests {
             "an attach behind ten silent connections took {took:?}"
         );
         drop(silent);
+        server.stop();
+    }
+
+    #[test]
+    fn an_invitation_opens_one_attach_and_no_other() {
+        use std::io::Write;
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+        let table = std::sync::Arc::new(RegionTable::new());
+        // Invitations live the op timeout, at least a second.
+        let server = LocalServer::start(table, std::time::Duration::from_millis(10)).unwrap();
+        let attach = |token: &[u8; TOKEN_LEN]| {
+            let inv_name = server.invites.name().to_string();
+            let mut s = UnixStream::connect_addr(&UnixAddr::from_abstract_name(&inv_name).unwrap())
+                .unwrap();
+            s.write_all(token).unwrap();
+            recv_table(&s).is_ok()
+        };
+        let first = server.invites.invite().unwrap();
+        let second = server.invites.invite().unwrap();
+        assert_ne!(
+            first.token, second.token,
+            "every handshake gets its own token"
+        );
+        assert_eq!(server.invites.outstanding(), 2);
+        assert!(attach(&first.token), "a fresh invitation attaches");
+        assert!(!attach(&first.token), "a used token opens nothing");
+        assert!(!attach(&[7u8; TOKEN_LEN]), "a made-up token opens nothing");
+        assert!(attach(&second.token), "the other invitation is still good");
+        assert_eq!(server.invites.outstanding(), 0);
+        // An invitation nobody used expires.
+        let late = server.invites.invite().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while server.invites.outstanding() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the invitation never expired"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(!attach(&late.token), "an expired token opens nothing");
+        // A flood of handshakes keeps a bounded set, newest kept.
+        let many: Vec<_> = (0..100).map(|_| server.invites.invite().unwrap()).collect();
+        assert_eq!(server.invites.outstanding(), 64);
+        assert!(!attach(&many[0].token), "the oldest was dropped");
+        assert!(attach(&many[99].token));
         server.stop();
     }
 }

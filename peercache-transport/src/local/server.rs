@@ -22,6 +22,73 @@ use crate::region::{Region, RegionTable, SharedFile};
 /// Longest wait for an attaching reader's token.
 const TOKEN_WAIT: Duration = Duration::from_millis(500);
 
+/// Invitations handed out and not yet used: past this, the oldest is dropped (its reader
+/// retries), so a flood of handshakes cannot grow the set.
+const MAX_OUTSTANDING: usize = 64;
+
+/// The tokens of invitations handed out on the data port's same-host plane. Each is good for
+/// one attach within its lifetime (the data plane's `op_timeout`, at least 1 s): a token a
+/// reader used, one that expired and one seen by anybody after its attach open nothing.
+#[derive(Debug)]
+pub(crate) struct Invites {
+    /// The abstract socket's name (the same for every invitation of this node's life).
+    name: String,
+    ttl: Duration,
+    open: Mutex<std::collections::VecDeque<([u8; TOKEN_LEN], std::time::Instant)>>,
+}
+
+impl Invites {
+    fn new(name: String, ttl: Duration) -> Self {
+        Invites {
+            name,
+            ttl: ttl.max(Duration::from_secs(1)),
+            open: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// A fresh single-use invitation (the name and a new random token).
+    pub(crate) fn invite(&self) -> std::io::Result<Invitation> {
+        let token = random_bytes::<TOKEN_LEN>()?;
+        let now = std::time::Instant::now();
+        let mut open = self.open.lock();
+        open.retain(|(_, until)| *until > now);
+        while open.len() >= MAX_OUTSTANDING {
+            open.pop_front();
+        }
+        open.push_back((token, now + self.ttl));
+        Ok(Invitation {
+            name: self.name.clone(),
+            token,
+        })
+    }
+
+    /// Takes `token` if an unexpired invitation holds it: true once, false ever after. Every
+    /// outstanding token is compared in constant time.
+    pub(crate) fn redeem(&self, token: &[u8; TOKEN_LEN]) -> bool {
+        let now = std::time::Instant::now();
+        let mut open = self.open.lock();
+        let mut hit = None;
+        for (i, (t, until)) in open.iter().enumerate() {
+            if same_token(t, token) && *until > now {
+                hit = Some(i);
+            }
+        }
+        hit.and_then(|i| open.remove(i)).is_some()
+    }
+
+    /// The socket's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Invitations handed out and neither used nor expired.
+    #[cfg(test)]
+    pub(crate) fn outstanding(&self) -> usize {
+        let now = std::time::Instant::now();
+        self.open.lock().iter().filter(|(_, u)| *u > now).count()
+    }
+}
+
 pub(crate) fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
     let mut b = [0u8; N];
     let mut got = 0;
@@ -46,7 +113,7 @@ pub(crate) fn same_token(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
 
 /// The owner's side: the abstract Unix listener that hands shared regions to attached peers.
 pub(crate) struct LocalServer {
-    pub(crate) invitation: Invitation,
+    pub(crate) invites: Arc<Invites>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     leases: Arc<Leases>,
@@ -83,10 +150,10 @@ impl LocalServer {
     /// Binds a fresh abstract socket and starts its accept thread.
     pub(crate) fn start(table: Arc<RegionTable>, timeout: Duration) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let token = random_bytes::<TOKEN_LEN>()?;
         let tag = u64::from_le_bytes(random_bytes::<8>()?);
         let name = format!("peercache-local-{}-{tag:016x}", std::process::id());
         let listener = UnixListener::bind_addr(&UnixAddr::from_abstract_name(&name)?)?;
+        let invites = Arc::new(Invites::new(name, timeout));
         let leases = Arc::new(Leases::default());
         table.watch({
             let leases = leases.clone();
@@ -97,10 +164,11 @@ impl LocalServer {
             .spawn({
                 let stop = stop.clone();
                 let leases = leases.clone();
-                move || accept_loop(listener, table, stop, token, timeout, &leases)
+                let invites = invites.clone();
+                move || accept_loop(listener, table, stop, invites, timeout, &leases)
             })?;
         Ok(LocalServer {
-            invitation: Invitation { name, token },
+            invites,
             stop,
             thread: Mutex::new(Some(thread)),
             leases,
@@ -120,7 +188,7 @@ impl LocalServer {
     /// Stops the accept thread. Idempotent.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        if let Ok(addr) = UnixAddr::from_abstract_name(&self.invitation.name) {
+        if let Ok(addr) = UnixAddr::from_abstract_name(self.invites.name()) {
             let _ = UnixStream::connect_addr(&addr);
         }
         if let Some(t) = self.thread.lock().take() {
@@ -137,7 +205,7 @@ fn accept_loop(
     listener: UnixListener,
     table: Arc<RegionTable>,
     stop: Arc<AtomicBool>,
-    token: [u8; TOKEN_LEN],
+    invites: Arc<Invites>,
     timeout: Duration,
     leases: &Arc<Leases>,
 ) {
@@ -175,10 +243,11 @@ fn accept_loop(
             continue;
         }
         let (table, leases, attaching2) = (table.clone(), leases.clone(), attaching.clone());
+        let invites = invites.clone();
         let spawned = std::thread::Builder::new()
             .name("pc-local-attach".into())
             .spawn(move || {
-                serve_attach(s, &table, &token, timeout, &leases);
+                serve_attach(s, &table, &invites, timeout, &leases);
                 attaching2.fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
@@ -187,12 +256,13 @@ fn accept_loop(
     }
 }
 
-/// One attach: the token within [`TOKEN_WAIT`] in total, then the region table and its
-/// descriptors, then the connection is kept as the peer's lease.
+/// One attach: an outstanding invitation's token within [`TOKEN_WAIT`] in total (used up by
+/// this attach), then the region table and its descriptors, then the connection is kept as the
+/// peer's lease.
 fn serve_attach(
     mut s: UnixStream,
     table: &RegionTable,
-    token: &[u8; TOKEN_LEN],
+    invites: &Invites,
     timeout: Duration,
     leases: &Leases,
 ) {
@@ -214,8 +284,8 @@ fn serve_attach(
             Ok(k) => n += k,
         }
     }
-    if !same_token(&got, token) {
-        tracing::debug!("host-local attach without the right token; closed");
+    if !invites.redeem(&got) {
+        tracing::debug!("host-local attach without an outstanding invitation's token; closed");
         return;
     }
     // Hold the table's read guard while sending, so no shared region goes away between

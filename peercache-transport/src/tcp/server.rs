@@ -33,7 +33,7 @@ pub(crate) struct ServerShared {
     /// The RDMA path whose bootstrap plane this port also serves.
     pub(crate) rdma: Option<Arc<dyn crate::rdma::path::RdmaPlane>>,
     /// What the host-local plane answers (None: the path is off).
-    pub(crate) local: Option<crate::local::Invitation>,
+    pub(crate) local: Option<Arc<crate::local::Invites>>,
 }
 
 /// Binds the listener and starts the accept thread. Returns the bound address.
@@ -172,7 +172,9 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
         return Ok(());
     }
     if hello.plane == Plane::HostLocal {
-        if let Some(inv) = &sh.local {
+        if let Some(invites) = &sh.local {
+            // A fresh token for this authenticated handshake, good for one attach.
+            let inv = invites.invite()?;
             stream.set_write_timeout(Some(sh.cfg.op_timeout))?;
             peercache_wire::frame::write_frame(&mut stream, &inv.encode())?;
         }
