@@ -377,18 +377,14 @@ impl DirectoryClient {
             (0..chunks.len()).map(|_| None).collect();
         let mut frames = Vec::new();
         let mut remote = Vec::new();
+        // This node's own chunks are answered while the remote requests are in flight.
+        let mut local = Vec::new();
         for (ci, (node, items)) in chunks.iter().enumerate() {
-            let req = build(items);
             if *node == self.me {
-                self.c.local_calls.add(1);
-                let reply = match &req {
-                    DirRequest::Lookup(keys) if holders => self.local.apply_holders(keys),
-                    _ => self.local.apply(&req),
-                };
-                let moving = self.local.moving(&req, &reply);
-                results[ci] = Some((Ok(reply), moving));
+                local.push(ci);
                 continue;
             }
+            let req = build(items);
             let Some(&addr) = view.addrs.get(node) else {
                 results[ci] = Some((
                     Err(DirError::UnknownMember(node.clone())),
@@ -411,11 +407,27 @@ impl DirectoryClient {
                 Err(e) => results[ci] = Some((Err(DirError::Wire(e)), Moving::default())),
             }
         }
-        if !frames.is_empty() {
+        let answer_local = |results: &mut Vec<Option<(Result<DirReply, DirError>, Moving)>>| {
+            for &ci in &local {
+                let req = build(&chunks[ci].1);
+                self.c.local_calls.add(1);
+                let reply = match &req {
+                    DirRequest::Lookup(keys) if holders => self.local.apply_holders(keys),
+                    _ => self.local.apply(&req),
+                };
+                let moving = self.local.moving(&req, &reply);
+                results[ci] = Some((Ok(reply), moving));
+            }
+        };
+        if frames.is_empty() {
+            answer_local(&mut results);
+        } else {
             let calls: Vec<(SocketAddr, &[u8])> =
                 frames.iter().map(|(a, f)| (*a, f.as_slice())).collect();
             self.c.rpcs.add(calls.len() as u64);
-            let replies = self.rpc.call_many(&calls, self.cfg.timeout);
+            let replies = self
+                .rpc
+                .call_many_then(&calls, self.cfg.timeout, || answer_local(&mut results));
             for (ci, r) in remote.into_iter().zip(replies) {
                 let r = r.and_then(|f| decode_hinted(&f)).map_err(DirError::Wire);
                 if r.is_err() {

@@ -660,6 +660,19 @@ impl RpcClient {
         calls: &[(SocketAddr, &[u8])],
         timeout: Duration,
     ) -> Vec<Result<Vec<u8>, WireError>> {
+        self.call_many_then(calls, timeout, || {})
+    }
+
+    /// [`Self::call_many`], running `meanwhile` once every request is sent and before the
+    /// first reply is read: local work that overlaps the round trips instead of preceding
+    /// them (a directory fan-out answers its own shard's keys there). `meanwhile`'s time
+    /// counts against the same deadline.
+    pub fn call_many_then(
+        &self,
+        calls: &[(SocketAddr, &[u8])],
+        timeout: Duration,
+        meanwhile: impl FnOnce(),
+    ) -> Vec<Result<Vec<u8>, WireError>> {
         let deadline = Instant::now() + timeout;
         let mut conns: Vec<Result<(Conn, bool), WireError>> = calls
             .iter()
@@ -682,6 +695,7 @@ impl RpcClient {
                 }
             })
             .collect();
+        meanwhile();
         let mut out = Vec::with_capacity(calls.len());
         for (i, c) in conns.iter_mut().enumerate() {
             let (peer, req) = calls[i];
