@@ -229,31 +229,26 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         rows.push(row("raw-tcp-rr", &mut || {
             raw.batch(&[0], args.reply_bytes, &mut dst).is_ok()
         }));
+        // The store API and the client API give the same typed answer.
+        let runs_right = |runs: Vec<peercache_store::PrefixRun>, start: usize| {
+            right(
+                &mut runs
+                    .iter()
+                    .map(|r| (r.node.to_string(), r.leading as u64, r.resident as u64)),
+                start,
+            )
+        };
         rows.push(row("prefix-64", &mut || {
             let start = next_start();
             nodes[0]
                 .prefix_locations(&keys[start..start + q])
-                .is_ok_and(|runs| {
-                    right(
-                        &mut runs
-                            .iter()
-                            .map(|r| (r.node.to_string(), r.leading as u64, r.resident as u64)),
-                        start,
-                    )
-                })
+                .is_ok_and(|runs| runs_right(runs, start))
         }));
         rows.push(row("prefix-64-client", &mut || {
             let start = next_start();
             client
                 .prefix_locations(&keys[start..start + q])
-                .is_ok_and(|runs| {
-                    right(
-                        &mut runs
-                            .iter()
-                            .map(|r| (r.node.to_string(), r.leading as u64, r.resident as u64)),
-                        start,
-                    )
-                })
+                .is_ok_and(|runs| runs_right(runs, start))
         }));
         rows.push(row("prefix-64-http", &mut || {
             let start = next_start();

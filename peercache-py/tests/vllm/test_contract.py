@@ -439,6 +439,36 @@ def test_a_block_is_announced_only_once_every_worker_stored_it():
     assert s.take() == [], "hashes[1] was forgotten: never announced half-stored"
 
 
+def hint_counts(before, after):
+    """(hint hits, hint misses, directory requests) a node counted between two ``stats()``."""
+    return (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"],
+            after["directory_rpcs"] + after["directory_local_calls"]
+            - before["directory_rpcs"] - before["directory_local_calls"])
+
+
+def load_hinted(a, b, req, src):
+    """One hinted request on engine ``b`` of the blocks ``a`` published from ``src``: the
+    scheduler's lookup, then the worker's load into fresh blocks, checked byte for byte. Returns
+    the step's meta and what the scheduler's and the worker's nodes counted (``hint_counts``)."""
+    asked = b.sched.store.stats()
+    n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+    assert n == 7 * BLOCK, "every full block but the one holding the last token"
+    told = b.sched.store.stats()
+    dst = list(range(20, 28))
+    for name in b.kv:
+        b.kv[name][dst] = 0
+    b.alloc(req, dst, n)
+    before = b.worker.store.stats()
+    meta = b.step(req, dst, n, 1)
+    after = b.worker.store.stats()
+    assert b.worker.get_block_ids_with_load_errors() == set(), req.request_id
+    for name in a.kv:
+        # The last block is vLLM's own to compute (it holds the last token); the rest loaded.
+        assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), (req.request_id, name)
+    finish(b, req)
+    return meta, hint_counts(asked, told), hint_counts(before, after)
+
+
 def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_directory(env):
     a = Engine(env, "127.0.0.33", fill=1)
     b = Engine(env, "127.0.0.34", fill=0)
@@ -451,35 +481,13 @@ def test_a_router_hint_in_kv_transfer_params_loads_from_the_holder_without_the_d
         for rid, params, hits, misses in [("h-1", {"holder_node": holder}, 7, 0),
                                           ("h-2", {"holder_node": b.worker.store.node_id}, 0, 7),
                                           ("h-3", {"holder_node": 17}, 0, 0)]:
-            req = b.request(rid, ids, kv_transfer_params=params)
-            asked = b.sched.store.stats()
-            n, _ = b.sched.get_num_new_matched_tokens(req, 0)
-            assert n == 7 * BLOCK, "every full block but the one holding the last token"
-            told = b.sched.store.stats()
-            # The scheduler's lookup asks the holder first too: with a right hint, no directory.
-            looked = (told["read_hint_hits"] - asked["read_hint_hits"], told["read_hint_misses"] - asked["read_hint_misses"])
-            assert looked == (hits, misses), (rid, looked)
-            if hits:
-                assert told["directory_rpcs"] == asked["directory_rpcs"], rid
-                assert told["directory_local_calls"] == asked["directory_local_calls"], rid
-            dst = list(range(20, 28))
-            for name in b.kv:
-                b.kv[name][dst] = 0
-            b.alloc(req, dst, n)
-            before = b.worker.store.stats()
-            meta = b.step(req, dst, n, 1)
-            after = b.worker.store.stats()
+            meta, sched, worker = load_hinted(a, b, b.request(rid, ids, kv_transfer_params=params), src)
             assert [io.hint_for(0) for io in meta.loads] == [params["holder_node"] if hits + misses else None]
-            assert b.worker.get_block_ids_with_load_errors() == set(), rid
-            for name in a.kv:
-                # The last block is vLLM's own to compute (it holds the last token); the rest loaded.
-                assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), (rid, name)
-            got = (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"])
-            assert got == (hits, misses), (rid, got)
+            # The scheduler's lookup and the worker's load both ask the holder first: with a
+            # right hint, no directory request at all.
+            assert sched[:2] == (hits, misses) and worker[:2] == (hits, misses), (rid, sched, worker)
             if hits:
-                # The holder answered where its pages are: no directory request at all.
-                assert after["directory_rpcs"] == before["directory_rpcs"], rid
-            finish(b, req)
+                assert sched[2] == 0 and worker[2] == 0, (rid, sched, worker)
     finally:
         a.close()
         b.close()
@@ -502,29 +510,13 @@ def test_an_engine_hint_names_each_worker_ranks_own_holder(env):
         engine = holder[:-len("-r0")]
         for rank, hits, misses in [(0, 7, 0), (1, 0, 7)]:
             b.worker._worker.rank = rank
-            rid = f"e-{rank}"
-            req = b.request(rid, ids, kv_transfer_params={"holder_engine": engine})
-            asked = b.sched.store.stats()
-            n, _ = b.sched.get_num_new_matched_tokens(req, 0)
-            assert n == 7 * BLOCK
-            told = b.sched.store.stats()
+            req = b.request(f"e-{rank}", ids, kv_transfer_params={"holder_engine": engine})
+            meta, sched, worker = load_hinted(a, b, req, src)
             # The scheduler asks about rank 0's pages, so rank 0's holder answers it.
-            assert told["read_hint_hits"] - asked["read_hint_hits"] == 7, rid
-            dst = list(range(20, 28))
-            for name in b.kv:
-                b.kv[name][dst] = 0
-            b.alloc(req, dst, n)
-            before = b.worker.store.stats()
-            meta = b.step(req, dst, n, 1)
-            after = b.worker.store.stats()
+            assert sched[:2] == (7, 0), (rank, sched)
             assert [(io.hint, io.hint_per_rank, io.hint_for(rank)) for io in meta.loads] == [
                 (engine, True, f"{engine}-r{rank}")]
-            assert b.worker.get_block_ids_with_load_errors() == set(), rid
-            for name in a.kv:
-                assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), (rid, name)
-            got = (after["read_hint_hits"] - before["read_hint_hits"], after["read_hint_misses"] - before["read_hint_misses"])
-            assert got == (hits, misses), (rid, got)
-            finish(b, req)
+            assert worker[:2] == (hits, misses), (rank, worker)
     finally:
         a.close()
         b.close()
@@ -567,24 +559,9 @@ def test_a_typed_kv_hint_envelope_names_the_holder_and_wins_over_transfer_params
         # The envelope names the holder; kv_transfer_params names a node without the pages.
         hints = env_of(action("peercache.holder", "1.0", {"node": holder}))
         req = b.request("k-1", ids, kv_transfer_params={"holder_node": b.worker.store.node_id}, kv_hints=hints)
-        asked = b.sched.store.stats()
-        n, _ = b.sched.get_num_new_matched_tokens(req, 0)
-        assert n == 7 * BLOCK
-        told = b.sched.store.stats()
-        assert told["read_hint_hits"] - asked["read_hint_hits"] == 7
-        assert told["directory_rpcs"] == asked["directory_rpcs"]
-        dst = list(range(20, 28))
-        b.alloc(req, dst, n)
-        before = b.worker.store.stats()
-        meta = b.step(req, dst, n, 1)
-        after = b.worker.store.stats()
+        meta, sched, worker = load_hinted(a, b, req, src)
         assert [io.hint_for(0) for io in meta.loads] == [holder]
-        assert b.worker.get_block_ids_with_load_errors() == set()
-        for name in a.kv:
-            assert torch.equal(b.kv[name][dst[:7]], a.kv[name][src[:7]]), name
-        assert after["read_hint_hits"] - before["read_hint_hits"] == 7
-        assert after["directory_rpcs"] == before["directory_rpcs"]
-        finish(b, req)
+        assert sched == (7, 0, 0) and worker == (7, 0, 0), (sched, worker)
     finally:
         a.close()
         b.close()
