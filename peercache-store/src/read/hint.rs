@@ -25,15 +25,9 @@ impl Core {
         plan: &mut ReadPlan<'_>,
     ) -> Vec<usize> {
         let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-        let found = if *hint == self.me {
-            self.resident_locations(&ks)
-        } else {
-            self.ask_locate(hint, &ks)
-        };
-        let layout = self.layout();
         let mut rest = Vec::new();
-        for (&i, l) in need.iter().zip(found) {
-            match l.filter(|l| l.node == *hint && l.layout == layout) {
+        for (&i, l) in need.iter().zip(self.located_by(hint, &ks)) {
+            match l {
                 Some(l) => plan.set_owners(i, Some(smallvec::smallvec![l])),
                 None => rest.push(i),
             }
@@ -53,19 +47,8 @@ impl Core {
         if self.mode.slots().is_some() || keys.is_empty() {
             return self.exists_impl(keys);
         }
-        let found = if *hint == self.me {
-            self.resident_locations(keys)
-        } else {
-            self.ask_locate(hint, keys)
-        };
-        let layout = self.layout();
-        let held = found
-            .iter()
-            .take_while(|l| {
-                l.as_ref()
-                    .is_some_and(|l| l.node == *hint && l.layout == layout)
-            })
-            .count();
+        let found = self.located_by(hint, keys);
+        let held = found.iter().take_while(|l| l.is_some()).count();
         let m = &self.metrics;
         m.read_hint_hits.add(held as u64);
         m.read_hint_misses.add((keys.len() - held) as u64);
@@ -87,6 +70,22 @@ impl Core {
         }
         // One exists request, counted there.
         held + self.exists_impl(&keys[held..])
+    }
+
+    /// Per key, the copy the node `hint` names holds in its pool in this node's layout (None:
+    /// not held there, another layout, or no answer) — this node's own pool when it is the one
+    /// named, else one `Locate` on that node.
+    fn located_by(&self, hint: &NodeId, keys: &[PageKey]) -> Vec<Option<Location>> {
+        let found = if *hint == self.me {
+            self.resident_locations(keys)
+        } else {
+            self.ask_locate(hint, keys)
+        };
+        let layout = self.layout();
+        found
+            .into_iter()
+            .map(|l| l.filter(|l| l.node == *hint && l.layout == layout))
+            .collect()
     }
 
     /// `Locate` on `node`'s control port, every chunk in flight at once, bounded by
