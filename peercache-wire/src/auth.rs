@@ -30,8 +30,10 @@
 //! handshake which credential the client proved ([`Grant`]), and answers with its proof under
 //! that same key. Holding the token does not reveal the secret, and no other port accepts it.
 //!
-//! Traffic after the handshake is neither encrypted nor integrity-protected: this keeps
-//! strangers out of a trusted fabric, it does not defend against an on-path attacker.
+//! Traffic after the handshake is sealed (encrypted and integrity-protected, [`crate::seal`])
+//! when both sides have a secret and one of them requires it ([`Auth::requiring_encryption`]);
+//! otherwise it is neither encrypted nor integrity-protected, which keeps strangers out of a
+//! trusted fabric but does not defend against an on-path attacker.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +87,8 @@ struct Inner {
     read_only_from: usize,
     rejected: Tally,
     last_warn_s: AtomicU64,
+    /// Connections on the sealing planes must be sealed ([`crate::seal`]).
+    seal_required: bool,
 }
 
 /// The authentication settings of one endpoint: no secret (open cluster), or a key derived
@@ -130,6 +134,7 @@ impl Auth {
                 read_only_from,
                 rejected: Tally::new(metrics::counter!(REJECTED_TOTAL)),
                 last_warn_s: AtomicU64::new(0),
+                seal_required: false,
             })),
         })
     }
@@ -159,8 +164,74 @@ impl Auth {
                 read_only_from: inner.keys.len(),
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
+                seal_required: inner.seal_required,
             })),
         })
+    }
+
+    /// This endpoint's authentication, requiring (`true`) encryption in transit on the
+    /// sealing planes or only offering it (`false`, the default: a connection is sealed when
+    /// the other side requires it). Without a secret nothing can be sealed and this is a no-op;
+    /// the store refuses that combination in its configuration.
+    ///
+    /// ```
+    /// use peercache_wire::Auth;
+    ///
+    /// let auth = Auth::from_secret(b"a cluster secret of 32 bytes ok!")?.requiring_encryption(true);
+    /// assert!(auth.seals());
+    /// # Ok::<(), peercache_wire::WireError>(())
+    /// ```
+    pub fn requiring_encryption(&self, required: bool) -> Auth {
+        let Some(inner) = self.inner.as_ref() else {
+            return self.clone();
+        };
+        Auth {
+            inner: Some(Arc::new(Inner {
+                keys: inner.keys.clone(),
+                read_only_from: inner.read_only_from,
+                rejected: inner.rejected.clone(),
+                last_warn_s: AtomicU64::new(0),
+                seal_required: required,
+            })),
+        }
+    }
+
+    /// Whether this endpoint requires its connections sealed.
+    pub fn seals(&self) -> bool {
+        self.inner.as_ref().is_some_and(|i| i.seal_required)
+    }
+
+    /// The sealing feature bits this endpoint announces in a handshake.
+    pub(crate) fn seal_features(&self) -> u64 {
+        match self.inner.as_ref() {
+            None => 0,
+            Some(i) if i.seal_required => {
+                crate::seal::FEATURE_SEAL | crate::seal::FEATURE_SEAL_REQUIRED
+            }
+            Some(_) => crate::seal::FEATURE_SEAL,
+        }
+    }
+
+    /// The keys of a sealed connection whose handshake proved key `key` (see
+    /// [`Auth::verify_key`]; the client proves with key 0) over the given nonces and messages.
+    pub(crate) fn channel_keys(
+        &self,
+        key: usize,
+        client_nonce: &[u8; TAG_LEN],
+        server_nonce: &[u8; TAG_LEN],
+        transcript: &[&[u8]],
+    ) -> Option<crate::seal::ChannelKeys> {
+        let inner = self.inner.as_ref()?;
+        let key = inner.keys.get(key).unwrap_or(&inner.keys[0]);
+        let mut all =
+            Vec::with_capacity(2 * TAG_LEN + transcript.iter().map(|p| p.len() + 8).sum::<usize>());
+        all.extend_from_slice(client_nonce);
+        all.extend_from_slice(server_nonce);
+        for part in transcript {
+            all.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            all.extend_from_slice(part);
+        }
+        Some(crate::seal::ChannelKeys::from_secret_material(key, &all))
     }
 
     /// Whether a secret is configured.

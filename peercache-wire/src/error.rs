@@ -116,6 +116,10 @@ pub enum WireError {
         /// Bytes required.
         min: usize,
     },
+    /// A sealed frame or record failed its integrity check (encryption in transit): changed,
+    /// dropped, replayed or reordered on the path. The connection is closed.
+    #[error("integrity: {0}")]
+    Integrity(String),
     /// The peer closed the connection.
     #[error("connection closed by peer")]
     Closed,

@@ -28,6 +28,7 @@ pub mod limits;
 pub mod metrics;
 pub mod qp;
 pub mod rpc;
+pub mod seal;
 pub mod shares;
 pub mod tally;
 #[cfg(feature = "testkit")]

@@ -19,4 +19,9 @@ crate::metric_names! {
     /// Requests refused because they act for another member than the connection's own, label
     /// `service` (`discovery`, `directory`, `store`, `data`).
     pub const IDENTITY_REFUSED_TOTAL: &str = "peercache_identity_refused_total";
+    /// Sealed frames and records that failed their integrity check (encryption in transit):
+    /// changed, dropped, replayed or reordered on the path; each closes its connection. Label
+    /// `at`: the RPC server's name, `data` (the data server), `rpc-reply` or `data-reply` (a
+    /// reply this node received).
+    pub const SEALED_REFUSED_TOTAL: &str = "peercache_sealed_refused_total";
 }

@@ -25,6 +25,7 @@ use crate::budgeted::{BudgetedCodec, OverBudget};
 use crate::envelope::{self, Envelope, Message};
 use crate::frame;
 use crate::handshake::{self, Acceptor, Hello, Plane};
+use crate::seal::{Opener, Sealer, TAG_BYTES};
 use crate::{Auth, Incarnation, NodeId, WireError};
 
 /// A generic error reply.
@@ -159,7 +160,7 @@ pub struct ServerConfig {
 
 pub use crate::metrics::{
     CONNECTIONS_REFUSED_TOTAL, FRAME_BUDGET_REFUSED_TOTAL, HANDSHAKE_FAILURES_TOTAL,
-    IDENTITY_REFUSED_TOTAL, MALFORMED_FRAMES_TOTAL,
+    IDENTITY_REFUSED_TOTAL, MALFORMED_FRAMES_TOTAL, SEALED_REFUSED_TOTAL,
 };
 pub use crate::shares::Shares;
 use crate::tally::Tally;
@@ -181,6 +182,9 @@ pub struct ServerCounters {
     pub refused_source: Tally,
     /// Connections closed for a frame past the frame budget ([`FRAME_BUDGET_REFUSED_TOTAL`]).
     pub over_budget: Tally,
+    /// Connections closed for a sealed frame that failed its integrity check
+    /// ([`SEALED_REFUSED_TOTAL`], `at` = the server's name).
+    pub sealed_refused: Tally,
 }
 
 /// A running RPC server. Dropping it stops it.
@@ -298,6 +302,7 @@ impl RpcServer {
             over_budget: Tally::new(
                 metrics::counter!(FRAME_BUDGET_REFUSED_TOTAL, "server" => cfg.name),
             ),
+            sealed_refused: Tally::new(metrics::counter!(SEALED_REFUSED_TOTAL, "at" => cfg.name)),
         });
         let live = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         let (stop2, stopped2, counters2) = (stop.clone(), stopped.clone(), counters.clone());
@@ -415,6 +420,8 @@ impl Drop for RpcServer {
 
 /// One "over the frame budget" line per period, process-wide.
 static OVER_BUDGET_LOG: crate::limits::Throttle = crate::limits::Throttle::new();
+/// One "sealed frame refused" line per period, process-wide.
+static SEAL_LOG: crate::limits::Throttle = crate::limits::Throttle::new();
 
 async fn serve_conn(
     sock: tokio::net::TcpStream,
@@ -433,33 +440,52 @@ async fn serve_conn(
         incarnation: cfg.incarnation,
         auth: cfg.auth.clone(),
     };
-    let (hello, grant) = match handshake::server_async_granted(
-        &mut framed,
-        &acceptor,
-        cfg.handshake_timeout,
-    )
-    .await
-    {
-        Ok(h) => h,
-        Err(e) => {
-            counters.handshake_failures.add(1);
-            tracing::debug!(error = %e, "rpc handshake failed");
-            return;
-        }
-    };
+    let established =
+        match handshake::server_async(&mut framed, &acceptor, cfg.handshake_timeout).await {
+            Ok(h) => h,
+            Err(e) => {
+                counters.handshake_failures.add(1);
+                tracing::debug!(error = %e, "rpc handshake failed");
+                return;
+            }
+        };
+    let hello = &established.hello;
     let peer = Peer {
-        node: hello.node,
+        node: hello.node.clone(),
         incarnation: hello.incarnation,
         addr,
         authenticated: cfg.auth.is_enabled(),
-        grant,
+        grant: established.grant,
     };
-    framed.codec_mut().set_max_frame_length(cfg.max_frame);
+    let mut sealed = established.channel.map(|k| k.server());
+    let tag = if sealed.is_some() { TAG_BYTES } else { 0 };
+    framed.codec_mut().set_max_frame_length(cfg.max_frame + tag);
     let budget = cfg.shares.frame_budget.clone();
     let mut framed = framed.map_codec(|c| BudgetedCodec::new(c, budget));
     while let Some(next) = framed.next().await {
         let frame = match next {
-            Ok(frame) => frame,
+            Ok(mut frame) => match sealed.as_mut() {
+                None => frame,
+                Some((_, rx)) => match rx.open_in_place(&mut frame) {
+                    Ok(n) => {
+                        frame.truncate(n);
+                        frame
+                    }
+                    Err(e) => {
+                        counters.sealed_refused.add(1);
+                        if let Some(held) = SEAL_LOG.admit() {
+                            tracing::warn!(
+                                server = cfg.name,
+                                peer = %peer.label(),
+                                error = %e,
+                                refused_since_last = held,
+                                "a sealed frame failed its integrity check; closing its connection"
+                            );
+                        }
+                        return;
+                    }
+                },
+            },
             Err(e) => {
                 match e.get_ref().and_then(|e| e.downcast_ref::<OverBudget>()) {
                     Some(over) => {
@@ -505,6 +531,12 @@ async fn serve_conn(
         counters.requests.add(1);
         if close {
             counters.malformed.add(1);
+        }
+        let mut reply = reply;
+        if let Some((tx, _)) = sealed.as_mut()
+            && tx.seal_in_place(&mut reply, 0).is_err()
+        {
+            return;
         }
         if framed.send(Bytes::from(reply)).await.is_err() || close {
             return;
@@ -684,11 +716,11 @@ impl RpcClient {
                     });
                 }
                 let (mut s, reused) = self.checkout(*peer, deadline)?;
-                match frame::write_frame(&mut s.io(deadline), req) {
+                match s.send(deadline, req) {
                     Ok(()) => Ok((s, reused)),
                     Err(_) if reused => {
                         let mut s = self.fresh(*peer, deadline)?;
-                        frame::write_frame(&mut s.io(deadline), req)?;
+                        s.send(deadline, req)?;
                         Ok((s, false))
                     }
                     Err(e) => Err(e),
@@ -709,7 +741,7 @@ impl RpcClient {
             let reused = matches!(c, Ok((_, true)));
             if reused && matches!(res, Err(WireError::Closed) | Err(WireError::Io(_))) {
                 res = self.fresh(peer, deadline).and_then(|mut s| {
-                    frame::write_frame(&mut s.io(deadline), req)?;
+                    s.send(deadline, req)?;
                     let r = self.read_reply(&mut s, deadline, timeout);
                     if r.as_ref().is_ok_and(|f| !is_error_reply(f)) {
                         self.checkin(peer, s);
@@ -735,11 +767,9 @@ impl RpcClient {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Vec<u8>, WireError> {
-        let mut buf = Vec::new();
-        match frame::read_frame(&mut s.io(deadline), self.cfg.max_frame, &mut buf) {
-            Ok(()) => Ok(buf),
+        match s.recv(deadline, self.cfg.max_frame) {
             Err(WireError::Timeout(_)) => Err(WireError::Timeout(timeout)),
-            Err(e) => Err(e),
+            r => r,
         }
     }
 
@@ -752,7 +782,7 @@ impl RpcClient {
             _ => WireError::Io(e),
         })?;
         s.set_nodelay(true)?;
-        handshake::client_sync(
+        let accepted = handshake::client_sync(
             &mut s,
             &self.cfg.hello,
             &self.cfg.auth,
@@ -761,6 +791,7 @@ impl RpcClient {
         Ok(Conn {
             stream: s,
             armed: None,
+            sealed: accepted.channel.map(|k| SealedConn::new(k.client())),
         })
     }
 }
@@ -784,6 +815,33 @@ fn remaining(deadline: Instant) -> Result<Duration, WireError> {
 struct Conn {
     stream: TcpStream,
     armed: Option<Duration>,
+    /// Present when the handshake agreed to seal this connection.
+    sealed: Option<SealedConn>,
+}
+
+/// One sealed connection's two directions and a request buffer reused across calls.
+#[derive(Debug)]
+struct SealedConn {
+    tx: Sealer,
+    rx: Opener,
+    out: Vec<u8>,
+}
+
+impl SealedConn {
+    fn new((tx, rx): (Sealer, Opener)) -> Self {
+        SealedConn {
+            tx,
+            rx,
+            out: Vec::new(),
+        }
+    }
+}
+
+/// Opens a sealed reply frame in place, counting one that fails its check (`at="rpc-reply"`).
+fn open_frame(rx: &mut Opener, frame: &mut [u8]) -> Result<usize, WireError> {
+    rx.open_in_place(frame).inspect_err(|_| {
+        metrics::counter!(SEALED_REFUSED_TOTAL, "at" => "rpc-reply").increment(1);
+    })
 }
 
 impl Conn {
@@ -793,5 +851,32 @@ impl Conn {
     /// state instead of twice per call.
     fn io(&mut self, deadline: Instant) -> frame::Deadlined<'_> {
         frame::Deadlined::new(&self.stream, deadline, &mut self.armed)
+    }
+
+    /// Sends one request frame (sealed when the connection is).
+    fn send(&mut self, deadline: Instant, req: &[u8]) -> Result<(), WireError> {
+        let Some(mut sealed) = self.sealed.take() else {
+            return frame::write_frame(&mut self.io(deadline), req);
+        };
+        sealed.out.clear();
+        sealed.out.extend_from_slice(req);
+        let res = sealed
+            .tx
+            .seal_in_place(&mut sealed.out, 0)
+            .and_then(|()| frame::write_frame(&mut self.io(deadline), &sealed.out));
+        self.sealed = Some(sealed);
+        res
+    }
+
+    /// Reads one reply frame of at most `max` bytes (opened when the connection is sealed).
+    fn recv(&mut self, deadline: Instant, max: usize) -> Result<Vec<u8>, WireError> {
+        let mut buf = Vec::new();
+        let limit = max + if self.sealed.is_some() { TAG_BYTES } else { 0 };
+        frame::read_frame(&mut self.io(deadline), limit, &mut buf)?;
+        if let Some(sealed) = self.sealed.as_mut() {
+            let n = open_frame(&mut sealed.rx, &mut buf)?;
+            buf.truncate(n);
+        }
+        Ok(buf)
     }
 }

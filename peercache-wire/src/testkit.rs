@@ -2,6 +2,7 @@
 //! page contents.
 
 pub mod etcd;
+pub mod tap;
 
 use std::fmt::Debug;
 use std::path::Path;

@@ -11,6 +11,9 @@
 //! * `peercache-get-local` — the same read between a second pair of nodes with the host-local
 //!   path on (the default for peers on one host): C copies the pages out of A2's shared pool,
 //!   no socket;
+//! * `peercache-get-sealed` (with `--sealed`) — the `peercache-get` read between a third pair
+//!   of nodes that require encryption in transit (`encrypt_in_transit = true`): what sealing
+//!   every byte costs, beside the open row of the same run;
 //! * `mooncake-get` — Mooncake Store's `batch_get_into` into a registered buffer, from a
 //!   storage process, by a pure client (no segment of its own), when the Mooncake Python
 //!   package is available (`--mooncake-venv`, default `$PEERCACHE_MOONCAKE_VENV` or the cached
@@ -47,6 +50,10 @@ pub struct CompareArgs {
     /// `peercache-<mode>-get`: centralized, hybrid, slotmap).
     #[arg(long, value_delimiter = ',', default_value = "p2p")]
     pub modes: Vec<String>,
+    /// Add `peercache-get-sealed`: the same read between two nodes that require encryption
+    /// in transit.
+    #[arg(long)]
+    pub sealed: bool,
     /// A venv with `mooncake-transfer-engine-non-cuda` (its `bin/mooncake_master` and Python).
     #[arg(long)]
     pub mooncake_venv: Option<PathBuf>,
@@ -75,9 +82,12 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         "{}mb",
         (args.pages * args.page_bytes * 2 / (1 << 20)).max(64)
     );
-    let pair = |ips: [&str; 2], host_local: bool| -> Result<(Store, Store)> {
+    let pair = |ips: [&str; 2], host_local: bool, sealed: bool| -> Result<(Store, Store)> {
         let seed = format!("{}:{}", ips[0], free_port()?);
-        let set = [format!("host_local={host_local}")];
+        let set = [
+            format!("host_local={host_local}"),
+            format!("encrypt_in_transit={sealed}"),
+        ];
         let w = crate::cmd::main_job::start_node_with(ips[0], &seed, &pool, &set)?;
         let r = crate::cmd::main_job::start_node_with(ips[1], &seed, "64mb", &set)?;
         if !(w.wait_members(2, Duration::from_secs(20))
@@ -92,8 +102,12 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         r.sync_membership();
         Ok((w, r))
     };
-    let (a, b) = pair(["127.0.0.1", "127.0.0.2"], false)?;
-    let (a2, lc) = pair(["127.0.0.3", "127.0.0.4"], true)?;
+    let (a, b) = pair(["127.0.0.1", "127.0.0.2"], false, false)?;
+    let (a2, lc) = pair(["127.0.0.3", "127.0.0.4"], true, false)?;
+    let sealed = match args.sealed {
+        true => Some(pair(["127.0.0.5", "127.0.0.6"], false, true)?),
+        false => None,
+    };
     // The reader's destination: registered memory, as Mooncake's batch_get_into uses.
     let max_c = sweep.max_threads();
     let dst = Arc::new(crate::load::workload::CallerBuffers::new(
@@ -112,6 +126,17 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let src = rawtcp::prefaulted(page * batch, 17);
     crate::load::workload::publish(&a, &keys, &src, page, batch)?;
     crate::load::workload::publish(&a2, &keys, &src, page, batch)?;
+    let mut sealed_reader = None;
+    if let Some((a3, b3)) = &sealed {
+        crate::load::workload::publish(a3, &keys, &src, page, batch)?;
+        let bufs = Arc::new(crate::load::workload::CallerBuffers::new(
+            max_c,
+            page * batch,
+        ));
+        // SAFETY: `b3` is shut down before `bufs` is dropped (end of this function).
+        unsafe { bufs.register(b3) }?;
+        sealed_reader = Some(("peercache-get-sealed".to_string(), b3.clone(), bufs));
+    }
     // Other modes: their own small cluster each, the same keys written by its writer, read by
     // its reader into memory registered with that reader.
     let mut others = Vec::new();
@@ -141,6 +166,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
             .iter()
             .map(|(name, r, _, bufs)| (name.clone(), r.clone(), bufs.clone())),
     );
+    readers.extend(sealed_reader.clone());
     let raw_buf = Arc::new(rawtcp::prefaulted(n as usize * page, 5));
     let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw.local_addr()?;
@@ -205,6 +231,11 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     b.shutdown();
     lc.shutdown();
     a2.shutdown();
+    if let Some((a3, b3)) = &sealed {
+        b3.shutdown();
+        a3.shutdown();
+    }
+    drop(sealed_reader);
     let other_names: Vec<String> = others.iter().map(|o| o.0.clone()).collect();
     for (_, _, all, bufs) in others {
         for s in &all {
@@ -268,6 +299,21 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
             json!(round3(med("peercache-get-local", None) / mc)),
         );
     }
+    if args.sealed {
+        // What sealing costs: the sealed pair's read beside the open pair's, same run.
+        for &c in &args.load.concurrency {
+            summary.insert(
+                format!("c{c}/peercache-get-sealed/peercache-get"),
+                json!(round3(
+                    med("peercache-get-sealed", Some(c)) / med("peercache-get", Some(c))
+                )),
+            );
+        }
+        summary.insert(
+            "peercache-get-sealed/peercache-get".into(),
+            json!(round3(med("peercache-get-sealed", None) / pc)),
+        );
+    }
     for name in &other_names {
         summary.insert(
             format!("{name}/peercache-get"),
@@ -284,6 +330,9 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     let svg = args.out_dir.join("compare.svg");
     let mut systems: Vec<&str> = vec!["raw-tcp", "peercache-get", "peercache-get-local"];
     systems.extend(other_names.iter().map(|s| s.as_str()));
+    if args.sealed {
+        systems.push("peercache-get-sealed");
+    }
     if mcl_ok {
         systems.push("mooncake-get-local");
     }
@@ -309,7 +358,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
-            "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages, "modes": args.modes,
+            "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages, "modes": args.modes, "sealed": args.sealed,
             "transport": "loopback tcp (peercache-get-local: host-local shared memory)", "mooncake": "batch_get_into, pure client, one storage process",
         }),
         summary: serde_json::Value::Object(summary),

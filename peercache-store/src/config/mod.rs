@@ -352,6 +352,12 @@ settings! {
     /// Another secret accepted from peers during a rolling rotation (empty: none).
     cluster_secret_accept: Secret = Secret::default();
         shown "empty", example "an-example-previous-secret-02", parse p::secret;
+    /// Require every connection on the discovery, control, client and TCP data planes to be
+    /// encrypted and integrity-checked (AES-256-GCM keyed from the handshake; needs a cluster
+    /// secret). `false` still seals a connection whose other side requires it, so turn it on
+    /// once every node runs a release that can seal (docs/security.md).
+    encrypt_in_transit: bool = false;
+        shown "`false`", example "true", parse p::boolean;
     /// Run without a cluster secret although the node is reachable beyond loopback (the
     /// explicit opt-out; shown in the start-up line and in `/cluster`).
     insecure: bool = false;

@@ -9,15 +9,28 @@ use super::{ConfigError, PeerCacheConfig};
 impl PeerCacheConfig {
     /// The handshake authentication this config asks for: `cluster_secret`, else the contents
     /// of `cluster_secret_file` (surrounding whitespace trimmed), else none.
+    /// With `encrypt_in_transit`, it requires its connections sealed; that without a secret is
+    /// an error (nothing to key the encryption from).
     pub fn cluster_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
         let Some(secret) = self.secret()? else {
+            if self.encrypt_in_transit {
+                return Err(ConfigError::Invalid {
+                    key: "encrypt_in_transit",
+                    value: "true".into(),
+                    reason: "encryption in transit is keyed from the cluster secret: set \
+                             cluster_secret (or cluster_secret_file) too"
+                        .into(),
+                });
+            }
             return Ok(peercache_wire::Auth::none());
         };
         let also: Vec<&[u8]> = [self.cluster_secret_accept.expose().as_bytes()]
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect();
-        peercache_wire::Auth::rotating(secret.as_bytes(), &also).map_err(|e| self.invalid(e))
+        Ok(peercache_wire::Auth::rotating(secret.as_bytes(), &also)
+            .map_err(|e| self.invalid(e))?
+            .requiring_encryption(self.encrypt_in_transit))
     }
 
     /// The client API port's authentication: [`Self::cluster_auth`], also accepting the

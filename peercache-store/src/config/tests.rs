@@ -229,6 +229,25 @@ fn a_node_without_a_secret_starts_only_on_loopback_or_when_declared_insecure() {
 }
 
 #[test]
+fn encryption_in_transit_needs_a_secret_and_the_client_port_requires_it_too() {
+    let cfg = |mut j: Value| {
+        j["discovery_addr"] = "127.0.0.1:7000".into();
+        PeerCacheConfig::from_map(&map(j)).unwrap().0
+    };
+    let e = cfg(serde_json::json!({"encrypt_in_transit": true}))
+        .cluster_auth()
+        .unwrap_err();
+    assert!(e.to_string().contains("encrypt_in_transit"), "{e}");
+    let on = cfg(serde_json::json!({
+        "encrypt_in_transit": true, "cluster_secret": "sixteen-byte-secret!",
+    }));
+    assert!(on.cluster_auth().unwrap().seals());
+    assert!(on.client_auth().unwrap().seals());
+    let off = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
+    assert!(!off.cluster_auth().unwrap().seals());
+}
+
+#[test]
 fn every_listed_key_is_parsed_not_ignored() {
     // A key in KEYS without a `set` arm would be documented and silently ignored; every
     // arm either takes the value or refuses it with a typed error, never "unknown".

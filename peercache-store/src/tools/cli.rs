@@ -77,6 +77,10 @@ pub struct MetaArgs {
     /// Most connections one source address may hold (0: only the server's cap of 4096).
     #[arg(long, default_value_t = 0)]
     pub max_connections_per_source: usize,
+    /// Require every member's connection sealed (encryption in transit; needs the secret).
+    /// Without it, a connection is sealed when the member requires it.
+    #[arg(long)]
+    pub encrypt_in_transit: bool,
 }
 
 pub use crate::tools::tool::tool_auth;
@@ -181,6 +185,13 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
     init_logging("info");
     block_signals();
     let auth = tool_auth(args.cluster_secret_file.as_deref())?;
+    if args.encrypt_in_transit && !auth.is_enabled() {
+        anyhow::bail!(
+            "--encrypt-in-transit is keyed from the cluster secret: set PEERCACHE_CLUSTER_SECRET \
+             or --cluster-secret-file"
+        );
+    }
+    let auth = auth.requiring_encryption(args.encrypt_in_transit);
     if let Some(w) = args
         .cluster_secret_file
         .as_deref()

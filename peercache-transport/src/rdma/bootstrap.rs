@@ -182,7 +182,7 @@ pub fn serve<R: Responder>(
     regions: &dyn Fn() -> Vec<RegionRkeys>,
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
-    let hello = handshake::server_sync(&mut s, acceptor, timeout)?;
+    let hello = handshake::server_sync(&mut s, acceptor, timeout)?.hello;
     if hello.plane != Plane::RdmaBootstrap {
         return Err(BootstrapError::Invalid(format!(
             "plane {:?} on the bootstrap path",

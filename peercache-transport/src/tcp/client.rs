@@ -10,6 +10,7 @@ use peercache_wire::WireError;
 use peercache_wire::handshake::{self, Hello};
 
 use super::iov::{self, Deadline};
+use super::link::{End, Link};
 use super::proto::{self, Header, WireOp};
 use crate::metrics::Counters;
 use crate::region::RegionTable;
@@ -17,8 +18,7 @@ use crate::{Batch, OpError, OpResults, TransportConfig, TransportError};
 
 /// One connection with its reusable buffers.
 pub(crate) struct Conn {
-    stream: TcpStream,
-    armed: Option<Duration>,
+    link: Link,
     req: Vec<u8>,
     status: Vec<u8>,
     iov: Vec<libc::iovec>,
@@ -182,11 +182,11 @@ impl Client {
         let left = until
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        handshake::client_sync(&mut stream, &self.hello, &self.cfg.auth, left).map_err(err)?;
+        let accepted =
+            handshake::client_sync(&mut stream, &self.hello, &self.cfg.auth, left).map_err(err)?;
         self.counters.connects.add(1);
         Ok(Conn {
-            stream,
-            armed: None,
+            link: Link::new(stream, accepted.channel.map(|k| k.client()), End::Client),
             req: Vec::new(),
             status: Vec::new(),
             iov: Vec::new(),
@@ -415,7 +415,7 @@ fn exchange(
             }
         }
     }
-    iov::writev_all(&c.stream, &mut c.iov, d, &mut c.armed)?;
+    c.link.writev_all(&mut c.iov, d)?;
 
     // Reply header and per-op statuses.
     let n = c.sent.len();
@@ -424,7 +424,7 @@ fn exchange(
     c.iov.clear();
     c.iov
         .push(iov::iovec(c.status.as_mut_ptr() as u64, proto::HDR_LEN));
-    iov::readv_exact(&c.stream, &mut c.iov, d, &mut c.armed)?;
+    c.link.readv_exact(&mut c.iov, d)?;
     let h = Header::decode(c.status[..proto::HDR_LEN].try_into().expect("header"));
     if h.magic != proto::REP_MAGIC || h.req_id != req_id {
         return Err(WireError::BadMagic { found: h.magic });
@@ -446,7 +446,7 @@ fn exchange(
         c.status[proto::HDR_LEN..].as_mut_ptr() as u64,
         n,
     ));
-    iov::readv_exact(&c.stream, &mut c.iov, d, &mut c.armed)?;
+    c.link.readv_exact(&mut c.iov, d)?;
 
     // Payloads of successful reads land straight in their destination segments.
     c.iov.clear();
@@ -472,16 +472,10 @@ fn exchange(
         match kind {
             Kind::Read(Some(landed)) => {
                 let ops = &c.landing;
-                iov::readv_exact_landing(
-                    &c.stream,
-                    &mut c.iov,
-                    &c.ends,
-                    d,
-                    &mut c.armed,
-                    &mut |g| landed(ops[g] as usize),
-                )?
+                c.link
+                    .readv_exact_landing(&mut c.iov, &c.ends, d, &mut |g| landed(ops[g] as usize))?
             }
-            _ => iov::readv_exact(&c.stream, &mut c.iov, d, &mut c.armed)?,
+            _ => c.link.readv_exact(&mut c.iov, d)?,
         }
     }
     Ok(())

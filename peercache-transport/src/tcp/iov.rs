@@ -83,7 +83,7 @@ fn map(e: io::Error, d: &Deadline) -> WireError {
 }
 
 /// Advances an iovec list past `n` bytes; returns the index of the first unfinished entry.
-fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
+pub(crate) fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
     while n > 0 && start < iovs.len() {
         let v = &mut iovs[start];
         if n >= v.iov_len {
@@ -101,6 +101,53 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, mut n: usize) -> usize {
         start += 1;
     }
     start
+}
+
+/// Copies `src` into the iovecs from entry `start` on, as far as either goes, and advances
+/// them; returns the first unfinished entry and the bytes copied (a sealed link's opened
+/// record landing in its destinations).
+pub(crate) fn fill_from(iovs: &mut [libc::iovec], start: usize, src: &[u8]) -> (usize, usize) {
+    let mut i = start;
+    let mut copied = 0;
+    while i < iovs.len() && copied < src.len() {
+        let take = iovs[i].iov_len.min(src.len() - copied);
+        // SAFETY: the iovec points into memory validated against a registered region (or a
+        // buffer owned by the caller) with at least `iov_len >= take` bytes left, held alive by
+        // the caller; `src` is a distinct buffer of the link, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src[copied..].as_ptr(),
+                iovs[i].iov_base as *mut u8,
+                take,
+            );
+        }
+        copied += take;
+        i = advance(iovs, i, take);
+    }
+    (advance(iovs, i, 0), copied)
+}
+
+/// Appends up to `max` bytes of the iovecs from entry `start` on to `out` and advances them;
+/// returns the first unfinished entry (a sealed link gathering a record's plaintext).
+pub(crate) fn drain_into(
+    iovs: &mut [libc::iovec],
+    start: usize,
+    out: &mut Vec<u8>,
+    max: usize,
+) -> usize {
+    let mut i = start;
+    let mut taken = 0;
+    while i < iovs.len() && taken < max {
+        let take = iovs[i].iov_len.min(max - taken);
+        // SAFETY: the iovec points into memory validated against a registered region (or a
+        // buffer owned by the caller) with at least `iov_len >= take` readable bytes, held
+        // alive by the caller for the duration of the call.
+        let src = unsafe { std::slice::from_raw_parts(iovs[i].iov_base as *const u8, take) };
+        out.extend_from_slice(src);
+        taken += take;
+        i = advance(iovs, i, take);
+    }
+    advance(iovs, i, 0)
 }
 
 /// Runs `op` (`readv` or `writev`) until every iovec is done, within the deadline. Group `g`

@@ -4,6 +4,7 @@
 
 pub(crate) mod client;
 mod iov;
+mod link;
 pub(crate) mod proto;
 pub(crate) mod server;
 

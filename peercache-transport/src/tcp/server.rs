@@ -1,17 +1,16 @@
 //! The TCP data server: serves registered regions to peers, one thread per connection.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use peercache_wire::handshake::{self, Acceptor, Plane};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
 use super::iov::{self, Deadline};
+use super::link::{End, Link};
 use super::proto::{self, Header, WireOp};
 use crate::TransportConfig;
 use crate::metrics::Counters;
@@ -147,7 +146,6 @@ struct ConnBufs {
     reply: Vec<u8>,
     iov: Vec<libc::iovec>,
     sink: Vec<u8>,
-    armed: Option<Duration>,
 }
 
 fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError> {
@@ -164,7 +162,8 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
         incarnation: sh.incarnation,
         auth: sh.cfg.auth.clone(),
     };
-    let hello = handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
+    let established = handshake::server_sync(&mut stream, &acceptor, sh.cfg.op_timeout)?;
+    let hello = &established.hello;
     if hello.plane == Plane::RdmaBootstrap {
         if let Some(r) = &sh.rdma {
             r.serve(stream);
@@ -181,21 +180,18 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
         return Ok(());
     }
     let mut bufs = ConnBufs {
-        peer: hello.node,
+        peer: hello.node.clone(),
         ops: Vec::new(),
         reply: Vec::new(),
         iov: Vec::new(),
         sink: Vec::new(),
-        armed: None,
     };
+    let mut link = Link::new(stream, established.channel.map(|k| k.server()), End::Server);
+    let stream = &mut link;
     loop {
         // Idle wait for the next request has no deadline; everything after the header does.
-        stream.set_read_timeout(None)?;
-        bufs.armed = None;
         let mut hdr = [0u8; proto::HDR_LEN];
-        stream
-            .read_exact(&mut hdr)
-            .map_err(peercache_wire::frame::map_io)?;
+        stream.read_idle(&mut hdr, sh.cfg.op_timeout)?;
         if sh.stop.load(Ordering::Acquire) {
             return Err(WireError::Closed);
         }
@@ -212,7 +208,7 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
             None
         };
         if let Some(code) = reject {
-            send_batch_reject(&stream, &h, code, &mut d, &mut bufs)?;
+            send_batch_reject(stream, &h, code, &mut d, &mut bufs)?;
             return Err(WireError::Malformed {
                 what: "data request",
                 detail: format!("batch rejected with code {code}"),
@@ -224,11 +220,11 @@ fn serve_conn(mut stream: TcpStream, sh: &ServerShared) -> Result<(), WireError>
         bufs.iov.clear();
         bufs.iov
             .push(iov::iovec(bufs.ops.as_mut_ptr() as u64, bufs.ops.len()));
-        iov::readv_exact(&stream, &mut bufs.iov, &mut d, &mut bufs.armed)?;
+        stream.readv_exact(&mut bufs.iov, &mut d)?;
         if h.code == proto::OP_READ {
-            serve_read(&stream, sh, &h, &mut d, &mut bufs)?;
+            serve_read(stream, sh, &h, &mut d, &mut bufs)?;
         } else {
-            serve_write(&stream, sh, &h, &mut d, &mut bufs)?;
+            serve_write(stream, sh, &h, &mut d, &mut bufs)?;
         }
     }
 }
@@ -247,7 +243,7 @@ fn reply_header(bufs: &mut ConnBufs, h: &Header, status: u8, count: u32) {
 }
 
 fn send_batch_reject(
-    stream: &TcpStream,
+    stream: &mut Link,
     h: &Header,
     code: u8,
     d: &mut Deadline,
@@ -257,7 +253,7 @@ fn send_batch_reject(
     bufs.iov.clear();
     bufs.iov
         .push(iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len()));
-    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)
+    stream.writev_all(&mut bufs.iov, d)
 }
 
 fn count_served(sh: &ServerShared, ok: u64, bytes: u64, errs: u64, write: bool) {
@@ -265,7 +261,7 @@ fn count_served(sh: &ServerShared, ok: u64, bytes: u64, errs: u64, write: bool) 
 }
 
 fn serve_read(
-    stream: &TcpStream,
+    stream: &mut Link,
     sh: &ServerShared,
     h: &Header,
     d: &mut Deadline,
@@ -305,13 +301,13 @@ fn serve_read(
     bufs.iov[0] = iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len());
     // Counted before the reply leaves, so a client that saw the reply sees the counters.
     count_served(sh, ok, bytes, errs, false);
-    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    stream.writev_all(&mut bufs.iov, d)?;
     drop(regions);
     Ok(())
 }
 
 fn serve_write(
-    stream: &TcpStream,
+    stream: &mut Link,
     sh: &ServerShared,
     h: &Header,
     d: &mut Deadline,
@@ -371,13 +367,13 @@ fn serve_write(
             }
         }
     }
-    iov::readv_exact(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    stream.readv_exact(&mut bufs.iov, d)?;
     drop(regions);
     bufs.iov.clear();
     bufs.iov
         .push(iov::iovec(bufs.reply.as_ptr() as u64, bufs.reply.len()));
     // Counted before the reply leaves, as reads are: a client that got the reply sees them.
     count_served(sh, ok, bytes, errs, true);
-    iov::writev_all(stream, &mut bufs.iov, d, &mut bufs.armed)?;
+    stream.writev_all(&mut bufs.iov, d)?;
     Ok(())
 }

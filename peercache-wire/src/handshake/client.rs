@@ -2,8 +2,8 @@
 
 use super::{
     AUTH_REASON_PREFIX, Accepted, AuthChallenge, AuthChallengeV1, AuthProof, EXT_AUTH_NONCE,
-    EXT_HANDSHAKE_VERSION, EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, Step,
-    VERSION_REASON_PREFIX,
+    EXT_HANDSHAKE_VERSION, EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply,
+    SEAL_REASON_PREFIX, Step, VERSION_REASON_PREFIX,
 };
 use crate::WireError;
 use crate::auth::{self, Auth, Side, TAG_LEN};
@@ -14,6 +14,8 @@ use crate::envelope::{self, Envelope, Extension, Message};
 #[derive(Debug)]
 pub struct ClientHandshake {
     auth: Auth,
+    /// The sealing features the Hello announced (0: this plane is never sealed).
+    seal: u64,
     hello_frame: Vec<u8>,
     nonce: [u8; TAG_LEN],
     /// The server's nonce, once challenged.
@@ -38,9 +40,19 @@ impl ClientHandshake {
                 data: nonce.to_vec(),
             });
         }
-        let hello_frame = envelope::encode(hello, &exts)?;
+        let seal = if hello.plane.seals() {
+            auth.seal_features()
+        } else {
+            0
+        };
+        let hello = Hello {
+            features: hello.features | seal,
+            ..hello.clone()
+        };
+        let hello_frame = envelope::encode(&hello, &exts)?;
         let hs = ClientHandshake {
             auth: auth.clone(),
+            seal,
             hello_frame: hello_frame.clone(),
             nonce,
             server_nonce: None,
@@ -92,19 +104,24 @@ impl ClientHandshake {
                 version,
                 node,
                 incarnation,
-                ..
+                features,
             } => {
                 if self.auth.is_enabled() {
                     self.check_server_proof(env)?;
                 }
+                let channel = self.channel(features, env.body)?;
                 Ok(Step::Finish(
                     Vec::new(),
                     Ok(Accepted {
                         version,
                         node,
                         incarnation,
+                        channel,
                     }),
                 ))
+            }
+            HelloReply::Reject { reason } if reason.starts_with(SEAL_REASON_PREFIX) => {
+                Err(WireError::Integrity(reason))
             }
             HelloReply::Reject { reason } if reason.starts_with(AUTH_REASON_PREFIX) => {
                 Err(WireError::Unauthenticated(reason))
@@ -121,6 +138,36 @@ impl ClientHandshake {
 
     /// An acceptance in an authenticated cluster must carry the server's proof over the
     /// whole exchange, the acceptance itself included.
+    /// The connection's keys when the server agreed to seal (its proof already checked).
+    fn channel(
+        &self,
+        features: u64,
+        accept_body: &[u8],
+    ) -> Result<Option<crate::seal::ChannelKeys>, WireError> {
+        let agreed = self.seal != 0 && features & crate::seal::FEATURE_SEAL != 0;
+        if !agreed {
+            if self.seal & crate::seal::FEATURE_SEAL_REQUIRED != 0 {
+                return Err(WireError::Integrity(
+                    "encryption in transit is required here and the server did not agree to \
+                     seal (a release before sealing)"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let Some(server_nonce) = self.server_nonce else {
+            return Err(WireError::Unauthenticated(
+                "the server agreed to seal without proving the cluster secret".into(),
+            ));
+        };
+        Ok(self.auth.channel_keys(
+            0,
+            &self.nonce,
+            &server_nonce,
+            &[&self.hello_frame, accept_body],
+        ))
+    }
+
     fn check_server_proof(&self, env: &Envelope<'_>) -> Result<(), WireError> {
         let Some(server_nonce) = self.server_nonce else {
             return Err(WireError::Unauthenticated(

@@ -9,7 +9,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use super::{
-    Accepted, Acceptor, ClientHandshake, Hello, MAX_HANDSHAKE_FRAME, ServerHandshake, Step,
+    Accepted, Acceptor, ClientHandshake, Established, Hello, MAX_HANDSHAKE_FRAME, ServerHandshake,
+    Step,
 };
 use crate::frame::Deadlined;
 use crate::{Auth, WireError};
@@ -73,13 +74,14 @@ pub fn client_sync(
     })
 }
 
-/// Blocking server handshake: runs the exchange and returns the client's hello if accepted,
-/// bounded by `timeout` in total — a stranger trickling bytes is cut off at the deadline.
+/// Blocking server handshake: runs the exchange and returns the client's hello (with its grant
+/// and, when sealed, the connection's keys) if accepted, bounded by `timeout` in total — a
+/// stranger trickling bytes is cut off at the deadline.
 pub fn server_sync(
     stream: &mut TcpStream,
     acceptor: &Acceptor,
     timeout: Duration,
-) -> Result<Hello, WireError> {
+) -> Result<Established, WireError> {
     let mut hs = ServerHandshake::new(acceptor);
     let res = bounded(stream, timeout, |io| {
         let mut buf = Vec::with_capacity(128);
@@ -100,7 +102,15 @@ pub fn server_sync(
     ) {
         hs.abandoned();
     }
-    res
+    res.map(|hello| established(&hs, hello))
+}
+
+fn established(hs: &ServerHandshake<'_>, hello: Hello) -> Established {
+    Established {
+        hello,
+        grant: hs.grant(),
+        channel: hs.channel(),
+    }
 }
 
 /// Async client handshake over a framed socket, bounded by `timeout`.
@@ -132,24 +142,14 @@ pub async fn client_async<T: AsyncRead + AsyncWrite + Unpin>(
         .map_err(|_| WireError::Timeout(timeout))?
 }
 
-/// Async server handshake over a framed socket, bounded by `timeout`.
+/// Async server handshake over a framed socket, bounded by `timeout`: the client's hello, what
+/// its proof granted it (see [`crate::auth::Auth::accepting_read_only`]) and, when sealed, the
+/// connection's keys.
 pub async fn server_async<T: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<T, LengthDelimitedCodec>,
     acceptor: &Acceptor,
     timeout: Duration,
-) -> Result<Hello, WireError> {
-    server_async_granted(framed, acceptor, timeout)
-        .await
-        .map(|(hello, _)| hello)
-}
-
-/// [`server_async`], with what the client's proof granted it (see
-/// [`crate::auth::Auth::accepting_read_only`]).
-pub async fn server_async_granted<T: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<T, LengthDelimitedCodec>,
-    acceptor: &Acceptor,
-    timeout: Duration,
-) -> Result<(Hello, crate::auth::Grant), WireError> {
+) -> Result<Established, WireError> {
     let mut hs = ServerHandshake::new(acceptor);
     let fut = async {
         loop {
@@ -183,5 +183,5 @@ pub async fn server_async_granted<T: AsyncRead + AsyncWrite + Unpin>(
     ) {
         hs.abandoned();
     }
-    res.map(|hello| (hello, hs.grant()))
+    res.map(|hello| established(&hs, hello))
 }

@@ -29,7 +29,7 @@ mod server;
 mod tests;
 
 pub use client::ClientHandshake;
-pub use drive::{client_async, client_sync, server_async, server_async_granted, server_sync};
+pub use drive::{client_async, client_sync, server_async, server_sync};
 pub use server::ServerHandshake;
 
 /// Envelope extension of a [`Hello`] carrying the client's 32-byte authentication nonce.
@@ -54,6 +54,8 @@ pub const MAX_HANDSHAKE_FRAME: usize = 4096;
 
 /// Reject reasons that start with this are authentication failures.
 const AUTH_REASON_PREFIX: &str = "authentication";
+/// Reject reasons that start with this are sealing disagreements.
+const SEAL_REASON_PREFIX: &str = "encryption in transit";
 /// Reject reasons that start with this are handshake-version mismatches.
 const VERSION_REASON_PREFIX: &str = "handshake version";
 /// In a version reject reason, what precedes the server's version.
@@ -82,6 +84,15 @@ pub enum Plane {
     /// Host-local (shared-memory) bootstrap: where a peer on the same host attaches to this
     /// node's shared regions.
     HostLocal,
+}
+
+impl Plane {
+    /// Whether connections on this plane are sealed when the handshake agrees to
+    /// ([`crate::seal`]): every plane that carries requests, not the bootstraps that hand over
+    /// to RDMA or shared memory.
+    pub fn seals(self) -> bool {
+        matches!(self, Plane::Discovery | Plane::Control | Plane::Data)
+    }
 }
 
 /// First message on every connection, client → server.
@@ -225,6 +236,19 @@ pub struct Accepted {
     pub node: Option<NodeId>,
     /// Server incarnation.
     pub incarnation: Incarnation,
+    /// The connection's keys when it is sealed from here on ([`crate::seal`]).
+    pub channel: Option<crate::seal::ChannelKeys>,
+}
+
+/// What the server learns from a successful handshake.
+#[derive(Clone, Debug)]
+pub struct Established {
+    /// The client's hello.
+    pub hello: Hello,
+    /// What the client's proof granted it.
+    pub grant: crate::auth::Grant,
+    /// The connection's keys when it is sealed from here on ([`crate::seal`]).
+    pub channel: Option<crate::seal::ChannelKeys>,
 }
 
 /// What a server announces and checks: the planes it serves, who it is, and its secret.

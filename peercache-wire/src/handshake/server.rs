@@ -2,7 +2,8 @@
 
 use super::{
     AUTH_REASON_PREFIX, Acceptor, AuthChallenge, AuthProof, EXT_AUTH_NONCE, EXT_HANDSHAKE_VERSION,
-    EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, Step, accept, version_reason,
+    EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, SEAL_REASON_PREFIX, Step, accept,
+    version_reason,
 };
 use crate::WireError;
 use crate::auth::{self, Grant, Side, TAG_LEN};
@@ -16,6 +17,8 @@ pub struct ServerHandshake<'a> {
     pending: Option<Pending>,
     /// The acceptor's key the client proved (answered with the same key).
     key: usize,
+    /// The connection's keys once the handshake agreed to seal it.
+    channel: Option<crate::seal::ChannelKeys>,
 }
 
 #[derive(Debug)]
@@ -41,6 +44,7 @@ impl<'a> ServerHandshake<'a> {
             acceptor,
             pending: None,
             key: 0,
+            channel: None,
         }
     }
 
@@ -50,14 +54,49 @@ impl<'a> ServerHandshake<'a> {
         self.acceptor.auth.grant_of(self.key)
     }
 
+    /// The connection's keys when the handshake agreed to seal it (after it finished).
+    pub fn channel(&self) -> Option<crate::seal::ChannelKeys> {
+        self.channel.clone()
+    }
+
+    /// Whether this connection is to be sealed, or the reason it cannot be accepted.
+    fn seal(&self, hello: &Hello) -> Result<bool, String> {
+        if !hello.plane.seals() {
+            return Ok(false);
+        }
+        crate::seal::agree(hello.features, self.acceptor.auth.seal_features())
+            .map_err(|why| format!("{SEAL_REASON_PREFIX}: {why}"))
+    }
+
     /// Answers `hello`; with `proven`, the exchange the client proved, the acceptance carries
-    /// the server's own proof over it.
-    fn finish(&self, hello: Hello, proven: Option<&Pending>) -> Result<Step<Hello>, WireError> {
+    /// the server's own proof over it (and, when the two sides agree to seal, the sealing
+    /// feature, from which both derive the connection's keys).
+    fn finish(&mut self, hello: Hello, proven: Option<&Pending>) -> Result<Step<Hello>, WireError> {
         let a = self.acceptor;
-        let reply = accept(&hello, &a.planes, a.node.clone(), a.incarnation);
+        let mut reply = accept(&hello, &a.planes, a.node.clone(), a.incarnation);
+        let mut sealed = false;
+        if let HelloReply::Accept { features, .. } = &mut reply {
+            match self.seal(&hello) {
+                Ok(s) => {
+                    sealed = s && proven.is_some();
+                    if sealed {
+                        *features |= crate::seal::FEATURE_SEAL;
+                    }
+                }
+                Err(reason) => reply = HelloReply::Reject { reason },
+            }
+        }
         let mut frame = envelope::encode(&reply, &[])?;
         if let (Some(p), HelloReply::Accept { .. }) = (proven, &reply) {
             let body = Envelope::parse(&frame)?.body;
+            if sealed {
+                self.channel = a.auth.channel_keys(
+                    self.key,
+                    &p.client_nonce,
+                    &p.server_nonce,
+                    &[&p.hello_frame, body],
+                );
+            }
             let proof = a
                 .auth
                 .proof_with(

@@ -19,9 +19,23 @@ fn acceptor(planes: &[Plane], node: Option<&str>, inc: u64, auth: Auth) -> Accep
 
 /// Runs both state machines against each other in memory.
 fn run(client: &Auth, server: &Auth) -> (Result<Accepted, WireError>, Result<Hello, WireError>) {
-    let acc = acceptor(&[Plane::Control], None, 1, server.clone());
+    let (c, s, _) = run_on(Plane::Control, client, server);
+    (c, s)
+}
+
+/// [`run`] on `plane`, with the keys the server ended with.
+fn run_on(
+    plane: Plane,
+    client: &Auth,
+    server: &Auth,
+) -> (
+    Result<Accepted, WireError>,
+    Result<Hello, WireError>,
+    Option<crate::seal::ChannelKeys>,
+) {
+    let acc = acceptor(&[plane], None, 1, server.clone());
     let mut srv = ServerHandshake::new(&acc);
-    let (mut cli, mut to_server) = ClientHandshake::new(&hello(Plane::Control), client).unwrap();
+    let (mut cli, mut to_server) = ClientHandshake::new(&hello(plane), client).unwrap();
     loop {
         let to_client = match srv.on_frame(&to_server) {
             Ok(Step::Send(f)) => f,
@@ -31,16 +45,95 @@ fn run(client: &Auth, server: &Auth) -> (Result<Accepted, WireError>, Result<Hel
                     Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
                     Err(e) => Err(e),
                 };
-                return (c, r);
+                return (c, r, srv.channel());
             }
-            Err(e) => return (Err(WireError::Closed), Err(e)),
+            Err(e) => return (Err(WireError::Closed), Err(e), None),
         };
         match cli.on_frame(&to_client) {
             Ok(Step::Send(f)) => to_server = f,
-            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed)),
-            Err(e) => return (Err(e), Err(WireError::Closed)),
+            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed), None),
+            Err(e) => return (Err(e), Err(WireError::Closed), None),
         }
     }
+}
+
+#[test]
+fn a_connection_is_sealed_when_one_side_requires_it_and_both_derive_the_same_keys() {
+    let offers = Auth::from_secret(b"first-cluster-secret").unwrap();
+    let requires = offers.requiring_encryption(true);
+    // Neither requires: not sealed.
+    let (c, s, k) = run_on(Plane::Control, &offers, &offers);
+    assert!(s.is_ok() && c.as_ref().unwrap().channel.is_none() && k.is_none());
+    // Either side requiring seals it, with the same keys on both sides.
+    for (client, server) in [
+        (&requires, &offers),
+        (&offers, &requires),
+        (&requires, &requires),
+    ] {
+        let (c, s, k) = run_on(Plane::Control, client, server);
+        assert!(s.is_ok(), "{s:?}");
+        let ck = c.unwrap().channel.expect("client keys");
+        assert_eq!(Some(ck), k);
+    }
+    // Two connections never share keys (fresh nonces on both sides).
+    let (a, _, _) = run_on(Plane::Data, &requires, &offers);
+    let (b, _, _) = run_on(Plane::Data, &requires, &offers);
+    assert_ne!(a.unwrap().channel, b.unwrap().channel);
+    // The bootstraps that hand over to RDMA or shared memory are not sealed.
+    let (c, s, k) = run_on(Plane::RdmaBootstrap, &requires, &requires);
+    assert!(s.is_ok() && c.unwrap().channel.is_none() && k.is_none());
+}
+
+#[test]
+fn a_side_that_requires_sealing_refuses_one_that_cannot_seal() {
+    let requires = Auth::from_secret(b"first-cluster-secret")
+        .unwrap()
+        .requiring_encryption(true);
+    // A secured server that requires it refuses an open client (for want of the secret).
+    let (c, s, _) = run_on(Plane::Control, &Auth::none(), &requires);
+    assert!(c.is_err() && s.is_err());
+    // A requiring client against an open server: refused with the sealing reason, typed.
+    let (c, s, _) = run_on(Plane::Control, &requires, &Auth::none());
+    assert!(matches!(c, Err(WireError::Integrity(_))), "{c:?}");
+    assert!(matches!(s, Err(WireError::Handshake(ref r)) if r.contains("encryption in transit")));
+    // A server of a release before sealing answers with a sound proof and no sealing bit:
+    // the requiring client refuses it.
+    let secret = Auth::from_secret(b"first-cluster-secret").unwrap();
+    let (mut cli, hello_frame) = ClientHandshake::new(&hello(Plane::Control), &requires).unwrap();
+    let nc: [u8; TAG_LEN] = Envelope::parse(&hello_frame)
+        .unwrap()
+        .extension(EXT_AUTH_NONCE)
+        .unwrap()
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let ns = [9u8; TAG_LEN];
+    let challenge = envelope::encode(&AuthChallenge { nonce: ns }, &[]).unwrap();
+    assert!(matches!(cli.on_frame(&challenge), Ok(Step::Send(_))));
+    let accept = HelloReply::Accept {
+        version: crate::WIRE_VERSION,
+        node: None,
+        incarnation: Incarnation(1),
+        features: 0,
+    };
+    let plain = envelope::encode(&accept, &[]).unwrap();
+    let body = Envelope::parse(&plain).unwrap().body.to_vec();
+    let proof = secret
+        .proof(Side::Server, &nc, &ns, &[&hello_frame, &body])
+        .unwrap();
+    let reply = envelope::encode(
+        &accept,
+        &[Extension {
+            tag: EXT_SERVER_PROOF,
+            data: proof.to_vec(),
+        }],
+    )
+    .unwrap();
+    let err = cli.on_frame(&reply).unwrap_err();
+    assert!(
+        matches!(err, WireError::Integrity(ref r) if r.contains("did not agree")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -234,7 +327,7 @@ fn sync_handshake_over_real_socket() {
     .unwrap();
     assert_eq!(acc.node.unwrap().as_str(), "srv");
     assert_eq!(acc.incarnation, Incarnation(9));
-    assert_eq!(srv.join().unwrap().unwrap().plane, Plane::Data);
+    assert_eq!(srv.join().unwrap().unwrap().hello.plane, Plane::Data);
 }
 
 #[test]
