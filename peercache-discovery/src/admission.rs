@@ -230,6 +230,7 @@ mod tests {
             addr: addr.parse().unwrap(),
             authenticated: true,
             grant: peercache_wire::auth::Grant::Full,
+            verified: false,
         }
     }
 

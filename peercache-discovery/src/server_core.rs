@@ -344,6 +344,7 @@ mod tests {
             addr: std::net::SocketAddr::new(i.host, 9),
             authenticated: true,
             grant: peercache_wire::auth::Grant::Full,
+            verified: false,
         }
     }
 

@@ -52,6 +52,7 @@ fn peer(n: u8, inc: u8) -> Peer {
         addr: SocketAddr::new(i.host, 40000),
         authenticated: true,
         grant: peercache_wire::auth::Grant::Full,
+        verified: false,
     }
 }
 

@@ -124,6 +124,7 @@ impl Sim {
                 addr: SocketAddr::new(me.host, 1),
                 authenticated: true,
                 grant: peercache_wire::auth::Grant::Full,
+                verified: false,
             };
             let answers: Vec<_> = round
                 .into_iter()

@@ -89,6 +89,8 @@ struct Inner {
     last_warn_s: AtomicU64,
     /// Connections on the sealing planes must be sealed ([`crate::seal`]).
     seal_required: bool,
+    /// Per-node credentials this endpoint proves and checks ([`crate::identity`]).
+    identity: Option<Arc<crate::identity::Identity>>,
 }
 
 /// The authentication settings of one endpoint: no secret (open cluster), or a key derived
@@ -135,6 +137,7 @@ impl Auth {
                 rejected: Tally::new(metrics::counter!(REJECTED_TOTAL)),
                 last_warn_s: AtomicU64::new(0),
                 seal_required: false,
+                identity: None,
             })),
         })
     }
@@ -165,6 +168,7 @@ impl Auth {
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
                 seal_required: inner.seal_required,
+                identity: inner.identity.clone(),
             })),
         })
     }
@@ -192,8 +196,33 @@ impl Auth {
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
                 seal_required: required,
+                identity: inner.identity.clone(),
             })),
         }
+    }
+
+    /// This endpoint's authentication, also proving and checking node identities with
+    /// `identity` ([`crate::identity`]). Without a secret this is a no-op; the store refuses
+    /// that combination in its configuration.
+    pub fn with_identity(&self, identity: crate::identity::Identity) -> Auth {
+        let Some(inner) = self.inner.as_ref() else {
+            return self.clone();
+        };
+        Auth {
+            inner: Some(Arc::new(Inner {
+                keys: inner.keys.clone(),
+                read_only_from: inner.read_only_from,
+                rejected: inner.rejected.clone(),
+                last_warn_s: AtomicU64::new(0),
+                seal_required: inner.seal_required,
+                identity: Some(Arc::new(identity)),
+            })),
+        }
+    }
+
+    /// The node identity this endpoint proves and checks, if any.
+    pub fn identity(&self) -> Option<&crate::identity::Identity> {
+        self.inner.as_ref().and_then(|i| i.identity.as_deref())
     }
 
     /// Whether this endpoint requires its connections sealed.

@@ -23,6 +23,7 @@ pub mod envelope;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod identity;
 pub mod ids;
 pub mod limits;
 pub mod metrics;

@@ -89,6 +89,9 @@ pub struct Peer {
     /// What its proof granted: [`Grant::ReadOnly`](crate::auth::Grant::ReadOnly) for a
     /// read-only client token, on a server whose `auth` accepts one.
     pub grant: crate::auth::Grant,
+    /// Whether the peer proved `node` with a node certificate ([`crate::identity`]); without
+    /// one `node` is the peer's claim.
+    pub verified: bool,
 }
 
 impl Peer {
@@ -456,6 +459,7 @@ async fn serve_conn(
         addr,
         authenticated: cfg.auth.is_enabled(),
         grant: established.grant,
+        verified: established.verified,
     };
     let mut sealed = established.channel.map(|k| k.server());
     let tag = if sealed.is_some() { TAG_BYTES } else { 0 };

@@ -358,6 +358,22 @@ settings! {
     /// once every node runs a release that can seal (docs/security.md).
     encrypt_in_transit: bool = false;
         shown "`false`", example "true", parse p::boolean;
+    /// File with this node's key (`peercache-key-v1 …`, from `peercache-node cert issue`): the
+    /// node proves its node id with it in every handshake (needs `node_cert_file`).
+    node_key_file: String = String::new();
+        shown "empty", example "/etc/peercache/node.key", parse p::string;
+    /// File with this node's certificate (`peercache-cert-v1 …`), which must cover its node id.
+    node_cert_file: String = String::new();
+        shown "empty", example "/etc/peercache/node.cert", parse p::string;
+    /// File with the cluster's public signing key (`peercache-public-key-v1 …`) every node
+    /// certificate is checked against.
+    cluster_ca_file: String = String::new();
+        shown "empty", example "/etc/peercache/cluster.pub", parse p::string;
+    /// Refuse every connection whose Hello names a node without proving it with a certificate
+    /// of `cluster_ca_file` (and servers that name a node without proving it): members can then
+    /// speak only for themselves. Needs a cluster secret and `cluster_ca_file`.
+    require_node_certificates: bool = false;
+        shown "`false`", example "true", parse p::boolean;
     /// Run without a cluster secret although the node is reachable beyond loopback (the
     /// explicit opt-out; shown in the start-up line and in `/cluster`).
     insecure: bool = false;

@@ -13,6 +13,15 @@ impl PeerCacheConfig {
     /// an error (nothing to key the encryption from).
     pub fn cluster_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
         let Some(secret) = self.secret()? else {
+            if self.require_node_certificates || !self.node_key_file.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "require_node_certificates",
+                    value: self.require_node_certificates.to_string(),
+                    reason: "node certificates are proven in the authenticated handshake: set \
+                             cluster_secret (or cluster_secret_file) too"
+                        .into(),
+                });
+            }
             if self.encrypt_in_transit {
                 return Err(ConfigError::Invalid {
                     key: "encrypt_in_transit",
@@ -28,9 +37,74 @@ impl PeerCacheConfig {
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect();
-        Ok(peercache_wire::Auth::rotating(secret.as_bytes(), &also)
+        let auth = peercache_wire::Auth::rotating(secret.as_bytes(), &also)
             .map_err(|e| self.invalid(e))?
-            .requiring_encryption(self.encrypt_in_transit))
+            .requiring_encryption(self.encrypt_in_transit);
+        Ok(match self.node_identity()? {
+            Some(id) => auth.with_identity(id),
+            None => auth,
+        })
+    }
+
+    /// The per-node credentials this config names: this node's key and certificate, the
+    /// cluster's public key, whether certificates are required. None when no key is set.
+    fn node_identity(&self) -> Result<Option<peercache_wire::identity::Identity>, ConfigError> {
+        use peercache_wire::identity::{Identity, NodeCert, SigningKey, public_key_from_text};
+        let (key, cert, ca) = (
+            &self.node_key_file,
+            &self.node_cert_file,
+            &self.cluster_ca_file,
+        );
+        if key.is_empty() && cert.is_empty() && ca.is_empty() && !self.require_node_certificates {
+            return Ok(None);
+        }
+        let refuse = |key: &'static str, reason: &str| ConfigError::Invalid {
+            key,
+            value: "<file>".into(),
+            reason: reason.into(),
+        };
+        if key.is_empty() != cert.is_empty() {
+            return Err(refuse(
+                if key.is_empty() {
+                    "node_key_file"
+                } else {
+                    "node_cert_file"
+                },
+                "node_key_file and node_cert_file go together (peercache-node cert issue writes both)",
+            ));
+        }
+        if ca.is_empty() {
+            return Err(refuse(
+                "cluster_ca_file",
+                "node certificates are checked against the cluster's public key: set \
+                 cluster_ca_file (peercache-node cert init writes it)",
+            ));
+        }
+        let read = |key: &'static str, path: &str| {
+            std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: PathBuf::from(path),
+                reason: format!("reading {key}: {e}"),
+            })
+        };
+        let parsed = |key: &'static str, e: peercache_wire::WireError| ConfigError::Invalid {
+            key,
+            value: "<file>".into(),
+            reason: e.to_string(),
+        };
+        let cluster = public_key_from_text(&read("cluster_ca_file", ca)?)
+            .map_err(|e| parsed("cluster_ca_file", e))?;
+        let own = if key.is_empty() {
+            None
+        } else {
+            let k = SigningKey::from_text(&read("node_key_file", key)?)
+                .map_err(|e| parsed("node_key_file", e))?;
+            let c = NodeCert::from_text(&read("node_cert_file", cert)?)
+                .map_err(|e| parsed("node_cert_file", e))?;
+            Some((k, c))
+        };
+        Identity::new(own, cluster, self.require_node_certificates)
+            .map(Some)
+            .map_err(|e| parsed("node_cert_file", e))
     }
 
     /// The client API port's authentication: [`Self::cluster_auth`], also accepting the

@@ -248,6 +248,47 @@ fn encryption_in_transit_needs_a_secret_and_the_client_port_requires_it_too() {
 }
 
 #[test]
+fn node_certificates_need_their_files_together_a_cluster_key_and_a_secret() {
+    let cfg = |mut j: Value| {
+        j["discovery_addr"] = "127.0.0.1:7000".into();
+        PeerCacheConfig::from_map(&map(j)).unwrap().0
+    };
+    let secret = "sixteen-byte-secret!";
+    let err = |j: Value| cfg(j).cluster_auth().unwrap_err().to_string();
+    let e = err(serde_json::json!({"require_node_certificates": true}));
+    assert!(e.contains("cluster_secret"), "{e}");
+    let e = err(serde_json::json!({"cluster_secret": secret, "require_node_certificates": true}));
+    assert!(e.contains("cluster_ca_file"), "{e}");
+    let e = err(serde_json::json!({"cluster_secret": secret, "node_key_file": "/k"}));
+    assert!(e.contains("node_cert_file"), "{e}");
+    let e = err(serde_json::json!({
+        "cluster_secret": secret, "cluster_ca_file": "/nonexistent/cluster.pub",
+    }));
+    assert!(e.contains("cluster_ca_file"), "{e}");
+    // A cluster key file that is not one: a typed error naming the key.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("cluster.pub");
+    std::fs::write(&bad, "not a key").unwrap();
+    let e = err(serde_json::json!({
+        "cluster_secret": secret, "cluster_ca_file": bad.display().to_string(),
+    }));
+    assert!(e.contains("cluster_ca_file"), "{e}");
+    // With the cluster's public key alone a node checks others and proves nothing itself.
+    let pk = peercache_wire::identity::SigningKey::generate()
+        .unwrap()
+        .public_key();
+    std::fs::write(&bad, peercache_wire::identity::public_key_to_text(&pk)).unwrap();
+    let auth = cfg(serde_json::json!({
+        "cluster_secret": secret, "cluster_ca_file": bad.display().to_string(),
+        "require_node_certificates": true,
+    }))
+    .cluster_auth()
+    .unwrap();
+    let id = auth.identity().expect("an identity");
+    assert!(id.requires() && id.cert().is_none());
+}
+
+#[test]
 fn every_listed_key_is_parsed_not_ignored() {
     // A key in KEYS without a `set` arm would be documented and silently ignored; every
     // arm either takes the value or refuses it with a typed error, never "unknown".

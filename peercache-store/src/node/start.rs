@@ -115,6 +115,20 @@ impl Core {
         let explicit_host = !cfg.local_hostname.is_empty();
         let metrics = Handles::register(me.as_str());
         let auth = cfg.cluster_auth()?;
+        if let Some(cert) = auth.identity().and_then(|i| i.cert())
+            && !cert.covers(&me)
+        {
+            return Err(crate::config::ConfigError::Invalid {
+                key: "node_cert_file",
+                value: cert.subject.clone(),
+                reason: format!(
+                    "the certificate covers {:?}, not this node's id {me} (set node_id, or \
+                     issue a certificate for it)",
+                    cert.subject
+                ),
+            }
+            .into());
+        }
         if let Some(warning) = cfg.check_authentication(&auth)? {
             tracing::warn!("{warning}");
         }

@@ -46,6 +46,10 @@ pub enum NodeCommand {
     /// Print the read-only client token of the cluster secret: routers and tools that only
     /// read use it as their secret on the client API, which refuses their writes.
     ReadOnlyToken(crate::tools::token::TokenArgs),
+    /// Per-node credentials: the cluster's signing key and node certificates
+    /// (`require_node_certificates`; docs/security.md).
+    #[command(subcommand)]
+    Cert(crate::tools::cert::CertCommand),
 }
 
 /// `peercache-meta`: a standalone discovery server.
@@ -164,6 +168,7 @@ pub fn run_node(args: NodeArgs, role: Role) -> Result<()> {
         Some(NodeCommand::Drive(d)) => return crate::tools::drive::run(d),
         Some(NodeCommand::Locate(l)) => return crate::tools::locate::run(l),
         Some(NodeCommand::ReadOnlyToken(t)) => return crate::tools::token::run(t),
+        Some(NodeCommand::Cert(c)) => return crate::tools::cert::run(c),
         None => {}
     }
     block_signals();

@@ -1,7 +1,8 @@
 //! The operator tools behind the binaries in `src/bin/`: [`cli`] (the node and meta server
-//! commands) with [`status`], [`drive`], [`locate`] and [`token`], sharing [`tool`]'s
+//! commands) with [`status`], [`drive`], [`locate`], [`token`] and [`cert`], sharing [`tool`]'s
 //! connection and output helpers.
 
+pub mod cert;
 pub mod cli;
 pub mod drive;
 pub mod locate;

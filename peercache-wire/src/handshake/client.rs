@@ -2,8 +2,8 @@
 
 use super::{
     AUTH_REASON_PREFIX, Accepted, AuthChallenge, AuthChallengeV1, AuthProof, EXT_AUTH_NONCE,
-    EXT_HANDSHAKE_VERSION, EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply,
-    SEAL_REASON_PREFIX, Step, VERSION_REASON_PREFIX,
+    EXT_HANDSHAKE_VERSION, EXT_NODE_CERT, EXT_NODE_SIGNATURE, EXT_SERVER_PROOF, HANDSHAKE_VERSION,
+    Hello, HelloReply, SEAL_REASON_PREFIX, Step, VERSION_REASON_PREFIX,
 };
 use crate::WireError;
 use crate::auth::{self, Auth, Side, TAG_LEN};
@@ -38,6 +38,16 @@ impl ClientHandshake {
             exts.push(Extension {
                 tag: EXT_AUTH_NONCE,
                 data: nonce.to_vec(),
+            });
+        }
+        // A Hello that names a node presents the node's certificate, when it has one.
+        if let (Some(_), Some(cert)) = (
+            hello.node.as_ref(),
+            auth.identity().and_then(|i| i.cert_bytes()),
+        ) {
+            exts.push(Extension {
+                tag: EXT_NODE_CERT,
+                data: cert.to_vec(),
             });
         }
         let seal = if hello.plane.seals() {
@@ -94,7 +104,26 @@ impl ClientHandshake {
             .auth
             .proof(Side::Client, &self.nonce, &ch.nonce, &[&self.hello_frame])
             .unwrap_or([0; TAG_LEN]);
-        Ok(Step::Send(envelope::encode(&AuthProof { proof }, &[])?))
+        // With a certificate presented, the node key signs the exchange too.
+        let signature = Envelope::parse(&self.hello_frame)?
+            .extension(EXT_NODE_CERT)?
+            .and_then(|_| self.auth.identity())
+            .and_then(|id| {
+                id.sign(&super::identity_message(
+                    b"client",
+                    &self.nonce,
+                    &ch.nonce,
+                    &[&self.hello_frame],
+                ))
+            });
+        let exts: Vec<Extension> = signature
+            .map(|sig| Extension {
+                tag: EXT_NODE_SIGNATURE,
+                data: sig.to_vec(),
+            })
+            .into_iter()
+            .collect();
+        Ok(Step::Send(envelope::encode(&AuthProof { proof }, &exts)?))
     }
 
     fn on_reply(&mut self, env: &Envelope<'_>) -> Result<Step<Accepted>, WireError> {
@@ -109,6 +138,7 @@ impl ClientHandshake {
                 if self.auth.is_enabled() {
                     self.check_server_proof(env)?;
                 }
+                let verified = self.check_server_identity(node.as_ref(), env)?;
                 let channel = self.channel(features, env.body)?;
                 Ok(Step::Finish(
                     Vec::new(),
@@ -117,6 +147,7 @@ impl ClientHandshake {
                         node,
                         incarnation,
                         channel,
+                        verified,
                     }),
                 ))
             }
@@ -166,6 +197,40 @@ impl ClientHandshake {
             &server_nonce,
             &[&self.hello_frame, accept_body],
         ))
+    }
+
+    /// Whether the server proved the node id it names (its proof of the secret already
+    /// checked); an error when it presented a certificate that does not hold, or presented
+    /// none where this side requires it.
+    fn check_server_identity(
+        &self,
+        node: Option<&crate::NodeId>,
+        env: &Envelope<'_>,
+    ) -> Result<bool, WireError> {
+        let (Some(id), Some(node), Some(ns)) = (self.auth.identity(), node, self.server_nonce)
+        else {
+            return Ok(false);
+        };
+        match (
+            env.extension(EXT_NODE_CERT)?,
+            env.extension(EXT_NODE_SIGNATURE)?,
+        ) {
+            (Some(cert), Some(sig)) => {
+                let msg = super::identity_message(
+                    b"server",
+                    &self.nonce,
+                    &ns,
+                    &[&self.hello_frame, env.body],
+                );
+                id.check(node, cert, &msg, sig)?;
+                Ok(true)
+            }
+            _ if id.requires() => Err(WireError::Unauthenticated(format!(
+                "the server names node {node} without proving it with a node certificate, \
+                 and this cluster requires node certificates"
+            ))),
+            _ => Ok(false),
+        }
     }
 
     fn check_server_proof(&self, env: &Envelope<'_>) -> Result<(), WireError> {

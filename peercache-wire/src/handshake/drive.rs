@@ -110,6 +110,7 @@ fn established(hs: &ServerHandshake<'_>, hello: Hello) -> Established {
         hello,
         grant: hs.grant(),
         channel: hs.channel(),
+        verified: hs.verified(),
     }
 }
 

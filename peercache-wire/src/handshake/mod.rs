@@ -46,6 +46,30 @@ pub const EXT_HANDSHAKE_VERSION: u16 = 0x0011;
 /// sent only after the client has proven it.
 pub const EXT_SERVER_PROOF: u16 = 0x0012;
 
+/// Envelope extension of a [`Hello`] (client) or [`HelloReply::Accept`] (server): the
+/// sender's node certificate ([`crate::identity::NodeCert`], wire form). Not critical.
+pub const EXT_NODE_CERT: u16 = 0x0013;
+
+/// Envelope extension of an [`AuthProof`] (client) or [`HelloReply::Accept`] (server): the
+/// sender's Ed25519 signature of the exchange with its node key. Not critical.
+pub const EXT_NODE_SIGNATURE: u16 = 0x0014;
+
+/// What a node key signs in the handshake: the side, both nonces and the messages so far
+/// (the Hello; the server's acceptance too), each length-prefixed.
+fn identity_message(side: &[u8], nc: &[u8], ns: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut m =
+        Vec::with_capacity(64 + side.len() + parts.iter().map(|p| p.len() + 8).sum::<usize>());
+    m.extend_from_slice(b"peercache identity v1 ");
+    m.extend_from_slice(side);
+    m.extend_from_slice(nc);
+    m.extend_from_slice(ns);
+    for p in parts {
+        m.extend_from_slice(&(p.len() as u64).to_be_bytes());
+        m.extend_from_slice(p);
+    }
+    m
+}
+
 /// The handshake version this build runs: 2, the client proves the secret first.
 pub const HANDSHAKE_VERSION: u8 = 2;
 
@@ -238,6 +262,8 @@ pub struct Accepted {
     pub incarnation: Incarnation,
     /// The connection's keys when it is sealed from here on ([`crate::seal`]).
     pub channel: Option<crate::seal::ChannelKeys>,
+    /// The server proved the node id it named with a node certificate ([`crate::identity`]).
+    pub verified: bool,
 }
 
 /// What the server learns from a successful handshake.
@@ -249,6 +275,9 @@ pub struct Established {
     pub grant: crate::auth::Grant,
     /// The connection's keys when it is sealed from here on ([`crate::seal`]).
     pub channel: Option<crate::seal::ChannelKeys>,
+    /// The client proved the node id its Hello names with a node certificate
+    /// ([`crate::identity`]); false for a Hello that names no node.
+    pub verified: bool,
 }
 
 /// What a server announces and checks: the planes it serves, who it is, and its secret.

@@ -2,8 +2,8 @@
 
 use super::{
     AUTH_REASON_PREFIX, Acceptor, AuthChallenge, AuthProof, EXT_AUTH_NONCE, EXT_HANDSHAKE_VERSION,
-    EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply, SEAL_REASON_PREFIX, Step, accept,
-    version_reason,
+    EXT_NODE_CERT, EXT_NODE_SIGNATURE, EXT_SERVER_PROOF, HANDSHAKE_VERSION, Hello, HelloReply,
+    SEAL_REASON_PREFIX, Step, accept, version_reason,
 };
 use crate::WireError;
 use crate::auth::{self, Grant, Side, TAG_LEN};
@@ -19,6 +19,8 @@ pub struct ServerHandshake<'a> {
     key: usize,
     /// The connection's keys once the handshake agreed to seal it.
     channel: Option<crate::seal::ChannelKeys>,
+    /// The client proved the node id its Hello names.
+    verified: bool,
 }
 
 #[derive(Debug)]
@@ -45,6 +47,7 @@ impl<'a> ServerHandshake<'a> {
             pending: None,
             key: 0,
             channel: None,
+            verified: false,
         }
     }
 
@@ -57,6 +60,42 @@ impl<'a> ServerHandshake<'a> {
     /// The connection's keys when the handshake agreed to seal it (after it finished).
     pub fn channel(&self) -> Option<crate::seal::ChannelKeys> {
         self.channel.clone()
+    }
+
+    /// Whether the client proved the node id its Hello names (after it finished).
+    pub fn verified(&self) -> bool {
+        self.verified
+    }
+
+    /// Checks the client's node certificate and signature (its proof of the secret already
+    /// checked): Ok(true) proven, Ok(false) nothing to prove, Err(why) to refuse.
+    fn check_client_identity(&self, p: &Pending, proof: &Envelope<'_>) -> Result<bool, String> {
+        let (Some(id), Some(node)) = (self.acceptor.auth.identity(), p.hello.node.as_ref()) else {
+            return Ok(false);
+        };
+        let hello = Envelope::parse(&p.hello_frame).map_err(|e| e.to_string())?;
+        let cert = hello.extension(EXT_NODE_CERT).map_err(|e| e.to_string())?;
+        let sig = proof
+            .extension(EXT_NODE_SIGNATURE)
+            .map_err(|e| e.to_string())?;
+        match (cert, sig) {
+            (Some(cert), Some(sig)) => {
+                let msg = super::identity_message(
+                    b"client",
+                    &p.client_nonce,
+                    &p.server_nonce,
+                    &[&p.hello_frame],
+                );
+                id.check(node, cert, &msg, sig)
+                    .map(|()| true)
+                    .map_err(|e| format!("node certificate refused: {e}"))
+            }
+            _ if id.requires() => Err(format!(
+                "this cluster requires node certificates and the hello names node {node} \
+                 without one"
+            )),
+            _ => Ok(false),
+        }
     }
 
     /// Whether this connection is to be sealed, or the reason it cannot be accepted.
@@ -107,13 +146,32 @@ impl<'a> ServerHandshake<'a> {
                     &[&p.hello_frame, body],
                 )
                 .unwrap_or([0; TAG_LEN]);
-            frame = envelope::encode(
-                &reply,
-                &[Extension {
-                    tag: EXT_SERVER_PROOF,
-                    data: proof.to_vec(),
-                }],
-            )?;
+            let mut exts = vec![Extension {
+                tag: EXT_SERVER_PROOF,
+                data: proof.to_vec(),
+            }];
+            // A server that names its node proves it with its certificate, when it has one.
+            if let (Some(_), Some(id)) = (a.node.as_ref(), a.auth.identity())
+                && let (Some(cert), Some(sig)) = (
+                    id.cert_bytes(),
+                    id.sign(&super::identity_message(
+                        b"server",
+                        &p.client_nonce,
+                        &p.server_nonce,
+                        &[&p.hello_frame, body],
+                    )),
+                )
+            {
+                exts.push(Extension {
+                    tag: EXT_NODE_CERT,
+                    data: cert.to_vec(),
+                });
+                exts.push(Extension {
+                    tag: EXT_NODE_SIGNATURE,
+                    data: sig.to_vec(),
+                });
+            }
+            frame = envelope::encode(&reply, &exts)?;
         }
         let result = match reply {
             HelloReply::Accept { .. } => Ok(hello),
@@ -204,7 +262,11 @@ impl<'a> ServerHandshake<'a> {
     }
 
     fn on_proof(&mut self, p: Pending, frame: &[u8]) -> Result<Step<Hello>, WireError> {
-        let proof = match Envelope::parse(frame).and_then(|e| e.decode::<AuthProof>()) {
+        let env = match Envelope::parse(frame) {
+            Ok(e) => e,
+            Err(_) => return self.refuse("expected an authentication proof"),
+        };
+        let proof = match env.decode::<AuthProof>() {
             Ok(p) => p,
             Err(_) => return self.refuse("expected an authentication proof"),
         };
@@ -217,6 +279,10 @@ impl<'a> ServerHandshake<'a> {
         ) {
             Some(key) => self.key = key,
             None => return self.refuse("wrong proof (different cluster_secret, or a replay)"),
+        }
+        match self.check_client_identity(&p, &env) {
+            Ok(v) => self.verified = v,
+            Err(why) => return self.refuse(&why),
         }
         let hello = p.hello.clone();
         self.finish(hello, Some(&p))

@@ -504,3 +504,192 @@ fn the_read_only_token_is_granted_read_only_only_where_accepted_and_both_sides_v
             .is_enabled()
     );
 }
+
+/// Runs a handshake between a client naming `cnode` and a server named `snode`; returns both
+/// results and whether the server found the client's node id proven.
+fn run_named(
+    client: &Auth,
+    cnode: Option<&str>,
+    server: &Auth,
+    snode: Option<&str>,
+) -> (Result<Accepted, WireError>, Result<Hello, WireError>, bool) {
+    let acc = acceptor(&[Plane::Control], snode, 1, server.clone());
+    let mut srv = ServerHandshake::new(&acc);
+    let h = Hello::new(
+        Plane::Control,
+        cnode.map(|n| NodeId::new(n).unwrap()),
+        Incarnation(2),
+    );
+    let (mut cli, mut to_server) = ClientHandshake::new(&h, client).unwrap();
+    loop {
+        let to_client = match srv.on_frame(&to_server) {
+            Ok(Step::Send(f)) => f,
+            Ok(Step::Finish(f, r)) => {
+                let c = match cli.on_frame(&f) {
+                    Ok(Step::Finish(_, c)) => c,
+                    Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
+                    Err(e) => Err(e),
+                };
+                return (c, r, srv.verified());
+            }
+            Err(e) => return (Err(WireError::Closed), Err(e), false),
+        };
+        match cli.on_frame(&to_client) {
+            Ok(Step::Send(f)) => to_server = f,
+            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed), false),
+            Err(e) => return (Err(e), Err(WireError::Closed), false),
+        }
+    }
+}
+
+/// The cluster's signing key and an authentication for a node whose certificate names
+/// `subject` (None: no certificate, checks only).
+struct Certs {
+    cluster: crate::identity::SigningKey,
+}
+
+impl Certs {
+    fn new() -> Self {
+        Certs {
+            cluster: crate::identity::SigningKey::generate().unwrap(),
+        }
+    }
+
+    fn auth(&self, subject: Option<&str>, require: bool) -> Auth {
+        let own = subject.map(|s| {
+            let key = crate::identity::SigningKey::generate().unwrap();
+            let cert = self.cluster.issue(s, key.public_key(), u64::MAX).unwrap();
+            (key, cert)
+        });
+        let id = crate::identity::Identity::new(own, self.cluster.public_key(), require).unwrap();
+        Auth::from_secret(b"first-cluster-secret")
+            .unwrap()
+            .with_identity(id)
+    }
+}
+
+#[test]
+fn members_with_certificates_prove_their_node_ids_both_ways() {
+    let c = Certs::new();
+    let (cli, srv, verified) = run_named(
+        &c.auth(Some("node-a"), true),
+        Some("node-a"),
+        &c.auth(Some("node-*"), true),
+        Some("node-b"),
+    );
+    assert!(srv.is_ok(), "{srv:?}");
+    assert!(verified, "the server found the client's id proven");
+    assert!(
+        cli.unwrap().verified,
+        "the client found the server's id proven"
+    );
+    // A tool that names no node needs no certificate, even where they are required.
+    let (cli, srv, verified) = run_named(
+        &c.auth(None, false),
+        None,
+        &c.auth(Some("node-b"), true),
+        Some("node-b"),
+    );
+    assert!(srv.is_ok() && !verified);
+    assert!(cli.unwrap().verified);
+}
+
+#[test]
+fn a_member_cannot_name_another_node_than_its_certificate_covers() {
+    let c = Certs::new();
+    let server = c.auth(Some("node-b"), true);
+    // node-a's certificate, a Hello naming node-c: refused, typed on both sides.
+    let (cli, srv, _) = run_named(
+        &c.auth(Some("node-a"), false),
+        Some("node-c"),
+        &server,
+        Some("node-b"),
+    );
+    assert!(
+        matches!(srv, Err(WireError::Unauthenticated(ref r)) if r.contains("does not cover")),
+        "{srv:?}"
+    );
+    assert!(matches!(cli, Err(WireError::Unauthenticated(_))), "{cli:?}");
+    // No certificate, naming a node, where they are required: refused.
+    let (_, srv, _) = run_named(
+        &c.auth(None, false),
+        Some("node-a"),
+        &server,
+        Some("node-b"),
+    );
+    assert!(
+        matches!(srv, Err(WireError::Unauthenticated(ref r)) if r.contains("requires node certificates")),
+        "{srv:?}"
+    );
+    // A certificate of another cluster's key: refused.
+    let other = Certs::new();
+    let (_, srv, _) = run_named(
+        &other.auth(Some("node-a"), false),
+        Some("node-a"),
+        &server,
+        Some("node-b"),
+    );
+    assert!(
+        matches!(srv, Err(WireError::Unauthenticated(ref r)) if r.contains("not signed")),
+        "{srv:?}"
+    );
+    // Where certificates are not required, a claim without one is still served, unproven.
+    let lenient = c.auth(Some("node-b"), false);
+    let (_, srv, verified) = run_named(
+        &c.auth(None, false),
+        Some("node-a"),
+        &lenient,
+        Some("node-b"),
+    );
+    assert!(srv.is_ok() && !verified);
+    // A server whose certificate does not cover the node it names is refused by the client.
+    let (cli, _, _) = run_named(
+        &c.auth(Some("node-a"), true),
+        Some("node-a"),
+        &c.auth(Some("node-x"), false),
+        Some("node-b"),
+    );
+    assert!(
+        matches!(cli, Err(WireError::Unauthenticated(ref r)) if r.contains("does not cover")),
+        "{cli:?}"
+    );
+    // And a server with no certificate, by a client that requires them.
+    let (cli, _, _) = run_named(
+        &c.auth(Some("node-a"), true),
+        Some("node-a"),
+        &c.auth(None, false),
+        Some("node-b"),
+    );
+    assert!(
+        matches!(cli, Err(WireError::Unauthenticated(ref r)) if r.contains("without proving")),
+        "{cli:?}"
+    );
+}
+
+#[test]
+fn a_certificate_and_signature_moved_to_another_connection_are_refused() {
+    // Record a member's Hello (with its certificate) and proof, replay them to a new server
+    // handshake: the server's fresh nonce makes both the MAC and the node signature fail.
+    let c = Certs::new();
+    let server = c.auth(Some("node-b"), true);
+    let acc = acceptor(&[Plane::Control], Some("node-b"), 1, server.clone());
+    let h = Hello::new(
+        Plane::Control,
+        Some(NodeId::new("node-a").unwrap()),
+        Incarnation(2),
+    );
+    let (mut cli, hello_frame) = ClientHandshake::new(&h, &c.auth(Some("node-a"), true)).unwrap();
+    let mut first = ServerHandshake::new(&acc);
+    let Ok(Step::Send(challenge)) = first.on_frame(&hello_frame) else {
+        panic!("challenge")
+    };
+    let Ok(Step::Send(proof)) = cli.on_frame(&challenge) else {
+        panic!("proof")
+    };
+    let mut second = ServerHandshake::new(&acc);
+    assert!(matches!(second.on_frame(&hello_frame), Ok(Step::Send(_))));
+    let Ok(Step::Finish(_, r)) = second.on_frame(&proof) else {
+        panic!("finish")
+    };
+    assert!(matches!(r, Err(WireError::Unauthenticated(_))), "{r:?}");
+}
