@@ -87,8 +87,8 @@ struct Inner {
     read_only_from: usize,
     rejected: Tally,
     last_warn_s: AtomicU64,
-    /// Connections on the sealing planes must be sealed ([`crate::seal`]).
-    seal_required: bool,
+    /// What this endpoint asks of its connections' sealing ([`crate::seal`]).
+    sealing: crate::seal::Sealing,
     /// Per-node credentials this endpoint proves and checks ([`crate::identity`]).
     identity: Option<Arc<crate::identity::Identity>>,
 }
@@ -136,7 +136,7 @@ impl Auth {
                 read_only_from,
                 rejected: Tally::new(metrics::counter!(REJECTED_TOTAL)),
                 last_warn_s: AtomicU64::new(0),
-                seal_required: false,
+                sealing: crate::seal::Sealing::Offer,
                 identity: None,
             })),
         })
@@ -167,7 +167,7 @@ impl Auth {
                 read_only_from: inner.keys.len(),
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
-                seal_required: inner.seal_required,
+                sealing: inner.sealing,
                 identity: inner.identity.clone(),
             })),
         })
@@ -175,8 +175,7 @@ impl Auth {
 
     /// This endpoint's authentication, requiring (`true`) encryption in transit on the
     /// sealing planes or only offering it (`false`, the default: a connection is sealed when
-    /// the other side requires it). Without a secret nothing can be sealed and this is a no-op;
-    /// the store refuses that combination in its configuration.
+    /// the other side prefers or requires it). See [`Auth::with_sealing`].
     ///
     /// ```
     /// use peercache_wire::Auth;
@@ -186,6 +185,17 @@ impl Auth {
     /// # Ok::<(), peercache_wire::WireError>(())
     /// ```
     pub fn requiring_encryption(&self, required: bool) -> Auth {
+        self.with_sealing(if required {
+            crate::seal::Sealing::Require
+        } else {
+            crate::seal::Sealing::Offer
+        })
+    }
+
+    /// This endpoint's authentication with `sealing` for its connections on the sealing planes.
+    /// Without a secret nothing can be sealed and this is a no-op; the store refuses
+    /// [`Sealing::Require`](crate::seal::Sealing::Require) without one in its configuration.
+    pub fn with_sealing(&self, sealing: crate::seal::Sealing) -> Auth {
         let Some(inner) = self.inner.as_ref() else {
             return self.clone();
         };
@@ -195,9 +205,29 @@ impl Auth {
                 read_only_from: inner.read_only_from,
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
-                seal_required: required,
+                sealing,
                 identity: inner.identity.clone(),
             })),
+        }
+    }
+
+    /// Whether this endpoint requires its connections sealed.
+    pub fn seals(&self) -> bool {
+        self.sealing() == crate::seal::Sealing::Require
+    }
+
+    /// What this endpoint asks of its connections' sealing (`Offer` without a secret).
+    pub fn sealing(&self) -> crate::seal::Sealing {
+        self.inner
+            .as_ref()
+            .map_or(crate::seal::Sealing::Offer, |i| i.sealing)
+    }
+
+    /// The sealing feature bits this endpoint announces in a handshake.
+    pub(crate) fn seal_features(&self) -> u64 {
+        match self.inner.as_ref() {
+            None => 0,
+            Some(i) => i.sealing.features(),
         }
     }
 
@@ -214,7 +244,7 @@ impl Auth {
                 read_only_from: inner.read_only_from,
                 rejected: inner.rejected.clone(),
                 last_warn_s: AtomicU64::new(0),
-                seal_required: inner.seal_required,
+                sealing: inner.sealing,
                 identity: Some(Arc::new(identity)),
             })),
         }
@@ -223,22 +253,6 @@ impl Auth {
     /// The node identity this endpoint proves and checks, if any.
     pub fn identity(&self) -> Option<&crate::identity::Identity> {
         self.inner.as_ref().and_then(|i| i.identity.as_deref())
-    }
-
-    /// Whether this endpoint requires its connections sealed.
-    pub fn seals(&self) -> bool {
-        self.inner.as_ref().is_some_and(|i| i.seal_required)
-    }
-
-    /// The sealing feature bits this endpoint announces in a handshake.
-    pub(crate) fn seal_features(&self) -> u64 {
-        match self.inner.as_ref() {
-            None => 0,
-            Some(i) if i.seal_required => {
-                crate::seal::FEATURE_SEAL | crate::seal::FEATURE_SEAL_REQUIRED
-            }
-            Some(_) => crate::seal::FEATURE_SEAL,
-        }
     }
 
     /// The keys of a sealed connection whose handshake proved key `key` (see

@@ -47,6 +47,33 @@ pub const RECORD_MAX: usize = 256 << 10;
 pub const FEATURE_SEAL: u64 = 1 << 0;
 /// Hello feature bit: this side requires the connection sealed.
 pub const FEATURE_SEAL_REQUIRED: u64 = 1 << 1;
+/// Hello feature bit: this side prefers the connection sealed (sealed when both can; a side
+/// that cannot is still served, unsealed).
+pub const FEATURE_SEAL_PREFERRED: u64 = 1 << 2;
+
+/// What an endpoint asks of its connections' sealing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sealing {
+    /// Seal only when the other side prefers or requires it.
+    #[default]
+    Offer,
+    /// Seal whenever the other side can; serve one that cannot (a release before sealing)
+    /// unsealed.
+    Prefer,
+    /// Seal always; refuse a side that cannot.
+    Require,
+}
+
+impl Sealing {
+    /// The feature bits an endpoint with a secret announces.
+    pub fn features(self) -> u64 {
+        match self {
+            Sealing::Offer => FEATURE_SEAL,
+            Sealing::Prefer => FEATURE_SEAL | FEATURE_SEAL_PREFERRED,
+            Sealing::Require => FEATURE_SEAL | FEATURE_SEAL_PREFERRED | FEATURE_SEAL_REQUIRED,
+        }
+    }
+}
 
 const CHANNEL_LABEL: &[u8] = b"peercache channel v1";
 const C2S_LABEL: &[u8] = b"peercache channel v1 client to server";
@@ -192,18 +219,20 @@ fn exhausted() -> WireError {
     WireError::Integrity("2^64 records on one connection: reconnect".into())
 }
 
-/// What a handshake decides about sealing, from both sides' feature bits: `Ok(true)` to seal,
-/// `Ok(false)` not to, `Err(reason)` when one side requires it and the other cannot.
+/// What a handshake decides about sealing, from both sides' feature bits: `Ok(true)` to seal
+/// (both can, and one prefers or requires it), `Ok(false)` not to, `Err(reason)` when one side
+/// requires it and the other cannot.
 pub fn agree(client: u64, server: u64) -> Result<bool, &'static str> {
     let both_can = client & FEATURE_SEAL != 0 && server & FEATURE_SEAL != 0;
     let required = (client | server) & FEATURE_SEAL_REQUIRED != 0;
+    let wanted = (client | server) & (FEATURE_SEAL_REQUIRED | FEATURE_SEAL_PREFERRED) != 0;
     match (both_can, required) {
-        (true, true) => Ok(true),
         (false, true) => Err(
             "encryption in transit is required on one side and the other cannot seal (no \
              cluster secret, or a release before sealing)",
         ),
-        (_, false) => Ok(false),
+        (true, _) => Ok(wanted),
+        (false, false) => Ok(false),
     }
 }
 
@@ -277,14 +306,19 @@ mod tests {
     }
 
     #[test]
-    fn sealing_is_agreed_when_both_can_and_one_requires() {
-        let can = FEATURE_SEAL;
-        let req = FEATURE_SEAL | FEATURE_SEAL_REQUIRED;
+    fn sealing_is_agreed_when_both_can_and_one_prefers_or_requires() {
+        let can = Sealing::Offer.features();
+        let pre = Sealing::Prefer.features();
+        let req = Sealing::Require.features();
         assert_eq!(agree(can, can), Ok(false));
-        assert_eq!(agree(req, can), Ok(true));
-        assert_eq!(agree(can, req), Ok(true));
+        for (c, s) in [(req, can), (can, req), (pre, can), (can, pre), (pre, req)] {
+            assert_eq!(agree(c, s), Ok(true), "{c:#x} {s:#x}");
+        }
+        // A side that cannot seal (no secret, an earlier release): refused only where required.
         assert!(agree(0, req).is_err());
         assert!(agree(req, 0).is_err());
+        assert_eq!(agree(0, pre), Ok(false));
+        assert_eq!(agree(pre, 0), Ok(false));
         assert_eq!(agree(0, can), Ok(false));
     }
 }

@@ -68,6 +68,18 @@ pub enum DiscoveryKind {
     Etcd,
 }
 
+/// Whether a node's connections are encrypted in transit (`encrypt_in_transit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transit {
+    /// Sealed only when the other side prefers or requires it.
+    Off,
+    /// Sealed whenever both sides can, if the node is reachable beyond loopback (a peer of a
+    /// release before sealing is served unsealed); as `Off` on loopback.
+    Auto,
+    /// Always sealed; a side that cannot seal is refused.
+    On,
+}
+
 /// Where hybrid mode writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WritePolicy {

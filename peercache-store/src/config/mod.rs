@@ -36,7 +36,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 pub use kinds::{
-    ConfigError, Devices, DiscoveryKind, Mode, Protocol, RdmaBackend, Role, Secret, WritePolicy,
+    ConfigError, Devices, DiscoveryKind, Mode, Protocol, RdmaBackend, Role, Secret, Transit,
+    WritePolicy,
 };
 pub use security::{SECRET_KEYS, argv_secret_warning, secret_file_mode_warning};
 pub use values::{parse_bool, parse_size};
@@ -352,12 +353,16 @@ settings! {
     /// Another secret accepted from peers during a rolling rotation (empty: none).
     cluster_secret_accept: Secret = Secret::default();
         shown "empty", example "an-example-previous-secret-02", parse p::secret;
-    /// Require every connection on the discovery, control, client and TCP data planes to be
-    /// encrypted and integrity-checked (AES-256-GCM keyed from the handshake; needs a cluster
-    /// secret). `false` still seals a connection whose other side requires it, so turn it on
-    /// once every node runs a release that can seal (docs/security.md).
-    encrypt_in_transit: bool = false;
-        shown "`false`", example "true", parse p::boolean;
+    /// Encryption in transit of the discovery, control, client and TCP data planes (AES-256-GCM
+    /// keyed from the handshake; needs a cluster secret): `auto` seals every connection whose
+    /// other side can seal when the node is reachable beyond loopback (a peer of an earlier
+    /// release is served unsealed) and acts as `false` on loopback; `true` seals always and
+    /// refuses a peer that cannot; `false` seals only when the other side asks.
+    encrypt_in_transit: Transit = Transit::Auto;
+        shown "`auto`", example "true", parse |k, v| p::choice(k, v, &[
+            ("auto", Transit::Auto), ("true", Transit::On), ("on", Transit::On),
+            ("false", Transit::Off), ("off", Transit::Off),
+        ]);
     /// File with this node's key (`peercache-key-v1 …`, from `peercache-node cert issue`): the
     /// node proves its node id with it in every handshake (needs `node_cert_file`).
     node_key_file: String = String::new();

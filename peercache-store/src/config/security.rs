@@ -9,8 +9,8 @@ use super::{ConfigError, PeerCacheConfig};
 impl PeerCacheConfig {
     /// The handshake authentication this config asks for: `cluster_secret`, else the contents
     /// of `cluster_secret_file` (surrounding whitespace trimmed), else none.
-    /// With `encrypt_in_transit`, it requires its connections sealed; that without a secret is
-    /// an error (nothing to key the encryption from).
+    /// Its connections are sealed as `encrypt_in_transit` says ([`Self::sealing`]); `true`
+    /// without a secret is an error (nothing to key the encryption from).
     pub fn cluster_auth(&self) -> Result<peercache_wire::Auth, ConfigError> {
         let Some(secret) = self.secret()? else {
             if self.require_node_certificates || !self.node_key_file.is_empty() {
@@ -22,7 +22,7 @@ impl PeerCacheConfig {
                         .into(),
                 });
             }
-            if self.encrypt_in_transit {
+            if self.encrypt_in_transit == super::Transit::On {
                 return Err(ConfigError::Invalid {
                     key: "encrypt_in_transit",
                     value: "true".into(),
@@ -39,11 +39,24 @@ impl PeerCacheConfig {
             .collect();
         let auth = peercache_wire::Auth::rotating(secret.as_bytes(), &also)
             .map_err(|e| self.invalid(e))?
-            .requiring_encryption(self.encrypt_in_transit);
+            .with_sealing(self.sealing());
         Ok(match self.node_identity()? {
             Some(id) => auth.with_identity(id),
             None => auth,
         })
+    }
+
+    /// What `encrypt_in_transit` asks of this node's connections: `true` requires sealing,
+    /// `false` offers it, `auto` prefers it when the node is reachable beyond loopback and
+    /// offers it on loopback.
+    pub fn sealing(&self) -> peercache_wire::seal::Sealing {
+        use peercache_wire::seal::Sealing;
+        match self.encrypt_in_transit {
+            super::Transit::On => Sealing::Require,
+            super::Transit::Off => Sealing::Offer,
+            super::Transit::Auto if self.reachable_beyond_loopback().is_empty() => Sealing::Offer,
+            super::Transit::Auto => Sealing::Prefer,
+        }
     }
 
     /// The per-node credentials this config names: this node's key and certificate, the

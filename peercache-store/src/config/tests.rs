@@ -230,6 +230,7 @@ fn a_node_without_a_secret_starts_only_on_loopback_or_when_declared_insecure() {
 
 #[test]
 fn encryption_in_transit_needs_a_secret_and_the_client_port_requires_it_too() {
+    use peercache_wire::seal::Sealing;
     let cfg = |mut j: Value| {
         j["discovery_addr"] = "127.0.0.1:7000".into();
         PeerCacheConfig::from_map(&map(j)).unwrap().0
@@ -243,8 +244,31 @@ fn encryption_in_transit_needs_a_secret_and_the_client_port_requires_it_too() {
     }));
     assert!(on.cluster_auth().unwrap().seals());
     assert!(on.client_auth().unwrap().seals());
-    let off = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
-    assert!(!off.cluster_auth().unwrap().seals());
+    let off = cfg(serde_json::json!({
+        "cluster_secret": "sixteen-byte-secret!", "encrypt_in_transit": "off",
+    }));
+    assert_eq!(off.cluster_auth().unwrap().sealing(), Sealing::Offer);
+    // `auto` (the default): sealed with every peer that can when reachable beyond loopback,
+    // only on request on loopback; without a secret it is no error.
+    let beyond = cfg(serde_json::json!({"cluster_secret": "sixteen-byte-secret!"}));
+    assert_eq!(beyond.cluster_auth().unwrap().sealing(), Sealing::Prefer);
+    let loopback = cfg(serde_json::json!({
+        "cluster_secret": "sixteen-byte-secret!", "local_hostname": "127.0.0.2",
+        "rdma_bind_host": "127.0.0.2", "control_bind_host": "127.0.0.2",
+        "meta_bind_host": "127.0.0.2",
+    }));
+    assert_eq!(loopback.cluster_auth().unwrap().sealing(), Sealing::Offer);
+    assert!(
+        !cfg(serde_json::json!({}))
+            .cluster_auth()
+            .unwrap()
+            .is_enabled()
+    );
+    let e = PeerCacheConfig::from_map(&map(serde_json::json!({
+        "discovery_addr": "127.0.0.1:7000", "encrypt_in_transit": "sometimes",
+    })))
+    .unwrap_err();
+    assert!(e.to_string().contains("encrypt_in_transit"), "{e}");
 }
 
 #[test]

@@ -82,7 +82,8 @@ pub struct MetaArgs {
     #[arg(long, default_value_t = 0)]
     pub max_connections_per_source: usize,
     /// Require every member's connection sealed (encryption in transit; needs the secret).
-    /// Without it, a connection is sealed when the member requires it.
+    /// Without it, connections are sealed whenever the member can when `--bind` is beyond
+    /// loopback, and when the member asks on loopback.
     #[arg(long)]
     pub encrypt_in_transit: bool,
 }
@@ -196,7 +197,13 @@ pub fn run_meta(args: MetaArgs) -> Result<()> {
              or --cluster-secret-file"
         );
     }
-    let auth = auth.requiring_encryption(args.encrypt_in_transit);
+    let auth = auth.with_sealing(if args.encrypt_in_transit {
+        peercache_wire::seal::Sealing::Require
+    } else if args.bind.ip().is_loopback() {
+        peercache_wire::seal::Sealing::Offer
+    } else {
+        peercache_wire::seal::Sealing::Prefer
+    });
     if let Some(w) = args
         .cluster_secret_file
         .as_deref()

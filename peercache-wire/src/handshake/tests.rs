@@ -79,6 +79,14 @@ fn a_connection_is_sealed_when_one_side_requires_it_and_both_derive_the_same_key
     let (a, _, _) = run_on(Plane::Data, &requires, &offers);
     let (b, _, _) = run_on(Plane::Data, &requires, &offers);
     assert_ne!(a.unwrap().channel, b.unwrap().channel);
+    // A side that prefers sealing seals with one that can, either way round.
+    let prefers = offers.with_sealing(crate::seal::Sealing::Prefer);
+    for (client, server) in [(&prefers, &offers), (&offers, &prefers)] {
+        let (c, s, k) = run_on(Plane::Control, client, server);
+        assert!(s.is_ok(), "{s:?}");
+        assert_eq!(c.unwrap().channel, k);
+        assert!(k.is_some());
+    }
     // The bootstraps that hand over to RDMA or shared memory are not sealed.
     let (c, s, k) = run_on(Plane::RdmaBootstrap, &requires, &requires);
     assert!(s.is_ok() && c.unwrap().channel.is_none() && k.is_none());
