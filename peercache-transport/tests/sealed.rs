@@ -5,19 +5,19 @@
 
 use std::time::Duration;
 
-use peercache_transport::{
-    Access, Batch, RegionHandle, RemoteRange, Segment, Transport, TransportConfig,
-};
+use peercache_transport::{Access, Batch, Transport, TransportConfig};
 use peercache_wire::Auth;
 use peercache_wire::testkit::pattern;
 use peercache_wire::testkit::tap::{self, Tap, Way};
 
 const SECRET: &[u8] = b"a-cluster-secret-for-sealed-data";
 
+mod common;
+use common::{Region, region, remote, seg};
+
 struct Node {
     t: Transport,
-    mem: Vec<u8>,
-    h: RegionHandle,
+    r: Region,
 }
 
 fn node(bind: &str, len: usize, access: Access, seed: u64, requires: bool) -> Node {
@@ -31,25 +31,8 @@ fn node(bind: &str, len: usize, access: Access, seed: u64, requires: bool) -> No
         ..TransportConfig::default()
     };
     let t = Transport::start(cfg, None).unwrap();
-    let mut mem = pattern(seed, len);
-    let h = unsafe { t.register(mem.as_mut_ptr(), mem.len(), access) }.unwrap();
-    Node { t, mem, h }
-}
-
-fn seg(h: &RegionHandle, off: u64, len: u32) -> Segment {
-    Segment {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
-}
-
-fn remote(h: &RegionHandle, off: u64, len: u32) -> RemoteRange {
-    RemoteRange {
-        region: h.key(),
-        addr: h.addr(off),
-        len,
-    }
+    let r = region(&t, len, access, seed);
+    Node { t, r }
 }
 
 /// Whether any of 16 64-byte windows spread over `bytes` shows in the capture.
@@ -70,19 +53,19 @@ fn sealed_reads_and_writes_are_byte_exact_and_show_no_page_bytes_on_the_path() {
     // Sizes inside one record, across records, and a batch of many small ops.
     for &len in &[1u32, 4096, 300 << 10, 1 << 20] {
         let mut b = Batch::new();
-        b.push(remote(&owner.h, 100, len), &[seg(&reader.h, 0, len)]);
+        b.push(remote(&owner.r.h, 100, len), &[seg(&reader.r.h, 0, len)]);
         let half = len / 2;
         b.push(
-            remote(&owner.h, 2 << 20, len),
+            remote(&owner.r.h, 2 << 20, len),
             &[
-                seg(&reader.h, 3 << 20, half),
-                seg(&reader.h, 2 << 20, len - half),
+                seg(&reader.r.h, 3 << 20, half),
+                seg(&reader.r.h, 2 << 20, len - half),
             ],
         );
         // An op outside the region still gets its own error inside a sealed reply.
         b.push(
-            remote(&owner.h, 4 << 20, 16),
-            &[seg(&reader.h, 1 << 20, 16)],
+            remote(&owner.r.h, 4 << 20, 16),
+            &[seg(&reader.r.h, 1 << 20, 16)],
         );
         let mut landed = Vec::new();
         let res = reader
@@ -96,21 +79,21 @@ fn sealed_reads_and_writes_are_byte_exact_and_show_no_page_bytes_on_the_path() {
         assert_eq!(landed, vec![0, 1]);
         let l = len as usize;
         let h = half as usize;
-        assert_eq!(&reader.mem[..l], &owner.mem[100..100 + l]);
+        assert_eq!(&reader.r.mem[..l], &owner.r.mem[100..100 + l]);
         assert_eq!(
-            &reader.mem[3 << 20..(3 << 20) + h],
-            &owner.mem[2 << 20..(2 << 20) + h]
+            &reader.r.mem[3 << 20..(3 << 20) + h],
+            &owner.r.mem[2 << 20..(2 << 20) + h]
         );
         assert_eq!(
-            &reader.mem[2 << 20..(2 << 20) + l - h],
-            &owner.mem[(2 << 20) + h..(2 << 20) + l]
+            &reader.r.mem[2 << 20..(2 << 20) + l - h],
+            &owner.r.mem[(2 << 20) + h..(2 << 20) + l]
         );
     }
     let mut small = Batch::new();
     for i in 0..256u64 {
         small.push(
-            remote(&owner.h, i * 4096, 512),
-            &[seg(&reader.h, i * 512, 512)],
+            remote(&owner.r.h, i * 4096, 512),
+            &[seg(&reader.r.h, i * 512, 512)],
         );
     }
     assert!(
@@ -123,21 +106,21 @@ fn sealed_reads_and_writes_are_byte_exact_and_show_no_page_bytes_on_the_path() {
     );
     for i in 0..256usize {
         assert_eq!(
-            &reader.mem[i * 512..(i + 1) * 512],
-            &owner.mem[i * 4096..i * 4096 + 512]
+            &reader.r.mem[i * 512..(i + 1) * 512],
+            &owner.r.mem[i * 4096..i * 4096 + 512]
         );
     }
     // A write through the tap lands byte-exact.
     let mut w = Batch::new();
     w.push(
-        remote(&owner.h, 1 << 20, 600 << 10),
-        &[seg(&reader.h, 0, 600 << 10)],
+        remote(&owner.r.h, 1 << 20, 600 << 10),
+        &[seg(&reader.r.h, 0, 600 << 10)],
     );
     assert_eq!(reader.t.write_batch(tap.addr(), &w).unwrap(), vec![Ok(())]);
-    let written = reader.mem[..600 << 10].to_vec();
+    let written = reader.r.mem[..600 << 10].to_vec();
     // SAFETY: the transport wrote these bytes before write_batch returned; read them back.
     let landed_bytes =
-        unsafe { std::slice::from_raw_parts(owner.h.addr(1 << 20) as *const u8, 600 << 10) };
+        unsafe { std::slice::from_raw_parts(owner.r.h.addr(1 << 20) as *const u8, 600 << 10) };
     assert_eq!(landed_bytes, &written[..]);
 
     let capture = tap.seen();
@@ -146,7 +129,7 @@ fn sealed_reads_and_writes_are_byte_exact_and_show_no_page_bytes_on_the_path() {
         "the tap relayed {} bytes",
         capture.len()
     );
-    assert!(!leaked(&capture, &owner.mem[100..(1 << 20) + 100]));
+    assert!(!leaked(&capture, &owner.r.mem[100..(1 << 20) + 100]));
     assert!(!leaked(&capture, &written));
 
     // The control: with neither side requiring it, the same read shows its bytes.
@@ -154,11 +137,11 @@ fn sealed_reads_and_writes_are_byte_exact_and_show_no_page_bytes_on_the_path() {
     let open_tap = Tap::start("127.0.0.68:0", open_owner.t.local_endpoint());
     let mut b = Batch::new();
     b.push(
-        remote(&open_owner.h, 0, 64 << 10),
-        &[seg(&reader.h, 0, 64 << 10)],
+        remote(&open_owner.r.h, 0, 64 << 10),
+        &[seg(&reader.r.h, 0, 64 << 10)],
     );
     reader.t.read_batch(open_tap.addr(), &b).unwrap();
-    assert!(leaked(&open_tap.seen(), &open_owner.mem[..64 << 10]));
+    assert!(leaked(&open_tap.seen(), &open_owner.r.mem[..64 << 10]));
 }
 
 #[test]
@@ -169,31 +152,33 @@ fn a_byte_changed_on_the_path_fails_the_batch_and_never_lands() {
     let len = 128u32 << 10;
     let read = |off: u64| {
         let mut b = Batch::new();
-        b.push(remote(&owner.h, off, len), &[seg(&reader.h, 0, len)]);
+        b.push(remote(&owner.r.h, off, len), &[seg(&reader.r.h, 0, len)]);
         reader.t.read_batch(tap.addr(), &b)
     };
     assert!(read(0).unwrap()[0].is_ok());
 
     // A reply byte flipped inside the payload: the record fails its check, nothing of it is
     // copied out, and the batch is an error.
-    let before = reader.mem[..len as usize].to_vec();
+    let before = reader.r.mem[..len as usize].to_vec();
     tap.flip(Way::ToClient, 1000);
     let res = read(4096);
     assert!(res.is_err() || res.as_ref().unwrap()[0].is_err(), "{res:?}");
     assert_eq!(
-        &reader.mem[..len as usize],
+        &reader.r.mem[..len as usize],
         &before[..],
         "no byte of the changed reply landed"
     );
 
     // A request byte flipped: the owner refuses the record and closes that connection
-    // unserved; the reader's batch fails or is retried on a fresh connection, byte-exact.
+    // unserved; the reader's batch fails or is retried on a fresh connection, byte-exact. (A
+    // read first, so the flip lands in a sealed request, not in a new connection's Hello.)
+    assert!(read(0).unwrap()[0].is_ok());
     let desyncs = owner.t.stats().server_desyncs;
     tap.flip(Way::ToServer, 10);
     if read(8192).is_ok_and(|r| r[0].is_ok()) {
         assert_eq!(
-            &reader.mem[..len as usize],
-            &owner.mem[8192..8192 + len as usize]
+            &reader.r.mem[..len as usize],
+            &owner.r.mem[8192..8192 + len as usize]
         );
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -207,8 +192,8 @@ fn a_byte_changed_on_the_path_fails_the_batch_and_never_lands() {
     let ok = read(16384).unwrap();
     assert!(ok[0].is_ok());
     assert_eq!(
-        &reader.mem[..len as usize],
-        &owner.mem[16384..16384 + len as usize]
+        &reader.r.mem[..len as usize],
+        &owner.r.mem[16384..16384 + len as usize]
     );
 }
 
@@ -224,9 +209,9 @@ fn a_reader_that_requires_sealing_is_refused_by_an_open_owner() {
     let h = unsafe { open.register(mem.as_mut_ptr(), mem.len(), Access::RemoteRead) }.unwrap();
     let reader = node("127.0.0.73:0", 4096, Access::LocalOnly, 31, true);
     let mut b = Batch::new();
-    b.push(remote(&h, 0, 4096), &[seg(&reader.h, 0, 4096)]);
+    b.push(remote(&h, 0, 4096), &[seg(&reader.r.h, 0, 4096)]);
     let err = reader.t.read_batch(open.local_endpoint(), &b).unwrap_err();
     assert!(err.to_string().contains("encryption in transit"), "{err}");
-    assert_eq!(&reader.mem[..], &pattern(31, 4096)[..]);
+    assert_eq!(&reader.r.mem[..], &pattern(31, 4096)[..]);
     drop(mem);
 }

@@ -159,18 +159,12 @@ impl Auth {
         let Some(inner) = self.inner.as_ref() else {
             return Ok(self.clone());
         };
-        let mut keys = inner.keys.clone();
-        keys.push(derive_key(read_only_token(secret)?.as_bytes())?);
-        Ok(Auth {
-            inner: Some(Arc::new(Inner {
-                keys,
-                read_only_from: inner.keys.len(),
-                rejected: inner.rejected.clone(),
-                last_warn_s: AtomicU64::new(0),
-                sealing: inner.sealing,
-                identity: inner.identity.clone(),
-            })),
-        })
+        let token = derive_key(read_only_token(secret)?.as_bytes())?;
+        let full = inner.keys.len();
+        Ok(self.changed(|i| {
+            i.keys.push(token);
+            i.read_only_from = full;
+        }))
     }
 
     /// This endpoint's authentication, requiring (`true`) encryption in transit on the
@@ -196,18 +190,26 @@ impl Auth {
     /// Without a secret nothing can be sealed and this is a no-op; the store refuses
     /// [`Sealing::Require`](crate::seal::Sealing::Require) without one in its configuration.
     pub fn with_sealing(&self, sealing: crate::seal::Sealing) -> Auth {
+        self.changed(|i| i.sealing = sealing)
+    }
+
+    /// This endpoint's authentication with `change` applied to a copy of its settings (the
+    /// keys and the rejection counter shared). Without a secret, the open endpoint as is.
+    fn changed(&self, change: impl FnOnce(&mut Inner)) -> Auth {
         let Some(inner) = self.inner.as_ref() else {
             return self.clone();
         };
+        let mut next = Inner {
+            keys: inner.keys.clone(),
+            read_only_from: inner.read_only_from,
+            rejected: inner.rejected.clone(),
+            last_warn_s: AtomicU64::new(0),
+            sealing: inner.sealing,
+            identity: inner.identity.clone(),
+        };
+        change(&mut next);
         Auth {
-            inner: Some(Arc::new(Inner {
-                keys: inner.keys.clone(),
-                read_only_from: inner.read_only_from,
-                rejected: inner.rejected.clone(),
-                last_warn_s: AtomicU64::new(0),
-                sealing,
-                identity: inner.identity.clone(),
-            })),
+            inner: Some(Arc::new(next)),
         }
     }
 
@@ -235,19 +237,8 @@ impl Auth {
     /// `identity` ([`crate::identity`]). Without a secret this is a no-op; the store refuses
     /// that combination in its configuration.
     pub fn with_identity(&self, identity: crate::identity::Identity) -> Auth {
-        let Some(inner) = self.inner.as_ref() else {
-            return self.clone();
-        };
-        Auth {
-            inner: Some(Arc::new(Inner {
-                keys: inner.keys.clone(),
-                read_only_from: inner.read_only_from,
-                rejected: inner.rejected.clone(),
-                last_warn_s: AtomicU64::new(0),
-                sealing: inner.sealing,
-                identity: Some(Arc::new(identity)),
-            })),
-        }
+        let identity = Arc::new(identity);
+        self.changed(|i| i.identity = Some(identity))
     }
 
     /// The node identity this endpoint proves and checks, if any.

@@ -5,59 +5,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use peercache_wire::envelope::{self, Message};
+use peercache_wire::envelope;
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{
     self, ClientConfig, Reply, RpcClient, RpcError, RpcServer, ServerConfig,
 };
 use peercache_wire::{Incarnation, WireError};
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Echo(u64, String);
-impl Message for Echo {
-    const KIND: u16 = 0x00e0;
-    const NAME: &'static str = "Echo";
-}
+mod common;
+use common::Echo;
 
 fn server(addr: &str) -> RpcServer {
-    let handler: rpc::Handler = Arc::new(|_peer, env| match env.decode::<Echo>() {
-        Ok(Echo(n, s)) => Reply::Frame(envelope::encode(&Echo(n + 1, s), &[]).unwrap()),
-        Err(e) => Reply::Error {
-            error: RpcError {
-                code: RpcError::CODE_MALFORMED,
-                message: e.to_string(),
-            },
-            close: true,
-        },
-    });
-    RpcServer::start(
-        ServerConfig {
-            bind: addr.parse().unwrap(),
-            planes: vec![Plane::Control],
-            node: None,
-            incarnation: Incarnation(1),
-            max_frame: 1 << 16,
-            handshake_timeout: Duration::from_secs(2),
-            max_connections: 64,
-            offload: &[],
-            workers: 1,
-            name: "test-rpc",
-            auth: peercache_wire::Auth::none(),
-            shares: Default::default(),
-        },
-        handler,
-    )
-    .unwrap()
+    common::echo_server(addr, peercache_wire::Auth::none(), 1 << 16, "test-rpc")
 }
 
 fn client() -> RpcClient {
-    RpcClient::new(ClientConfig {
-        hello: Hello::new(Plane::Control, None, Incarnation(2)),
-        max_idle_per_peer: 4,
-        max_frame: 1 << 16,
-        auth: peercache_wire::Auth::none(),
-    })
+    common::echo_client(peercache_wire::Auth::none(), 1 << 16)
 }
 
 #[test]

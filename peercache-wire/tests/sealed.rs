@@ -5,63 +5,24 @@
 #[allow(unreachable_pub)] // the module is public API of the `testkit` feature
 mod tap;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use peercache_wire::envelope::{self, Message};
-use peercache_wire::handshake::{Hello, Plane};
-use peercache_wire::rpc::{self, ClientConfig, Reply, RpcClient, RpcServer, ServerConfig};
-use peercache_wire::{Auth, Incarnation, WireError};
-use serde::{Deserialize, Serialize};
-use tap::{Tap, Way};
+mod common;
 
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Echo(u64, String);
-impl Message for Echo {
-    const KIND: u16 = 0x00e0;
-    const NAME: &'static str = "Echo";
-}
+use common::Echo;
+use peercache_wire::envelope;
+use peercache_wire::rpc::{self, RpcClient, RpcServer};
+use peercache_wire::{Auth, WireError};
+use tap::{Tap, Way};
 
 const SECRET: &[u8] = b"a cluster secret for sealed rpc";
 
 fn server(addr: &str, auth: Auth) -> RpcServer {
-    let handler: rpc::Handler = Arc::new(|_peer, env| match env.decode::<Echo>() {
-        Ok(Echo(n, s)) => Reply::Frame(envelope::encode(&Echo(n + 1, s), &[]).unwrap()),
-        Err(e) => Reply::Error {
-            error: rpc::RpcError {
-                code: rpc::RpcError::CODE_MALFORMED,
-                message: e.to_string(),
-            },
-            close: true,
-        },
-    });
-    RpcServer::start(
-        ServerConfig {
-            bind: addr.parse().unwrap(),
-            planes: vec![Plane::Control],
-            node: None,
-            incarnation: Incarnation(1),
-            max_frame: 1 << 20,
-            handshake_timeout: Duration::from_secs(2),
-            max_connections: 64,
-            offload: &[],
-            workers: 1,
-            name: "sealed-test",
-            auth,
-            shares: Default::default(),
-        },
-        handler,
-    )
-    .unwrap()
+    common::echo_server(addr, auth, 1 << 20, "sealed-test")
 }
 
 fn client(auth: Auth) -> RpcClient {
-    RpcClient::new(ClientConfig {
-        hello: Hello::new(Plane::Control, None, Incarnation(2)),
-        max_idle_per_peer: 4,
-        max_frame: 1 << 20,
-        auth,
-    })
+    common::echo_client(auth, 1 << 20)
 }
 
 /// A request whose text is recognisable in a capture.

@@ -34,8 +34,23 @@ fn run_on(
     Option<crate::seal::ChannelKeys>,
 ) {
     let acc = acceptor(&[plane], None, 1, server.clone());
-    let mut srv = ServerHandshake::new(&acc);
-    let (mut cli, mut to_server) = ClientHandshake::new(&hello(plane), client).unwrap();
+    let (c, s, srv) = drive(&acc, &hello(plane), client);
+    (c, s, srv.channel())
+}
+
+/// Runs a client saying `hello` against a server answering as `acc`, in memory; returns both
+/// results and the server's state machine (its keys, its verdict on the client's identity).
+fn drive<'a>(
+    acc: &'a Acceptor,
+    hello: &Hello,
+    client: &Auth,
+) -> (
+    Result<Accepted, WireError>,
+    Result<Hello, WireError>,
+    ServerHandshake<'a>,
+) {
+    let mut srv = ServerHandshake::new(acc);
+    let (mut cli, mut to_server) = ClientHandshake::new(hello, client).unwrap();
     loop {
         let to_client = match srv.on_frame(&to_server) {
             Ok(Step::Send(f)) => f,
@@ -45,14 +60,14 @@ fn run_on(
                     Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
                     Err(e) => Err(e),
                 };
-                return (c, r, srv.channel());
+                return (c, r, srv);
             }
-            Err(e) => return (Err(WireError::Closed), Err(e), None),
+            Err(e) => return (Err(WireError::Closed), Err(e), srv),
         };
         match cli.on_frame(&to_client) {
             Ok(Step::Send(f)) => to_server = f,
-            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed), None),
-            Err(e) => return (Err(e), Err(WireError::Closed), None),
+            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed), srv),
+            Err(e) => return (Err(e), Err(WireError::Closed), srv),
         }
     }
 }
@@ -522,32 +537,13 @@ fn run_named(
     snode: Option<&str>,
 ) -> (Result<Accepted, WireError>, Result<Hello, WireError>, bool) {
     let acc = acceptor(&[Plane::Control], snode, 1, server.clone());
-    let mut srv = ServerHandshake::new(&acc);
     let h = Hello::new(
         Plane::Control,
         cnode.map(|n| NodeId::new(n).unwrap()),
         Incarnation(2),
     );
-    let (mut cli, mut to_server) = ClientHandshake::new(&h, client).unwrap();
-    loop {
-        let to_client = match srv.on_frame(&to_server) {
-            Ok(Step::Send(f)) => f,
-            Ok(Step::Finish(f, r)) => {
-                let c = match cli.on_frame(&f) {
-                    Ok(Step::Finish(_, c)) => c,
-                    Ok(Step::Send(_)) => Err(WireError::Handshake("unexpected send".into())),
-                    Err(e) => Err(e),
-                };
-                return (c, r, srv.verified());
-            }
-            Err(e) => return (Err(WireError::Closed), Err(e), false),
-        };
-        match cli.on_frame(&to_client) {
-            Ok(Step::Send(f)) => to_server = f,
-            Ok(Step::Finish(_, c)) => return (c, Err(WireError::Closed), false),
-            Err(e) => return (Err(e), Err(WireError::Closed), false),
-        }
-    }
+    let (c, s, srv) = drive(&acc, &h, client);
+    (c, s, srv.verified())
 }
 
 /// The cluster's signing key and an authentication for a node whose certificate names
