@@ -5,6 +5,11 @@
 //! The journal is this shard's view: an entry handed off to another shard goes from this one
 //! (and appears in the other), so a subscriber keeps each shard's copies apart and counts a
 //! copy as listed while any shard lists it.
+//!
+//! Only copies of owners the shard counts live are its state (what a late subscriber is sent):
+//! a copy written by a node before this shard saw it join appears in the journal when the node
+//! is counted live, not when it was written. A going of a copy never told may be recorded (it
+//! changes nothing for a subscriber).
 
 use peercache_wire::{NodeId, PageKey};
 

@@ -149,14 +149,21 @@ impl OwnerTable {
         self.records.len() - self.free.len()
     }
 
-    /// Marks each record live or not by `live`; returns how many records are not live.
-    pub(crate) fn set_live(&mut self, live: &HashSet<NodeId>) -> usize {
+    /// Marks each record live or not by `live`; returns how many records are not live, and
+    /// the ids of those that were not live and now are (their copies become visible).
+    pub(crate) fn set_live(&mut self, live: &HashSet<NodeId>) -> (usize, Vec<u32>) {
         let mut dead = 0;
-        for r in self.records.iter_mut().flatten() {
-            r.live = live.contains(&r.node);
-            dead += usize::from(!r.live);
+        let mut revived = Vec::new();
+        for (id, r) in self.records.iter_mut().enumerate() {
+            let Some(r) = r else { continue };
+            let now = live.contains(&r.node);
+            if now && !r.live {
+                revived.push(id as u32);
+            }
+            r.live = now;
+            dead += usize::from(!now);
         }
-        dead
+        (dead, revived)
     }
 
     /// True if some record is `node` of another incarnation than `incarnation`.
@@ -217,8 +224,12 @@ mod tests {
         let a = t.intern(&loc("a", 1, 7), true).unwrap();
         let b = t.intern(&loc("b", 1, 7), true).unwrap();
         let live: HashSet<NodeId> = [NodeId::new("a").unwrap()].into_iter().collect();
-        assert_eq!(t.set_live(&live), 1);
+        assert_eq!(t.set_live(&live), (1, vec![]));
         assert!(t.get(a).live);
         assert!(!t.get(b).live);
+        // b comes back: its record is reported revived, once.
+        let both: HashSet<NodeId> = ["a", "b"].map(|n| NodeId::new(n).unwrap()).into();
+        assert_eq!(t.set_live(&both), (0, vec![b]));
+        assert_eq!(t.set_live(&both), (0, vec![]));
     }
 }

@@ -513,8 +513,11 @@ impl Shard {
             }
             copies.push(copy);
         }
+        // A copy of an owner this shard does not count live is not part of its state (yet):
+        // it is recorded when the owner is (set_live).
         let key = split(key);
         match was_resident {
+            _ if !live => {}
             Some(was) => self.note_medium(key, &loc.node, was, loc.resident),
             None => self.note(key, &loc.node, loc.resident, ChangeKind::Stored),
         }
@@ -683,7 +686,9 @@ impl Shard {
             Some(c) => {
                 let was = c.resident();
                 c.owner &= !RESIDENT;
-                self.note_medium(key, node, was, false);
+                if owners.get(c.id()).live {
+                    self.note_medium(key, node, was, false);
+                }
                 true
             }
             None => false,
@@ -735,11 +740,17 @@ impl Shard {
         dropped
     }
 
-    /// Sets the live member set and drops every location whose owner is not in it.
+    /// Sets the live member set and drops every location whose owner is not in it. Copies
+    /// of an owner that was not live and now is (written before this shard saw it join) are
+    /// recorded as appearing: they were not part of the shard's state until now.
     pub fn set_live(&mut self, members: impl IntoIterator<Item = NodeId>) -> usize {
         let live: HashSet<NodeId> = members.into_iter().collect();
-        self.dead_records = self.owners.set_live(&live);
+        let (dead, revived) = self.owners.set_live(&live);
+        self.dead_records = dead;
         self.live = Some(live);
+        if !revived.is_empty() && self.journal.is_some() {
+            self.note_revived(&revived);
+        }
         if self.dead_records == 0 {
             // Every copy names a live owner: nothing to collect.
             return 0;
@@ -747,6 +758,27 @@ impl Shard {
         let dropped = self.sweep(|owners, c| !owners.get(c.id()).live);
         self.dead_records = 0;
         dropped
+    }
+
+    /// Records every copy of the owner records `revived` as appearing.
+    fn note_revived(&mut self, revived: &[u32]) {
+        let Shard {
+            index,
+            entries,
+            owners,
+            journal,
+            ..
+        } = self;
+        let Some(j) = journal.as_mut() else { return };
+        for i in index.iter() {
+            let e = entries.get(i);
+            for c in &e.copies {
+                if revived.contains(&c.id()) {
+                    let r = owners.get(c.id());
+                    j.note(join(e.key), &r.node, c.resident(), ChangeKind::Stored);
+                }
+            }
+        }
     }
 
     /// Drops every location of `node` older than `incarnation` (a restarted node's old life).
@@ -812,6 +844,8 @@ impl Shard {
                 }
             };
             match was {
+                // Recorded when its owner is counted live (set_live).
+                _ if !live => {}
                 Some(was) => self.note_medium(key, &loc.node, was, loc.resident),
                 // Idempotent for a subscriber that already had it from the shard before.
                 None => self.note(key, &loc.node, loc.resident, ChangeKind::Stored),

@@ -341,6 +341,59 @@ fn every_copy_that_appears_moves_or_goes_is_recorded_once_in_order() {
     assert!(state.iter().all(|(_, n, _)| *n == a), "{state:?}");
 }
 
+/// A page written by a node this shard does not count live yet (its first writes race its
+/// join) is not in the state a late subscriber is sent, so it is not journaled either until
+/// the node is counted live: then it appears, exactly once. The journal a subscriber followed
+/// from an empty start always adds up to the state.
+#[test]
+fn a_copy_of_an_owner_not_yet_live_is_recorded_when_the_owner_is() {
+    use peercache_directory::{Change, ChangeKind};
+    use std::collections::HashSet;
+    let mut sh = Shard::new(ShardConfig::default());
+    sh.record_changes(1000);
+    let (a, c) = (node(1), node(3));
+    sh.set_live([a.clone()]);
+    let mut followed: HashSet<(u128, String, bool)> = HashSet::new();
+    let mut out: Vec<Change> = Vec::new();
+    let mut follow = |sh: &mut Shard, followed: &mut HashSet<(u128, String, bool)>| {
+        out.clear();
+        assert_eq!(sh.take_changes(&mut out), 0);
+        for ch in &out {
+            let copy = (ch.key.0, ch.node.to_string(), ch.resident);
+            match ch.kind {
+                ChangeKind::Stored => followed.insert(copy),
+                ChangeKind::Removed => followed.remove(&copy),
+            };
+        }
+        let mut state = HashSet::new();
+        sh.for_each_copy(|k, n, r| {
+            state.insert((k.0, n.to_string(), r));
+        });
+        assert_eq!(*followed, state);
+        out.len()
+    };
+    sh.insert(key(1), loc(&a, 1), 0);
+    sh.insert(key(2), loc(&c, 1), 0); // c's probe, before this shard saw c join
+    sh.merge(key(3), &[loc(&c, 1)], 0); // and one handed off to it
+    assert!(sh.mark_nonresident(key(2), &c, None));
+    assert_eq!(
+        follow(&mut sh, &mut followed),
+        1,
+        "only a's copy is visible"
+    );
+    sh.set_live([a.clone(), c.clone()]);
+    assert_eq!(
+        follow(&mut sh, &mut followed),
+        2,
+        "c's two copies appear once c is live"
+    );
+    sh.set_live([a.clone(), c.clone()]);
+    assert_eq!(follow(&mut sh, &mut followed), 0, "and only once");
+    sh.set_live([a.clone()]);
+    assert_eq!(follow(&mut sh, &mut followed), 2, "c leaves: its copies go");
+    assert_eq!(followed.len(), 1);
+}
+
 #[test]
 fn the_journal_keeps_its_cap_and_counts_the_rest_lost() {
     let mut sh = Shard::new(ShardConfig::default());
