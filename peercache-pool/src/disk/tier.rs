@@ -6,7 +6,10 @@
 //! * An in-memory index maps each key to (segment, offset, header). The tier holds at most
 //!   `capacity` bytes of segments; beyond it the least recently used segment (by the most
 //!   recent use of any record in it) is deleted with its records.
-//! * After a restart (or `kill -9`) the segments are scanned: every record with a sound header
+//! * After a restart (or `kill -9`) the segments are scanned on a thread of their own while the
+//!   tier already serves and writes (`pc-disk-recover`: the node does not wait for it; a page
+//!   not yet indexed is a miss, and a page written or forgotten meanwhile is never undone by
+//!   the scan): every record with a sound header
 //!   and its full length is indexed (a newer record of a key wins); a torn or corrupt record is
 //!   counted and skipped, the scan resuming at the next record whose marker, header and payload
 //!   verify, so one bad record costs that record alone; the segment stays (its sound records are
@@ -15,7 +18,7 @@
 //! * A failed write (disk full, failing disk) disables the tier with one error log and a
 //!   metric; records already on disk stay readable and the pool keeps working.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -23,8 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use peercache_wire::{Layout, PageKey};
 use thiserror::Error;
 
@@ -130,8 +134,10 @@ pub struct DiskStats {
     pub evictions: u64,
     /// Torn or corrupt records found.
     pub corrupt: u64,
-    /// Records found by the recovery scan.
+    /// Records found by the recovery scan (counted when it ends).
     pub recovered: u64,
+    /// True while the recovery scan of a previous run's segments goes on.
+    pub recovering: bool,
     /// True once a failed write disabled the tier.
     pub disabled: bool,
     /// Reads served.
@@ -162,6 +168,9 @@ struct Index {
     next_tick: u64,
     active: Option<u64>,
     next_seg: u64,
+    /// While the recovery scan runs: keys written or forgotten since the tier opened, which
+    /// the scan must not bring back (`None` once it is done).
+    touched: Option<HashSet<PageKey>>,
 }
 
 impl Index {
@@ -185,6 +194,21 @@ struct Shared {
     pending: Mutex<std::collections::HashSet<PageKey>>,
     /// Recycled page buffers, so queued writes allocate nothing in steady state.
     free_bufs: Mutex<Vec<Vec<u8>>>,
+    recovery: Recovery,
+}
+
+/// The recovery scan's state.
+struct Recovery {
+    /// True while it runs.
+    running: Mutex<bool>,
+    /// Signalled when it ends.
+    ended: Condvar,
+    /// Set when the tier is dropped: the scan stops between records.
+    stop: AtomicBool,
+    /// The first segment this run writes: lower ids are a previous run's.
+    first_new: u64,
+    /// The folder held segments at open.
+    previous: bool,
 }
 
 enum Job {
@@ -192,11 +216,13 @@ enum Job {
     Barrier(mpsc::Sender<()>),
 }
 
-/// The disk tier. Dropping it drains the queue and stops the writer.
+/// The disk tier. Dropping it drains the queue and stops the writer (and a recovery scan still
+/// running, between two records).
 pub struct DiskTier {
     shared: Arc<Shared>,
     tx: Option<SyncSender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    scanner: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -224,7 +250,28 @@ fn seg_path(dir: &Path, id: u64) -> PathBuf {
 }
 
 impl DiskTier {
-    /// Opens (creating if needed) the tier and recovers what a previous run left.
+    /// Opens (creating if needed) the tier and starts recovering what a previous run left, on
+    /// a thread of its own: the tier serves and writes at once; [`DiskTier::wait_recovered`]
+    /// waits for the scan.
+    ///
+    /// ```
+    /// use peercache_pool::disk::{DiskConfig, DiskTier};
+    /// use peercache_wire::{Layout, PageKey};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let cfg = DiskConfig::new(dir.path().join("tier"), 64 << 20);
+    /// let key = PageKey::from_key("page");
+    /// {
+    ///     let tier = DiskTier::open(cfg.clone()).unwrap();
+    ///     assert!(tier.put(key, &[&[7u8; 4096]], 4096, 1, Layout::NONE));
+    ///     tier.flush();
+    /// }
+    /// // Restarted: the page is indexed again once the scan is done.
+    /// let tier = DiskTier::open(cfg).unwrap();
+    /// assert!(tier.wait_recovered(std::time::Duration::from_secs(10)));
+    /// let mut page = vec![0u8; 4096];
+    /// tier.read(key, &mut [&mut page[..]]).unwrap();
+    /// assert_eq!(page, vec![7u8; 4096]);
+    /// ```
     pub fn open(cfg: DiskConfig) -> Result<DiskTier, DiskError> {
         let dir = cfg.dir.clone();
         let folder = |source| DiskError::Folder {
@@ -234,6 +281,9 @@ impl DiskTier {
         if let Err(why) = private::prepare_folder(&cfg.dir).map_err(folder)? {
             return Err(DiskError::UnsafeFolder { path: dir, why });
         }
+        let old = segment_ids(&cfg.dir).map_err(folder)?;
+        let first_new = old.last().map_or(1, |id| id + 1);
+        let scanning = !old.is_empty();
         let shared = Arc::new(Shared {
             index: Mutex::new(Index {
                 map: HashMap::new(),
@@ -242,26 +292,77 @@ impl DiskTier {
                 bytes: 0,
                 next_tick: 1,
                 active: None,
-                next_seg: 1,
+                next_seg: first_new,
+                touched: scanning.then(HashSet::new),
             }),
             counters: crate::metrics::DiskCounters::register(),
             disabled: AtomicBool::new(false),
             pending: Mutex::new(Default::default()),
             free_bufs: Mutex::new(Vec::new()),
+            recovery: Recovery {
+                running: Mutex::new(scanning),
+                ended: Condvar::new(),
+                stop: AtomicBool::new(false),
+                first_new,
+                previous: scanning,
+            },
             cfg,
         });
-        recover(&shared).map_err(folder)?;
+        let scanner = if scanning {
+            tracing::info!(segments = old.len(), dir = %shared.cfg.dir.display(), "disk tier: recovering a previous run's segments in the background");
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("pc-disk-recover".into())
+                .spawn(move || recover(&s, old));
+            match spawned {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    end_recovery(&shared);
+                    return Err(folder(e));
+                }
+            }
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::sync_channel::<Job>(shared.cfg.queue_depth.max(1));
         let s = shared.clone();
         let writer = std::thread::Builder::new()
             .name("pc-disk".into())
-            .spawn(move || write_loop(&s, rx))
-            .map_err(folder)?;
-        Ok(DiskTier {
+            .spawn(move || write_loop(&s, rx));
+        let mut tier = DiskTier {
             shared,
             tx: Some(tx),
-            writer: Some(writer),
-        })
+            writer: None,
+            scanner,
+        };
+        // On an error, dropping `tier` stops the scan.
+        tier.writer = Some(writer.map_err(folder)?);
+        Ok(tier)
+    }
+
+    /// True while the recovery scan of a previous run's segments goes on (pages it has not
+    /// reached yet are misses meanwhile).
+    pub fn is_recovering(&self) -> bool {
+        *self.shared.recovery.running.lock()
+    }
+
+    /// True when the folder held a previous run's segments at open: what the recovery scan
+    /// finds in them is the [`DiskTier::inventory`] a restarted node re-publishes.
+    pub fn found_previous_run(&self) -> bool {
+        self.shared.recovery.previous
+    }
+
+    /// Waits up to `timeout` for the recovery scan to end; true once it has.
+    pub fn wait_recovered(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let r = &self.shared.recovery;
+        let mut running = r.running.lock();
+        while *running {
+            if r.ended.wait_until(&mut running, deadline).timed_out() {
+                return !*running;
+            }
+        }
+        true
     }
 
     /// The tier's folder.
@@ -355,12 +456,16 @@ impl DiskTier {
         self.shared.index.lock().map.keys().copied().collect()
     }
 
-    /// Every record on disk as (key, payload bytes, layout), taken under one lock: what a restarted
-    /// node re-publishes.
+    /// Every record a previous run left that is still on disk, as (key, payload bytes,
+    /// layout), taken under one lock: what a restarted node re-publishes (call it once
+    /// [`DiskTier::wait_recovered`] says the scan is done). Records this run wrote are not in
+    /// it: their pages were published when they were written.
     pub fn inventory(&self) -> Vec<(PageKey, u32, Layout)> {
+        let first_new = self.shared.recovery.first_new;
         let idx = self.shared.index.lock();
         idx.map
             .iter()
+            .filter(|(_, e)| e.seg < first_new)
             .map(|(k, e)| (*k, e.header.len, e.header.layout))
             .collect()
     }
@@ -425,7 +530,11 @@ impl DiskTier {
 
     /// Forgets a page (its bytes are reclaimed with its segment).
     pub fn remove(&self, key: PageKey) -> bool {
-        self.shared.index.lock().map.remove(&key).is_some()
+        let mut idx = self.shared.index.lock();
+        if let Some(t) = &mut idx.touched {
+            t.insert(key);
+        }
+        idx.map.remove(&key).is_some()
     }
 
     /// Waits until every write queued so far has been appended (to the page cache: records
@@ -452,6 +561,7 @@ impl DiskTier {
             evictions: c.evictions.get(),
             corrupt: c.corrupt.get(),
             recovered: c.recovered.get(),
+            recovering: idx.touched.is_some(),
             disabled: self.is_disabled(),
             reads: c.reads.get(),
         }
@@ -460,6 +570,10 @@ impl DiskTier {
 
 impl Drop for DiskTier {
     fn drop(&mut self) {
+        self.shared.recovery.stop.store(true, Ordering::Release);
+        if let Some(s) = self.scanner.take() {
+            let _ = s.join();
+        }
         self.tx.take();
         if let Some(w) = self.writer.take() {
             let _ = w.join();
@@ -550,6 +664,9 @@ fn append(
     let mut victims: Vec<u64> = Vec::new();
     {
         let mut idx = sh.index.lock();
+        if let Some(t) = &mut idx.touched {
+            t.insert(h.key);
+        }
         idx.map.insert(
             h.key,
             Entry {
@@ -610,14 +727,10 @@ fn write_all_vectored(f: &mut File, mut bufs: &mut [std::io::IoSlice<'_>]) -> st
     Ok(())
 }
 
-/// Scans every segment in id order. A record counts when its header decodes and its full
-/// length is present. A bad record (a torn tail after a crash, or corruption) is counted and
-/// skipped: the scan resumes at the next record found by its marker whose header and payload
-/// both verify ([`resync`]), so one bad record costs that record only. Later records of a key
-/// replace earlier ones.
-fn recover(sh: &Shared) -> std::io::Result<()> {
+/// The ids of the segment files in `dir`, in order (other files are ignored).
+fn segment_ids(dir: &Path) -> std::io::Result<Vec<u64>> {
     let mut ids: Vec<u64> = Vec::new();
-    for ent in fs::read_dir(&sh.cfg.dir)? {
+    for ent in fs::read_dir(dir)? {
         let ent = ent?;
         let name = ent.file_name();
         let name = name.to_string_lossy();
@@ -633,79 +746,138 @@ fn recover(sh: &Shared) -> std::io::Result<()> {
         }
     }
     ids.sort_unstable();
-    let mut idx = sh.index.lock();
-    let mut recovered = 0u64;
+    Ok(ids)
+}
+
+/// The recovery scan (its own thread): every segment of `ids` in order, each read without the
+/// index lock and then indexed under one hold of it. A record counts when its header decodes
+/// and its full length is present. A bad record (a torn tail after a crash, or corruption) is
+/// counted and skipped: the scan resumes at the next record found by its marker whose header
+/// and payload both verify ([`resync`]), so one bad record costs that record only. Later
+/// records of a key replace earlier ones; a key this run wrote or forgot is left as it is.
+/// A segment that cannot be read is skipped with an error line (it stays on disk).
+fn recover(sh: &Shared, ids: Vec<u64>) {
+    let t0 = Instant::now();
     for id in ids {
+        if sh.recovery.stop.load(Ordering::Acquire) {
+            break;
+        }
         let path = seg_path(&sh.cfg.dir, id);
-        private::tighten_file(&path)?;
-        let file = OpenOptions::new().read(true).open(&path)?;
-        let len = file.metadata()?.len();
-        let mut off = 0u64;
-        let mut keys = Vec::new();
-        let mut hb = [0u8; RECORD_HEADER];
-        while off + RECORD_HEADER as u64 <= len {
-            let sound = file
-                .read_exact_at(&mut hb, off)
-                .ok()
-                .and_then(|()| RecordHeader::decode(&hb).ok())
-                .filter(|h| off + (RECORD_HEADER as u64) + u64::from(h.len) <= len);
-            let (at, h) = match sound {
-                Some(h) => (off, h),
-                None => {
-                    // A bad record: skip to the next whole, verified record (the rest of the
-                    // segment when there is none — a torn tail after a crash).
-                    sh.counters.corrupt.add(1);
-                    let next = resync(&file, off + 1, len);
-                    let to = next.map_or(len, |(at, _)| at);
-                    tracing::warn!(segment = %path.display(), at = off, skipped = to - off, size = len, "torn or corrupt disk record: skipped to the next sound record");
-                    match next {
-                        Some(n) => n,
-                        None => {
-                            off = len;
-                            break;
-                        }
+        match scan_segment(sh, &path) {
+            Ok(Some((file, len, records))) => index_segment(sh, id, file, len, records),
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(segment = %path.display(), error = %e, "disk tier: a segment could not be recovered; its pages are not served")
+            }
+        }
+    }
+    let stopped = sh.recovery.stop.load(Ordering::Acquire);
+    let (records, bytes) = {
+        let idx = sh.index.lock();
+        let first_new = sh.recovery.first_new;
+        let records = idx.map.values().filter(|e| e.seg < first_new).count() as u64;
+        (records, idx.bytes)
+    };
+    sh.counters.recovered.add(records);
+    if !stopped {
+        tracing::info!(records, bytes, secs = t0.elapsed().as_secs_f64(), dir = %sh.cfg.dir.display(), "disk tier recovered");
+    }
+    end_recovery(sh);
+}
+
+/// Marks the scan ended and wakes whoever waits for it.
+fn end_recovery(sh: &Shared) {
+    sh.index.lock().touched = None;
+    *sh.recovery.running.lock() = false;
+    sh.recovery.ended.notify_all();
+}
+
+/// One segment's sound records as (offset, header), with its file and length; `None` when
+/// the tier is being dropped.
+#[allow(clippy::type_complexity)]
+fn scan_segment(
+    sh: &Shared,
+    path: &Path,
+) -> std::io::Result<Option<(File, u64, Vec<(u64, RecordHeader)>)>> {
+    private::tighten_file(path)?;
+    let file = OpenOptions::new().read(true).open(path)?;
+    let len = file.metadata()?.len();
+    let mut off = 0u64;
+    let mut records = Vec::new();
+    let mut hb = [0u8; RECORD_HEADER];
+    while off + RECORD_HEADER as u64 <= len {
+        if sh.recovery.stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let sound = file
+            .read_exact_at(&mut hb, off)
+            .ok()
+            .and_then(|()| RecordHeader::decode(&hb).ok())
+            .filter(|h| off + (RECORD_HEADER as u64) + u64::from(h.len) <= len);
+        let (at, h) = match sound {
+            Some(h) => (off, h),
+            None => {
+                // A bad record: skip to the next whole, verified record (the rest of the
+                // segment when there is none — a torn tail after a crash).
+                sh.counters.corrupt.add(1);
+                let next = resync(&file, off + 1, len);
+                let to = next.map_or(len, |(at, _)| at);
+                tracing::warn!(segment = %path.display(), at = off, skipped = to - off, size = len, "torn or corrupt disk record: skipped to the next sound record");
+                match next {
+                    Some(n) => n,
+                    None => {
+                        off = len;
+                        break;
                     }
                 }
-            };
-            idx.map.insert(
-                h.key,
-                Entry {
-                    seg: id,
-                    offset: at,
-                    header: h,
-                },
-            );
-            keys.push(h.key);
-            recovered += 1;
-            off = at + RECORD_HEADER as u64 + u64::from(h.len);
+            }
+        };
+        records.push((at, h));
+        off = at + RECORD_HEADER as u64 + u64::from(h.len);
+    }
+    if off < len {
+        // A tail shorter than a header.
+        sh.counters.corrupt.add(1);
+        tracing::warn!(segment = %path.display(), at = off, size = len, "torn disk record at the end of a segment: skipped");
+    }
+    Ok(Some((file, len, records)))
+}
+
+/// Indexes a scanned segment under one hold of the index lock.
+fn index_segment(sh: &Shared, id: u64, file: File, len: u64, records: Vec<(u64, RecordHeader)>) {
+    let mut idx = sh.index.lock();
+    let mut keys = Vec::with_capacity(records.len());
+    for (offset, header) in records {
+        if idx
+            .touched
+            .as_ref()
+            .is_some_and(|t| t.contains(&header.key))
+        {
+            continue;
         }
-        if off < len {
-            // A tail shorter than a header.
-            sh.counters.corrupt.add(1);
-            tracing::warn!(segment = %path.display(), at = off, size = len, "torn disk record at the end of a segment: skipped");
-        }
-        let t = idx.next_tick;
-        idx.next_tick += 1;
-        idx.segs.insert(
-            id,
-            Segment {
-                file: Arc::new(file),
-                bytes: len,
-                keys,
-                tick: t,
+        idx.map.insert(
+            header.key,
+            Entry {
+                seg: id,
+                offset,
+                header,
             },
         );
-        idx.lru.insert(t, id);
-        idx.bytes += len;
-        idx.next_seg = idx.next_seg.max(id + 1);
+        keys.push(header.key);
     }
-    // Records superseded by a later segment were overwritten in the map; count what is live.
-    recovered = recovered.min(idx.map.len() as u64);
-    sh.counters.recovered.add(recovered);
-    if recovered > 0 {
-        tracing::info!(records = recovered, bytes = idx.bytes, dir = %sh.cfg.dir.display(), "disk tier recovered");
-    }
-    Ok(())
+    let t = idx.next_tick;
+    idx.next_tick += 1;
+    idx.segs.insert(
+        id,
+        Segment {
+            file: Arc::new(file),
+            bytes: len,
+            keys,
+            tick: t,
+        },
+    );
+    idx.lru.insert(t, id);
+    idx.bytes += len;
 }
 
 /// Bytes read at a time while looking for the next record.

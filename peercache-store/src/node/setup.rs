@@ -60,7 +60,7 @@ pub(super) fn open_disk(
     let disk_cfg = cfg.disk(dir.clone());
     match peercache_pool::disk::DiskTier::open(disk_cfg) {
         Ok(t) => {
-            tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovered = t.stats().recovered, "disk tier open");
+            tracing::info!(dir = %dir.display(), capacity = cfg.disk_size, recovering = t.is_recovering(), "disk tier open");
             Some(Arc::new(t))
         }
         Err(e) => {

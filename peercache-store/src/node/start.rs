@@ -509,7 +509,9 @@ impl Core {
                 StoreError::Unsupported("slotmap mode without a slot region".into())
             })?),
         };
-        let republish = disk.as_ref().is_some_and(|d| d.stats().recovered > 0);
+        // Pages a previous run left are re-published once the scan (in the background) has found
+        // them.
+        let republish = disk.as_ref().is_some_and(|d| d.found_previous_run());
         let inner = Arc::new(Core {
             keys: Keyspace::new(&cfg.prefix),
             cfg,

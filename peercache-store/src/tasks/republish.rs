@@ -1,7 +1,8 @@
 //! After a restart, the pages the disk tier recovered are told to the directory again (as this
 //! node's disk-only copies), so the cluster finds them without anyone writing them anew.
 //!
-//! This runs once, on its own thread, as soon as the ring includes this node: the node is
+//! This runs once, on its own thread, as soon as the ring includes this node and the disk
+//! tier's recovery scan (on a thread of its own) has found what is on disk: the node is
 //! ready (and serves reads) meanwhile, membership changes are not held up, and shutdown stops
 //! it between batches. Each batch is one directory insert of [`BATCH`] pages, which the
 //! directory client splits per shard and sends to the shards in parallel.
@@ -37,6 +38,12 @@ impl Republish<'_> {
     pub(crate) fn recovered(&self) {
         let Some(disk) = self.disk else { return };
         let t0 = std::time::Instant::now();
+        // The scan runs on the disk tier's own thread; shutdown ends the wait.
+        while !disk.wait_recovered(std::time::Duration::from_millis(100)) {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+        }
         let inventory = disk.inventory();
         let template = self.stamp.on_disk();
         let mut entries = Vec::with_capacity(BATCH.min(inventory.len()));
