@@ -45,3 +45,16 @@ pub enum StoreError {
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
+
+impl StoreError {
+    /// [`StoreError::Shutdown`] once `stopping` is set: what every entry point checks first.
+    pub(crate) fn refuse_if_stopping(
+        stopping: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), StoreError> {
+        if stopping.load(std::sync::atomic::Ordering::Acquire) {
+            Err(StoreError::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -76,7 +76,6 @@ impl SlotIo<'_> {
     /// Slotmap writes: local keys into this region, the others by `SlotWrite` to their owners
     /// (all owners at once).
     pub(crate) fn set(&self, keys: &[PageKey], slices: &[&[u8]], counts: &[usize]) -> Vec<bool> {
-        let inner = self;
         let slots = self.slots;
         let map = &slots.map;
         let mut starts = Vec::with_capacity(keys.len());
@@ -85,16 +84,16 @@ impl SlotIo<'_> {
             starts.push(at);
             at += c;
         }
-        let owners = inner.dir.primaries(keys);
-        let (local, remote) = group(&owners, inner.me);
+        let owners = self.dir.primaries(keys);
+        let (local, remote) = group(&owners, self.me);
         let mut done = vec![false; keys.len()];
-        let layout = inner.layout;
+        let layout = self.layout;
         for i in local {
             done[i] = map
                 .write(keys[i], &slices[starts[i]..starts[i] + counts[i]], layout)
                 .is_ok();
         }
-        let layout_ext = crate::control::layout_extension(inner.layout);
+        let layout_ext = crate::control::layout_extension(self.layout);
         let layouts = slots.layouts.read().clone();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, &Vec<usize>)> = Vec::new();
         for (node, idx) in &remote {
@@ -111,7 +110,7 @@ impl SlotIo<'_> {
             reqs.iter().map(|(ep, f, _)| (*ep, f.as_slice())).collect();
         for ((_, _, idx), r) in reqs
             .iter()
-            .zip(inner.dir.rpc().call_many(&calls, inner.op_timeout))
+            .zip(self.dir.rpc().call_many(&calls, self.op_timeout))
         {
             if let Ok(StoreReply::SlotWritten(ok)) =
                 r.and_then(|f| rpc::decode_reply::<StoreReply>(&f))
@@ -127,10 +126,9 @@ impl SlotIo<'_> {
     /// Reads the header block of every key's bucket on its owner; returns the blocks (None:
     /// owner unknown or unreachable). Local keys are read in place.
     fn header_blocks(&self, keys: &[PageKey], owners: &[Option<NodeId>]) -> Vec<Option<Vec<u8>>> {
-        let inner = self;
         let slots = self.slots;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        let (local, remote) = group(owners, inner.me);
+        let (local, remote) = group(owners, self.me);
         if let Some(map) = Some(&slots.map) {
             let g = map.geometry();
             for i in local {
@@ -170,14 +168,14 @@ impl SlotIo<'_> {
                     }],
                 );
             }
-            if let Ok(res) = inner.transport.read_batch(l.data, &batch) {
+            if let Ok(res) = self.transport.read_batch(l.data, &batch) {
                 for (j, (&i, r)) in idx.iter().zip(res).enumerate() {
                     if r.is_ok() {
                         out[i] = Some(scratch.staging_mut(j * hb, hb).to_vec());
                     }
                 }
             }
-            inner.scratch.give_back(scratch);
+            self.scratch.give_back(scratch);
         }
         out
     }
@@ -198,23 +196,22 @@ impl SlotIo<'_> {
 
     /// Slotmap get: header block, then the matching way's payload and header again; verified.
     pub(crate) fn get(&self, keys: &[PageKey], dest: &mut PageDest<'_>) -> Vec<Option<u32>> {
-        let inner = self;
         let slots = self.slots;
         let n = keys.len();
         let lens: Vec<usize> = dest.lens().iter().map(|&l| l as usize).collect();
         let mut hit: Vec<Option<u32>> = vec![None; n];
-        let layout = inner.layout;
-        let owners = inner.dir.primaries(keys);
-        let (local, remote) = group(&owners, inner.me);
+        let layout = self.layout;
+        let owners = self.dir.primaries(keys);
+        let (local, remote) = group(&owners, self.me);
         if let Some(map) = Some(&slots.map) {
             for i in local {
                 match map.read(keys[i], &mut dest.page_mut(i), layout) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
                     Err(slotmap::SlotMiss::Torn) => {
-                        inner.metrics.verify_rejects.add(1);
+                        self.metrics.verify_rejects.add(1);
                     }
                     Err(slotmap::SlotMiss::Layout) => {
-                        inner.metrics.layout_mismatches.add(1);
+                        self.metrics.layout_mismatches.add(1);
                     }
                     Err(slotmap::SlotMiss::Absent) => {}
                 }
@@ -281,7 +278,7 @@ impl SlotIo<'_> {
                 offs.push(off);
                 off += lens[i] + HEADER;
             }
-            if let Ok(res) = inner.transport.read_batch(l.data, &batch) {
+            if let Ok(res) = self.transport.read_batch(l.data, &batch) {
                 for (j, &(i, _, before)) in found.iter().enumerate() {
                     if res[2 * j].is_err() || res[2 * j + 1].is_err() {
                         continue;
@@ -295,15 +292,15 @@ impl SlotIo<'_> {
                             hit[i] = Some(lens[i] as u32);
                         }
                         Err(slotmap::SlotMiss::Layout) => {
-                            inner.metrics.layout_mismatches.add(1);
+                            self.metrics.layout_mismatches.add(1);
                         }
                         Err(_) => {
-                            inner.metrics.verify_rejects.add(1);
+                            self.metrics.verify_rejects.add(1);
                         }
                     }
                 }
             }
-            inner.scratch.give_back(scratch);
+            self.scratch.give_back(scratch);
         }
         hit
     }

@@ -1,11 +1,14 @@
-//! [`Core`]: everything a running node owns, shared (`Arc<Core>`) by the node runtime
-//! (`lifecycle.rs`), the public API (`store.rs`), the read, write and exists paths, the modes, the
-//! client API and the observability code — none of which this module knows: its fields' types
-//! come from the lower crates and the leaf modules of this crate only.
+//! [`Core`]: everything a running node owns, shared (`Arc<Core>`) by the public API
+//! (`store.rs`), the listeners and the background threads. Its one `impl` reads the node's
+//! settings and builds, for one call, the view each part works through — the read wing, the
+//! write wing, the membership sync, promotions, re-publishing, the slot and storage modes —
+//! naming just what that part needs; and it waits for readiness and shuts the node down in
+//! order. The parts' code lives beside their types, not here.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
@@ -84,27 +87,89 @@ impl Core {
         }
     }
 
-    /// The directory location of a page resident in this node's pool.
-    pub(crate) fn resident_location(
-        &self,
-        loc: &peercache_pool::PageLocation,
-    ) -> peercache_directory::Location {
-        self.stamp().resident(loc)
-    }
-
     /// Where this node's pool holds `keys` now (None: not resident here), as directory
     /// locations: what a hinted reader asks of the node its hint names.
     pub(crate) fn resident_locations(
         &self,
         keys: &[PageKey],
     ) -> Vec<Option<peercache_directory::Location>> {
-        let mut found = Vec::with_capacity(keys.len());
-        self.pool.lookup_batch(keys, &mut found);
-        let stamp = self.stamp();
-        found
-            .iter()
-            .map(|l| l.as_ref().map(|l| stamp.resident(l)))
-            .collect()
+        self.stamp().resident_in(&self.pool, keys)
+    }
+
+    /// The read wing (get, exists, hints, prefix locations, device reads), with what it
+    /// needs of the node.
+    pub(crate) fn read_wing(&self) -> crate::read::wing::ReadWing<'_> {
+        crate::read::wing::ReadWing {
+            me: &self.me,
+            cfg: &self.cfg,
+            metrics: &self.metrics,
+            reads: &self.reads,
+            pool: &self.pool,
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            transport: &self.transport,
+            tasks: &self.tasks,
+            stopping: &self.stopping,
+            slots: self.mode.slots().map(|s| self.slot_io(s)),
+            promotion: self.promotion(),
+            stamp: self.stamp(),
+            layout: self.layout(),
+        }
+    }
+
+    /// The write wing, with what it needs of the node and the route this node's mode, role
+    /// and write policy give a write.
+    pub(crate) fn write_wing(&self) -> crate::node::write::WriteWing<'_> {
+        use crate::config::{Role, WritePolicy};
+        use crate::modes::state::ModeState;
+        use crate::node::write::WriteRoute;
+        let storage = |st, also_local, fallback_local| WriteRoute::Storage {
+            writer: self.storage_writer(st),
+            also_local,
+            fallback_local,
+        };
+        let route = match &self.mode {
+            ModeState::Slotmap(slots) => WriteRoute::Slots(self.slot_io(slots)),
+            ModeState::P2p => WriteRoute::Local,
+            // A storage server keeps what it is sent.
+            _ if self.cfg.role == Role::Storage => WriteRoute::Local,
+            // No storage server registered: centralized has no pool to fall back to.
+            ModeState::Centralized(st) => storage(st, false, false),
+            ModeState::Hybrid(st) => match st.policy {
+                WritePolicy::Local => WriteRoute::Local,
+                WritePolicy::Storage => storage(st, false, true),
+                WritePolicy::Both => storage(st, true, true),
+            },
+        };
+        crate::node::write::WriteWing {
+            metrics: &self.metrics,
+            pool: &self.pool,
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            tasks: &self.tasks,
+            stopping: &self.stopping,
+            stamp: self.stamp(),
+            layout: self.layout(),
+            route,
+        }
+    }
+
+    /// The membership sync, with what it needs of the node.
+    pub(crate) fn membership_sync(&self) -> crate::tasks::membership::MembershipSync<'_> {
+        crate::tasks::membership::MembershipSync {
+            me: &self.me,
+            vnodes: self.cfg.vnodes,
+            directory_replicas: self.cfg.directory_replicas,
+            discovery: &self.discovery,
+            dir: &self.dir,
+            mode: &self.mode,
+            metrics: &self.metrics,
+            tasks: &self.tasks,
+            transport: &self.transport,
+            pool: &self.pool,
+            stamp: self.stamp(),
+            storage_owner: self.storage_owner(),
+        }
     }
 
     /// The disk-tier promotions, with what they need of the node.
@@ -180,12 +245,88 @@ impl Core {
         }
     }
 
+    /// Waits until discovery registered this node and the directory ring includes it.
+    pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.discovery.wait_ready(timeout)?;
+        let mut ready = self.tasks.ring_ready.0.lock();
+        while !*ready {
+            match deadline {
+                Some(d) => {
+                    if self
+                        .tasks
+                        .ring_ready
+                        .1
+                        .wait_until(&mut ready, d)
+                        .timed_out()
+                        && !*ready
+                    {
+                        return Err(StoreError::Discovery(
+                            peercache_discovery::DiscoveryError::NotReady {
+                                after: timeout.unwrap_or_default(),
+                                seeds: Vec::new(),
+                            },
+                        ));
+                    }
+                }
+                None => self.tasks.ring_ready.1.wait(&mut ready),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops everything; idempotent.
+    pub(crate) fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Stop the hosted discovery server first (members see it gone in the same round in
+        // which they see this node leave, so the masters change once), then leave the cluster
+        // so peers stop routing to us, then flush eviction notices.
+        if let Some(mut m) = self.servers.meta.lock().take() {
+            m.shutdown();
+        }
+        self.discovery.shutdown();
+        if let Some(p) = self.tasks.promoter.get() {
+            p.stop();
+        }
+        if let Some(mut e) = self.tasks.evictions.lock().take() {
+            e.stop();
+        }
+        self.republish().stop();
+        if let Some(d) = &self.disk {
+            d.flush();
+        }
+        if let Some(t) = self.tasks.membership.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+        if let Some(mut c) = self.servers.client.lock().take() {
+            c.shutdown();
+        }
+        if let Some(mut c) = self.servers.control.lock().take() {
+            c.shutdown();
+        }
+        if let Some(mut h) = self.servers.http.lock().take() {
+            h.shutdown();
+        }
+        if let Some(mut e) = self.servers.kv_events.lock().take() {
+            e.shutdown();
+        }
+        self.transport.shutdown();
+        self.reads.host_buffers.write().clear();
+        self.reads.device_buffers.write().clear();
+        self.reads.scratch.clear();
+        self.pool_region.lock().take();
+        if let Some(slots) = self.mode.slots() {
+            slots.region.lock().take();
+        }
+        tracing::info!(node = %self.me, "peercache node stopped");
+    }
+
     /// Refuses calls once the node is stopping.
     pub(crate) fn check_open(&self) -> Result<(), StoreError> {
-        if self.stopping.load(Ordering::Acquire) {
-            Err(StoreError::Shutdown)
-        } else {
-            Ok(())
-        }
+        StoreError::refuse_if_stopping(&self.stopping)
     }
 }

@@ -4,11 +4,11 @@
 pub(crate) mod core;
 pub(crate) mod fdlimit;
 pub(crate) mod keys;
-pub(crate) mod lifecycle;
 pub(crate) mod parts;
 pub(crate) mod setup;
 pub(crate) mod stamp;
 pub(crate) mod start;
 pub(crate) mod stats;
 pub(crate) mod store;
+pub(crate) mod threads;
 pub(crate) mod write;

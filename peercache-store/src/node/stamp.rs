@@ -40,6 +40,21 @@ impl Stamp<'_> {
         }
     }
 
+    /// Where `pool` (this node's) holds `keys` now (None: not resident there), as directory
+    /// locations.
+    pub(crate) fn resident_in(
+        &self,
+        pool: &peercache_pool::Pool,
+        keys: &[peercache_wire::PageKey],
+    ) -> Vec<Option<peercache_directory::Location>> {
+        let mut found = Vec::with_capacity(keys.len());
+        pool.lookup_batch(keys, &mut found);
+        found
+            .iter()
+            .map(|l| l.as_ref().map(|l| self.resident(l)))
+            .collect()
+    }
+
     /// A location of this node with nothing but its identity filled in: a disk-only copy
     /// (not resident, retained) of no length yet.
     pub(crate) fn on_disk(&self) -> peercache_directory::Location {

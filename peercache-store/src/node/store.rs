@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use peercache_directory::Owners;
 use peercache_transport::Access;
 use peercache_wire::{NodeId, PageKey};
 
@@ -16,7 +15,7 @@ use crate::StoreError;
 use crate::config::PeerCacheConfig;
 use crate::node::core::Core;
 use crate::node::stats::StoreStats;
-use crate::read::dest::{PageDest, check_counts};
+use crate::read::dest::check_counts;
 use crate::read::scratch::RawSeg;
 
 /// A PeerCache node and its HiCache-shaped API. Cloning shares the node.
@@ -73,7 +72,7 @@ impl Store {
     /// Starts a node. Returns at once; see [`Store::wait_ready`].
     pub fn start(cfg: PeerCacheConfig) -> Result<Store, StoreError> {
         Ok(Store {
-            inner: Core::start(cfg)?,
+            inner: crate::node::start::start(cfg)?,
         })
     }
 
@@ -140,8 +139,8 @@ impl Store {
 
     /// Re-reads membership into the directory ring now (it also happens on every change).
     pub fn sync_membership(&self) {
-        self.inner.sync_membership();
-        crate::node::start::start_republish(&self.inner);
+        self.inner.membership_sync().sync();
+        crate::node::threads::start_republish(&self.inner);
     }
 
     /// Declares the shape of the pages this node writes and reads (model, KV dtype, ranks,
@@ -237,14 +236,14 @@ impl Store {
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
         // Device memory is a read destination only: publishing copies with the CPU.
-        self.inner.touches_device(segs)?;
+        self.inner.read_wing().touches_device(segs)?;
         let pkeys = self.page_keys(keys);
         // SAFETY: forwarded from the caller.
         let slices: Vec<&[u8]> = segs
             .iter()
             .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
             .collect();
-        self.inner.set_pages(&pkeys, &slices, counts)
+        self.inner.write_wing().set_pages(&pkeys, &slices, counts)
     }
 
     /// Writes pages of which only the first `valid_lens[i]` bytes hold data — the partial
@@ -291,6 +290,7 @@ impl Store {
         let pkeys = self.page_keys(keys);
         Ok(self
             .inner
+            .write_wing()
             .set_impl_valid(&pkeys, segs, counts, Some(valid_lens)))
     }
 
@@ -311,208 +311,6 @@ impl Store {
             .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
             .collect();
         self.batch_set_partial_segments(keys, &slices, counts, valid_lens)
-    }
-
-    /// How many leading pages are present in the cluster. Their locations are primed for the
-    /// next [`Store::batch_get`] for `exists_prime_ttl`.
-    ///
-    /// With `exists_wait_ms` > 0 this waits up to that long for the whole prefix (see
-    /// [`Store::wait_for_full_prefix`]).
-    pub fn batch_exists<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize, StoreError> {
-        self.check_open()?;
-        let pkeys = self.page_keys(keys);
-        let t0 = std::time::Instant::now();
-        let wait = Duration::from_millis(self.inner.cfg.exists_wait_ms);
-        let n = if wait.is_zero() {
-            self.inner.exists_impl(&pkeys)
-        } else {
-            self.inner.wait_impl(&pkeys, wait)
-        };
-        self.inner
-            .metrics
-            .exists_latency
-            .record(t0.elapsed().as_secs_f64());
-        Ok(n)
-    }
-
-    /// [`Store::batch_exists`] with a router hint: `holder` names the node a router says holds
-    /// the request's KV. That node is asked where its pool holds the keys (one RPC); when it
-    /// holds all of them no directory request is sent, otherwise the directory is asked about
-    /// the keys past its run. A wrong hint costs one round trip, never a wrong answer. Counted
-    /// in `peercache_read_hint_{hits,misses}_total`; `exists_wait_ms` does not apply. A `holder`
-    /// that is no valid node id is a [`StoreError::BadRequest`].
-    pub fn batch_exists_hinted<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        holder: &str,
-    ) -> Result<usize, StoreError> {
-        self.check_open()?;
-        let hint = peercache_wire::NodeId::new(holder)
-            .map_err(|e| StoreError::BadRequest(format!("hint {holder:?}: {e}")))?;
-        let pkeys = self.page_keys(keys);
-        let t0 = std::time::Instant::now();
-        let n = self.inner.exists_hinted(&pkeys, &hint);
-        self.inner
-            .metrics
-            .exists_latency
-            .record(t0.elapsed().as_secs_f64());
-        Ok(n)
-    }
-
-    /// Like [`Store::batch_exists`], but returns the valid length of each leading present page
-    /// (the vector's length is the leading count).
-    pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {
-        self.check_open()?;
-        let pkeys = self.page_keys(keys);
-        let Ok(mut found) = self.inner.dir.lookup(&pkeys) else {
-            return Ok(Vec::new());
-        };
-        self.inner.keep_my_layout(&mut found);
-        Ok(found
-            .iter()
-            .map_while(|o| o.as_ref().and_then(|o| o.first()).map(|l| l.valid_len))
-            .collect())
-    }
-
-    /// Waits until every key is present in the cluster, at most `timeout`, and returns how many
-    /// leading keys are present at the end — for a decode node that knows a prefill node is
-    /// publishing a prefix. Polls the directory (one fan-out per poll) at 1 ms, backing off to
-    /// 10 ms; returns at once when the prefix is complete or the node stops.
-    pub fn wait_for_full_prefix<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        timeout: Duration,
-    ) -> Result<usize, StoreError> {
-        self.check_open()?;
-        let pkeys = self.page_keys(keys);
-        Ok(self.inner.wait_impl(&pkeys, timeout))
-    }
-
-    /// Which keys are present anywhere in the cluster, key by key — not only the leading run
-    /// (the v2 HiCache calls check sidecar pools whose pages may have holes). One directory
-    /// fan-out for the whole batch; every present page's location is primed for the next get,
-    /// and disk-only pages start promoting, as with [`Store::batch_exists`].
-    pub fn batch_contains<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<bool>, StoreError> {
-        self.inner.contains(&self.page_keys(keys))
-    }
-
-    /// Reads pages into one contiguous buffer each. `true` = the buffer holds the page.
-    pub fn batch_get<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        pages: &mut [&mut [u8]],
-    ) -> Result<Vec<bool>, StoreError> {
-        let counts = vec![1; pages.len()];
-        self.batch_get_segments(keys, pages, &counts)
-    }
-
-    /// [`Store::batch_get`] with a router's hint: `holder` names the node that holds the pages
-    /// (vLLM's `kv_transfer_params`, a KV-hint envelope). That node is asked where its pool
-    /// holds them — one RPC, no directory lookup — and what it does not hold is looked up in
-    /// the directory as always; counted in `peercache_read_hint_{hits,misses}_total`. The pages
-    /// are verified like any other: a wrong hint costs a round trip, never a page. A `holder`
-    /// that is no valid node id is a [`StoreError::BadRequest`].
-    ///
-    /// ```no_run
-    /// # fn demo(store: &peercache_store::Store) -> Result<(), peercache_store::StoreError> {
-    /// let mut page = vec![0u8; 4096];
-    /// let got = store.batch_get_hinted(&["req-17/0"], &mut [&mut page[..]], "node-a")?;
-    /// # Ok(()) }
-    /// ```
-    pub fn batch_get_hinted<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        pages: &mut [&mut [u8]],
-        holder: &str,
-    ) -> Result<Vec<bool>, StoreError> {
-        let counts = vec![1; pages.len()];
-        let raw = RawSeg::of_mut(pages);
-        // SAFETY: the pages are exclusively borrowed for the whole call and do not overlap.
-        unsafe { self.batch_get_raw_hinted(keys, &raw, &counts, Some(holder)) }
-    }
-
-    /// [`Store::batch_get_raw`] with an optional router hint (see [`Store::batch_get_hinted`]).
-    ///
-    /// # Safety
-    /// As [`Store::batch_get_raw`].
-    pub unsafe fn batch_get_raw_hinted<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        segs: &[RawSeg],
-        counts: &[usize],
-        holder: Option<&str>,
-    ) -> Result<Vec<bool>, StoreError> {
-        let hint = holder
-            .map(|h| {
-                peercache_wire::NodeId::new(h)
-                    .map_err(|e| StoreError::BadRequest(format!("hint {h:?}: {e}")))
-            })
-            .transpose()?;
-        let pkeys = self.page_keys(keys);
-        // SAFETY: forwarded from the caller.
-        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
-        let r = self
-            .inner
-            .get_pages_hinted(&pkeys, &mut dest, hint.as_ref())?;
-        Ok(r.into_iter().map(|v| v.is_some()).collect())
-    }
-
-    /// Reads pages scattered into segments (`counts[i]` segments for page `i`).
-    pub fn batch_get_segments<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        segs: &mut [&mut [u8]],
-        counts: &[usize],
-    ) -> Result<Vec<bool>, StoreError> {
-        let raw = RawSeg::of_mut(segs);
-        // SAFETY: the segments are exclusively borrowed for the whole call.
-        unsafe { self.batch_get_raw(keys, &raw, counts) }
-    }
-
-    /// [`Store::batch_get_segments`] on raw segments.
-    ///
-    /// # Safety
-    /// Every segment must be valid for writes of `len` bytes for the duration of the call and
-    /// not overlap another segment of the call.
-    pub unsafe fn batch_get_raw<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        segs: &[RawSeg],
-        counts: &[usize],
-    ) -> Result<Vec<bool>, StoreError> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.batch_get_raw_hinted(keys, segs, counts, None) }
-    }
-
-    /// Like [`Store::batch_get`], but reports each page's valid length (`None` = miss): a
-    /// partial tail page (see [`Store::batch_set_partial`]) is served whole, and its valid
-    /// length says how many leading bytes hold data.
-    pub fn batch_get_valid<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        pages: &mut [&mut [u8]],
-    ) -> Result<Vec<Option<u32>>, StoreError> {
-        let counts = vec![1; pages.len()];
-        let raw = RawSeg::of_mut(pages);
-        // SAFETY: the pages are exclusively borrowed for the whole call.
-        unsafe { self.batch_get_valid_raw(keys, &raw, &counts) }
-    }
-
-    /// [`Store::batch_get_valid`] for pages scattered into raw segments (`counts[i]` for page
-    /// `i`); the valid length counts bytes over all of a page's segments.
-    ///
-    /// # Safety
-    /// As [`Store::batch_get_raw`].
-    pub unsafe fn batch_get_valid_raw<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-        segs: &[RawSeg],
-        counts: &[usize],
-    ) -> Result<Vec<Option<u32>>, StoreError> {
-        let pkeys = self.page_keys(keys);
-        // SAFETY: forwarded from the caller.
-        let mut dest = unsafe { PageDest::new(pkeys.len(), segs, counts) }?;
-        self.inner.get_pages(&pkeys, &mut dest)
     }
 
     /// Removes every page this node published from its pool and the directory (HiCache's
@@ -609,23 +407,7 @@ impl Store {
         }
     }
 
-    /// Looks keys up in the directory without reading them (diagnostics and tests).
-    pub fn locate<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<Owners>>, StoreError> {
-        self.inner.locate(&self.page_keys(keys))
-    }
-
-    /// Where a request's prefix is: for the page keys of one request, in order, every node
-    /// that holds the first page with the length of the leading run it holds (and of the part
-    /// in memory), longest first — one directory fan-out. What a cache-aware router asks to
-    /// send the request where its KV already is.
-    pub fn prefix_locations<K: AsRef<str>>(
-        &self,
-        keys: &[K],
-    ) -> Result<Vec<crate::PrefixRun>, StoreError> {
-        self.inner.prefix_locations(&self.page_keys(keys))
-    }
-
-    fn check_open(&self) -> Result<(), StoreError> {
+    pub(crate) fn check_open(&self) -> Result<(), StoreError> {
         self.inner.check_open()
     }
 

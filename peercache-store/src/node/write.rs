@@ -1,14 +1,52 @@
-//! The write path on [`Core`]: pages into the local pool (and the directory), or into the
-//! storage servers or slot regions the mode names.
+//! The write wing: pages into the local pool (and the directory), or into the storage servers
+//! or slot regions the mode names.
 
-use peercache_directory::Location;
-use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass};
-use peercache_wire::PageKey;
+use std::sync::atomic::AtomicBool;
+
+use peercache_directory::{DirectoryClient, Location};
+use peercache_pool::disk::DiskTier;
+use peercache_pool::{PageWrite, Pool, PublishScratch, Published, ReplClass};
+use peercache_wire::{Layout, PageKey};
 
 use crate::StoreError;
-use crate::node::core::Core;
+use crate::modes::central::writer::StorageWriter;
+use crate::modes::slot::SlotIo;
+use crate::node::parts::Tasks;
+use crate::node::stamp::Stamp;
+use crate::observe::series::Handles;
 
-impl Core {
+/// Where a write goes, by mode, role and write policy (decided once per call).
+pub(crate) enum WriteRoute<'a> {
+    /// Slot mode: the slot regions.
+    Slots(SlotIo<'a>),
+    /// This node's pool only: p2p, a storage server, hybrid's `local` policy.
+    Local,
+    /// The storage servers. `also_local`: this node's pool too (hybrid `both`);
+    /// `fallback_local`: this node's pool when no storage server is registered (hybrid).
+    Storage {
+        writer: StorageWriter<'a>,
+        also_local: bool,
+        fallback_local: bool,
+    },
+}
+
+/// The write wing's view of the node: the pool it publishes into, the directory it names the
+/// pages in, and the route the mode gives a write.
+pub(crate) struct WriteWing<'a> {
+    pub(crate) metrics: &'a Handles,
+    pub(crate) pool: &'a Pool,
+    pub(crate) disk: Option<&'a DiskTier>,
+    pub(crate) dir: &'a DirectoryClient,
+    /// The eviction batcher (evicted pages' notices).
+    pub(crate) tasks: &'a Tasks,
+    pub(crate) stopping: &'a AtomicBool,
+    pub(crate) stamp: Stamp<'a>,
+    /// The layout this node writes.
+    pub(crate) layout: Layout,
+    pub(crate) route: WriteRoute<'a>,
+}
+
+impl WriteWing<'_> {
     /// The write entry point every API shares (the store's and the client API's): refuses
     /// after shutdown, checks the segment counts, publishes, records the latency.
     pub(crate) fn set_pages(
@@ -17,7 +55,7 @@ impl Core {
         slices: &[&[u8]],
         counts: &[usize],
     ) -> Result<Vec<bool>, StoreError> {
-        self.check_open()?;
+        StoreError::refuse_if_stopping(self.stopping)?;
         crate::read::dest::check_counts(keys.len(), slices.len(), counts)?;
         let t0 = std::time::Instant::now();
         let r = self.set_impl(keys, slices, counts);
@@ -45,27 +83,16 @@ impl Core {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Vec<bool> {
-        use crate::config::{Role, WritePolicy};
-        use crate::modes::state::ModeState;
-        // A storage server keeps what it is sent; otherwise the mode decides.
-        let (st, also_local, fallback_local) = match &self.mode {
-            ModeState::Slotmap(slots) => return self.slot_io(slots).set(keys, slices, counts),
-            ModeState::P2p => return self.set_local(keys, slices, counts, valid_lens),
-            _ if self.cfg.role == Role::Storage => {
-                return self.set_local(keys, slices, counts, valid_lens);
-            }
-            // No storage server registered: centralized has no pool to fall back to.
-            ModeState::Centralized(st) => (st, false, false),
-            ModeState::Hybrid(st) => match st.policy {
-                WritePolicy::Local => return self.set_local(keys, slices, counts, valid_lens),
-                WritePolicy::Storage => (st, false, true),
-                WritePolicy::Both => (st, true, true),
-            },
+        let (writer, also_local, fallback_local) = match &self.route {
+            WriteRoute::Slots(slots) => return slots.set(keys, slices, counts),
+            WriteRoute::Local => return self.set_local(keys, slices, counts, valid_lens),
+            WriteRoute::Storage {
+                writer,
+                also_local,
+                fallback_local,
+            } => (writer, *also_local, *fallback_local),
         };
-        match self
-            .storage_writer(st)
-            .write(keys, slices, counts, valid_lens)
-        {
+        match writer.write(keys, slices, counts, valid_lens) {
             Some(stored) if also_local => {
                 let local = self.set_local(keys, slices, counts, valid_lens);
                 stored.iter().zip(local).map(|(s, l)| *s || l).collect()
@@ -84,12 +111,11 @@ impl Core {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Vec<bool> {
-        let inner = self;
-        let m = &inner.metrics;
+        let m = &self.metrics;
         m.write_requests.add(1);
         let mut pages = Vec::with_capacity(keys.len());
         let mut at = 0;
-        let layout = inner.layout();
+        let layout = self.layout;
         for (j, (k, &c)) in keys.iter().zip(counts).enumerate() {
             pages.push(PageWrite {
                 key: *k,
@@ -101,7 +127,7 @@ impl Core {
         }
         let mut out = Vec::with_capacity(keys.len());
         let mut evicted = Vec::new();
-        inner.pool.publish_batch(
+        self.pool.publish_batch(
             &pages,
             ReplClass::Retained,
             &mut PublishScratch::default(),
@@ -116,7 +142,7 @@ impl Core {
             match p {
                 Published::New(loc) => {
                     written += loc.len as u64;
-                    if let Some(d) = &inner.disk {
+                    if let Some(d) = self.disk {
                         d.put(
                             keys[i],
                             pages[i].segments,
@@ -125,7 +151,7 @@ impl Core {
                             loc.layout,
                         );
                     }
-                    entries.push((keys[i], inner.resident_location(loc)));
+                    entries.push((keys[i], self.stamp.resident(loc)));
                     entry_of.push(i);
                 }
                 // Resident already; in another layout only while a reader holds it (the
@@ -135,7 +161,7 @@ impl Core {
             }
         }
         m.evictions.add(evicted.len() as u64);
-        if let Some(b) = inner.tasks.evictions.lock().as_ref() {
+        if let Some(b) = self.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         if entries.is_empty() {
@@ -143,7 +169,7 @@ impl Core {
         }
         let mut demote = Vec::new();
         let mut undo = Vec::new();
-        match inner.dir.insert(&entries) {
+        match self.dir.insert(&entries) {
             Ok(outcomes) => {
                 for ((j, oc), (k, loc)) in outcomes.into_iter().enumerate().zip(&entries) {
                     match oc {
@@ -163,12 +189,12 @@ impl Core {
             }
         }
         if !demote.is_empty() {
-            inner.pool.mark_reclaimable(&demote);
+            self.pool.mark_reclaimable(&demote);
         }
         if !undo.is_empty() {
             // Not findable: withdraw, so a retry publishes again instead of being answered
             // "already stored" for a page nobody can find.
-            inner.pool.remove_batch(&undo);
+            self.pool.remove_batch(&undo);
         }
         m.bytes_written.add(written);
         results

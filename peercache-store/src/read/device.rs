@@ -16,10 +16,10 @@ use peercache_wire::PageKey;
 use smallvec::SmallVec;
 
 use crate::StoreError;
-use crate::node::core::Core;
 use crate::node::store::Store;
 use crate::read::plan::ReadPlan;
 use crate::read::scratch::RawSeg;
+use crate::read::wing::ReadWing;
 
 impl Store {
     /// Registers device (GPU) memory as a destination of [`Store::batch_get_device`]: a dma-buf
@@ -63,9 +63,10 @@ impl Store {
         self.inner.check_open()?;
         crate::read::dest::check_counts(keys.len(), segs.len(), counts)?;
         let keys = self.page_keys(keys);
-        let regions = self.inner.device_regions(segs)?;
+        let wing = self.inner.read_wing();
+        let regions = wing.device_regions(segs)?;
         let t0 = std::time::Instant::now();
-        let r = self.inner.get_device(&keys, segs, counts, &regions);
+        let r = wing.get_device(&keys, segs, counts, &regions);
         self.inner
             .metrics
             .read_latency
@@ -83,7 +84,7 @@ struct DeviceDest<'a> {
     counts: &'a [usize],
 }
 
-impl Core {
+impl ReadWing<'_> {
     /// The device region of every segment; a segment outside all of them is a bad request.
     fn device_regions(&self, segs: &[RawSeg]) -> Result<Vec<RegionKey>, StoreError> {
         let bufs = self.reads.device_buffers.read();
@@ -127,7 +128,7 @@ impl Core {
     }
 
     /// A device read: owners, then the remote rounds every read shares, each owner's pages
-    /// read by [`Core::read_device`]. `regions[s]` is segment `s`'s device region.
+    /// read by [`ReadWing::read_device`]. `regions[s]` is segment `s`'s device region.
     fn get_device(
         &self,
         keys: &[PageKey],
@@ -145,7 +146,7 @@ impl Core {
         };
         let me = self.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
-        if self.mode.slots().is_none() {
+        if self.slots.is_none() {
             self.find_owners(keys, &mut plan, None);
         }
         // Pages only this node holds (or only disk tiers hold) get no remote candidate: the
@@ -170,7 +171,7 @@ impl Core {
         let scratch = match self
             .reads
             .scratch
-            .checkout(&self.transport, 2 * pages.len(), 0)
+            .checkout(self.transport, 2 * pages.len(), 0)
         {
             Ok(s) => s,
             Err(e) => {
@@ -232,7 +233,7 @@ impl Core {
                 return miss();
             }
         };
-        let layout = self.layout();
+        let layout = self.layout;
         let mut out = Vec::with_capacity(n);
         for (j, (i, loc)) in pages.iter().enumerate() {
             if landed[j].is_err() || confirmed[j].is_err() {

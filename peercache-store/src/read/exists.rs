@@ -1,4 +1,4 @@
-//! `exists` on [`Core`]: which leading pages are present (local pool, disk tier, the
+//! `exists` on the [`ReadWing`]: which leading pages are present (local pool, disk tier, the
 //! directory or the slot regions), priming their owners for the get that follows.
 
 use std::sync::atomic::Ordering;
@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use peercache_wire::{NodeId, PageKey};
 
 use crate::StoreError;
-use crate::node::core::Core;
+use crate::read::wing::ReadWing;
 
-impl Core {
+impl ReadWing<'_> {
     /// Which of `keys` are present, each on its own (not only the leading ones); records the
     /// latency.
     pub(crate) fn contains(&self, keys: &[PageKey]) -> Result<Vec<bool>, StoreError> {
@@ -42,21 +42,19 @@ impl Core {
 
     /// Presence of each key; with `leading` the vector stops at the first missing key.
     pub(crate) fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
-        let inner = self;
-        inner.metrics.exists_requests.add(1);
-        if let Some(slots) = inner.mode.slots() {
-            let mut p = self.slot_io(slots).contains(keys);
+        self.metrics.exists_requests.add(1);
+        if let Some(slots) = &self.slots {
+            let mut p = slots.contains(keys);
             if leading {
                 let n = p.iter().take_while(|p| **p).count();
                 p.truncate(n);
             }
-            inner
-                .metrics
+            self.metrics
                 .exists_pages_found
                 .add(p.iter().filter(|p| **p).count() as u64);
             return p;
         }
-        let Ok(mut found) = inner.dir.lookup(keys) else {
+        let Ok(mut found) = self.dir.lookup(keys) else {
             return if leading {
                 Vec::new()
             } else {
@@ -77,9 +75,9 @@ impl Core {
         let n = present.len();
         // Present only on some disk tier: start promoting now, so the get that follows finds
         // the pages in memory.
-        if let Some(p) = inner.tasks.promoter.get() {
+        if let Some(p) = self.tasks.promoter.get() {
             // At most half a pool's worth, so a long prefix cannot thrash the pool.
-            let mut budget = inner.pool.len() as u64 / 2;
+            let mut budget = self.pool.len() as u64 / 2;
             let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
             let mut queued = 0;
             for (k, o) in keys.iter().zip(&found).take(n) {
@@ -105,18 +103,17 @@ impl Core {
                 p.offer(job);
             }
         }
-        let ttl = Duration::from_secs_f64(inner.cfg.exists_prime_ttl);
+        let ttl = Duration::from_secs_f64(self.cfg.exists_prime_ttl);
         if !ttl.is_zero() && n > 0 {
             let now = Instant::now();
-            let mut primed = inner.reads.primed.lock();
+            let mut primed = self.reads.primed.lock();
             for (k, o) in keys.iter().zip(found).take(n) {
                 if let Some(o) = o.filter(|o| !o.is_empty()) {
                     primed.put(*k, o, ttl, now);
                 }
             }
         }
-        inner
-            .metrics
+        self.metrics
             .exists_pages_found
             .add(present.iter().filter(|p| **p).count() as u64);
         present

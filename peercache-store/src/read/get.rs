@@ -1,4 +1,4 @@
-//! The read path on [`Core`]: the I/O shell around the sans-IO [`crate::read::plan::ReadPlan`]
+//! The read path on the [`ReadWing`]: the I/O shell around the sans-IO [`crate::read::plan::ReadPlan`]
 //! — owners from a primed exists, the read cache or the directory; local pages under leases;
 //! disk promotions; remote pages one transport batch per owner, verified; replication.
 
@@ -12,13 +12,13 @@ use peercache_wire::{NodeId, PageKey};
 use smallvec::SmallVec;
 
 use crate::StoreError;
-use crate::node::core::Core;
 use crate::observe::read_timing::Stage;
 use crate::read::dest::PageDest;
 use crate::read::plan::ReadPlan;
 use crate::read::scratch::host_region;
+use crate::read::wing::ReadWing;
 
-impl Core {
+impl ReadWing<'_> {
     /// The read entry point every host API shares: refuses after shutdown and device memory,
     /// reads, records the latency. Per page: its valid length if served.
     pub(crate) fn get_pages(
@@ -29,7 +29,7 @@ impl Core {
         self.get_pages_hinted(keys, dest, None)
     }
 
-    /// [`Core::get_pages`] with a router's hint: the node that holds the pages, asked first
+    /// [`ReadWing::get_pages`] with a router's hint: the node that holds the pages, asked first
     /// instead of the directory.
     pub(crate) fn get_pages_hinted(
         &self,
@@ -52,7 +52,7 @@ impl Core {
     /// check. Returns how many keys had copies, all of another layout — now misses. One compare
     /// per copy when every copy is of this node's layout.
     pub(crate) fn keep_my_layout(&self, found: &mut [Option<Owners>]) -> usize {
-        let layout = self.layout();
+        let layout = self.layout;
         let mut refused = 0;
         for o in found.iter_mut() {
             let Some(owners) = o else { continue };
@@ -95,8 +95,8 @@ impl Core {
         let m = &self.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
-        if let Some(slots) = self.mode.slots() {
-            let hit = self.slot_io(slots).get(keys, dest);
+        if let Some(slots) = &self.slots {
+            let hit = slots.get(keys, dest);
             let hits = hit.iter().filter(|h| h.is_some()).count() as u64;
             m.read_hits.add(hits);
             m.read_misses.add(n as u64 - hits);
@@ -157,13 +157,13 @@ impl Core {
         let promoted = if missing.is_empty() {
             None
         } else {
-            let (got, leased) = self.promotion().promote_and_lease(&missing);
+            let (got, leased) = self.promotion.promote_and_lease(&missing);
             m.read_disk_hits
                 .add(got.iter().filter(|l| l.is_some()).count() as u64);
             leased
         };
         let (mut bytes, mut local_hits) = (0u64, 0u64);
-        let layout = self.layout();
+        let layout = self.layout;
         for (j, &i) in local.iter().enumerate() {
             let (ls, at) = match (promoted_at[j], &promoted) {
                 (Some(p), Some(ls)) => (ls, p),
@@ -270,11 +270,10 @@ impl Core {
         plan: &mut ReadPlan<'_>,
         hint: Option<&NodeId>,
     ) {
-        let inner = self;
         let mut need = Vec::new();
         {
             let now = Instant::now();
-            let mut primed = inner.reads.primed.lock();
+            let mut primed = self.reads.primed.lock();
             for (i, k) in keys.iter().enumerate() {
                 match primed.take(*k, now) {
                     Some(o) => plan.set_owners(i, Some(o)),
@@ -282,10 +281,10 @@ impl Core {
                 }
             }
         }
-        let cache_ttl = Duration::from_secs_f64(inner.cfg.directory_read_cache_ttl);
+        let cache_ttl = Duration::from_secs_f64(self.cfg.directory_read_cache_ttl);
         if !cache_ttl.is_zero() && !need.is_empty() {
             let now = Instant::now();
-            let cache = inner.reads.read_cache.lock();
+            let cache = self.reads.read_cache.lock();
             need.retain(|&i| match cache.get(keys[i], now) {
                 Some(o) => {
                     plan.set_owners(i, Some(o));
@@ -294,24 +293,23 @@ impl Core {
                 None => true,
             });
         }
-        inner
-            .metrics
+        self.metrics
             .lookups_saved
             .add((keys.len() - need.len()) as u64);
         if let Some(hint) = hint
             && !need.is_empty()
         {
-            need = inner.owners_from_hint(hint, keys, need, plan);
+            need = self.owners_from_hint(hint, keys, need, plan);
         }
         if need.is_empty() {
             return;
         }
         let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-        let found = inner.dir.lookup(&ks);
+        let found = self.dir.lookup(&ks);
         if let Err(e) = &found {
             // Every page of the batch misses: counted once per batch, logged once per 10 s.
-            inner.metrics.lookup_failures.add(1);
-            if let Some(held) = inner.reads.lookup_failed.admit() {
+            self.metrics.lookup_failures.add(1);
+            if let Some(held) = self.reads.lookup_failed.admit() {
                 tracing::warn!(error = %e, pages = ks.len(), failed_since_last = held, "directory lookup failed; the batch misses");
             }
         }
@@ -319,10 +317,10 @@ impl Core {
             // Each page present only in another layout is counted once, here: it is never
             // fetched.
             let refused = self.keep_my_layout(&mut found);
-            inner.metrics.layout_mismatches.add(refused as u64);
+            self.metrics.layout_mismatches.add(refused as u64);
             if !cache_ttl.is_zero() {
                 let now = Instant::now();
-                let mut cache = inner.reads.read_cache.lock();
+                let mut cache = self.reads.read_cache.lock();
                 for (k, o) in ks.iter().zip(&found) {
                     if let Some(o) = o {
                         cache.put(*k, o.clone(), cache_ttl, now);
@@ -343,7 +341,7 @@ impl Core {
         let mut pages = Vec::with_capacity(idx.len());
         let mut at = 0;
         // The copies were verified against this node's layout on the way in.
-        let layout = self.layout();
+        let layout = self.layout;
         for &i in idx {
             let count = dest.segs(i).len();
             pages.push(PageWrite {
@@ -366,7 +364,7 @@ impl Core {
             .iter()
             .zip(&pages)
             .filter_map(|(p, w)| match p {
-                Published::New(loc) => Some((w.key, self.resident_location(loc))),
+                Published::New(loc) => Some((w.key, self.stamp.resident(loc))),
                 _ => None,
             })
             .collect();
@@ -391,7 +389,7 @@ impl Core {
             .iter()
             .map(|(node, idx)| (node.clone(), idx.iter().map(|&i| keys[i]).collect()))
             .collect();
-        let answers = self.promotion().ask_promote(&groups);
+        let answers = self.promotion.ask_promote(&groups);
         for ((_, idx), locs) in want.iter().zip(answers) {
             for (&i, l) in idx.iter().zip(locs) {
                 if let Some(l) = l.filter(|l| l.resident && l.len as u64 == lens[i]) {
@@ -437,7 +435,7 @@ impl Core {
         let scratch = match self
             .reads
             .scratch
-            .checkout(&self.transport, pages.len(), staging_need)
+            .checkout(self.transport, pages.len(), staging_need)
         {
             Ok(s) => s,
             Err(e) => {
@@ -492,7 +490,7 @@ impl Core {
             unsafe { batch.allow_unregistered() };
         }
         stage.end(|s| &mut s.prepare);
-        let layout = self.layout();
+        let layout = self.layout;
         // Checks page `j` of the batch once its bytes are in (and copies it out of staging);
         // its valid length if it is the page that was written. A page that landed directly but
         // is not served is scrubbed: a miss never leaves another key's bytes behind.

@@ -10,10 +10,10 @@ use peercache_wire::rpc;
 use peercache_wire::{NodeId, PageKey};
 
 use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
-use crate::node::core::Core;
 use crate::read::plan::ReadPlan;
+use crate::read::wing::ReadWing;
 
-impl Core {
+impl ReadWing<'_> {
     /// Owners of the keys `need` indexes, from the node `hint` names; returns the indices it
     /// did not locate (for the directory). Counts each page once: located by the hint, or
     /// missed by it.
@@ -40,11 +40,11 @@ impl Core {
 
     /// How many leading keys are present, asking the node `hint` names first: the run it holds
     /// in its pool ends the answer when it covers every key (no directory request); past it,
-    /// the directory is asked about the rest as [`Core::exists_impl`] does. Counted like the
+    /// the directory is asked about the rest as [`ReadWing::exists_impl`] does. Counted like the
     /// hinted read: each key the hinted node located is a hit, each other key a miss. The
     /// located run is primed for the get that follows, as the directory's answer would be.
     pub(crate) fn exists_hinted(&self, keys: &[PageKey], hint: &NodeId) -> usize {
-        if self.mode.slots().is_some() || keys.is_empty() {
+        if self.slots.is_some() || keys.is_empty() {
             return self.exists_impl(keys);
         }
         let found = self.located_by(hint, keys);
@@ -76,12 +76,12 @@ impl Core {
     /// not held there, another layout, or no answer) — this node's own pool when it is the one
     /// named, else one `Locate` on that node.
     fn located_by(&self, hint: &NodeId, keys: &[PageKey]) -> Vec<Option<Location>> {
-        let found = if *hint == self.me {
+        let found = if hint == self.me {
             self.resident_locations(keys)
         } else {
             self.ask_locate(hint, keys)
         };
-        let layout = self.layout();
+        let layout = self.layout;
         found
             .into_iter()
             .map(|l| l.filter(|l| l.node == *hint && l.layout == layout))

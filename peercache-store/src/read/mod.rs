@@ -2,6 +2,7 @@
 //! router hints (owners from the hinted node instead of the directory), device reads, `exists`/`contains`, prefix locations, the sans-IO read plan, the exists →
 //! get hand-off and the registered scratch memory reads land in.
 
+pub(crate) mod api;
 pub(crate) mod dest;
 pub(crate) mod device;
 pub(crate) mod exists;
@@ -11,3 +12,4 @@ pub(crate) mod plan;
 pub(crate) mod prefix;
 pub(crate) mod prime;
 pub(crate) mod scratch;
+pub(crate) mod wing;

@@ -90,6 +90,7 @@ pub(crate) fn serve(core: Option<Arc<Core>>, grant: Grant, env: Envelope<'_>) ->
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
         ClientRequest::Exists { keys } => core
+            .read_wing()
             .contains(&core.page_keys(&keys))
             .map(ClientReply::Present),
         ClientRequest::Locate { keys } if keys.len() > MAX_CLIENT_KEYS => Err(
@@ -99,16 +100,21 @@ pub(crate) fn serve(core: Option<Arc<Core>>, grant: Grant, env: Envelope<'_>) ->
             StoreError::BadRequest(format!("{} keys (limit {MAX_CLIENT_KEYS})", keys.len())),
         ),
         ClientRequest::Prefix { keys } => core
+            .read_wing()
             .prefix_locations(&core.page_keys(&keys))
             .map(ClientReply::Prefix),
-        ClientRequest::Locate { keys } => core.locate(&core.page_keys(&keys)).map(|owners| {
-            ClientReply::Located(
-                owners
-                    .into_iter()
-                    .map(|o| o.map(|o| o.into_vec()).unwrap_or_default())
-                    .collect(),
-            )
-        }),
+        ClientRequest::Locate { keys } => {
+            core.read_wing()
+                .locate(&core.page_keys(&keys))
+                .map(|owners| {
+                    ClientReply::Located(
+                        owners
+                            .into_iter()
+                            .map(|o| o.map(|o| o.into_vec()).unwrap_or_default())
+                            .collect(),
+                    )
+                })
+        }
     };
     let encoded = result.and_then(|r| {
         // Each location's layout fingerprint rides beside the reply, as on directory answers.
@@ -140,7 +146,7 @@ fn put(
 ) -> Result<ClientReply, StoreError> {
     let page_keys = core.page_keys(keys);
     let pages: Vec<&[u8]> = data.chunks_exact(page_bytes).collect();
-    let owners = core.locate(&page_keys)?;
+    let owners = core.read_wing().locate(&page_keys)?;
     let foreign: Vec<bool> = owners
         .iter()
         .zip(&pages)
@@ -161,6 +167,7 @@ fn put(
     if refused == 0 {
         let counts = vec![1; pages.len()];
         return core
+            .write_wing()
             .set_pages(&page_keys, &pages, &counts)
             .map(ClientReply::Stored);
     }
@@ -182,7 +189,7 @@ fn put(
     if !keep.is_empty() {
         let kk: Vec<_> = keep.iter().map(|&i| page_keys[i]).collect();
         let kp: Vec<&[u8]> = keep.iter().map(|&i| pages[i]).collect();
-        let stored = core.set_pages(&kk, &kp, &vec![1; kp.len()])?;
+        let stored = core.write_wing().set_pages(&kk, &kp, &vec![1; kp.len()])?;
         for (&i, ok) in keep.iter().zip(stored) {
             flags[i] = ok;
         }
@@ -204,7 +211,9 @@ fn get(core: &Core, keys: &[String], page_bytes: usize) -> Result<ClientReply, S
     // SAFETY: `buf` is owned here, and each segment is a distinct chunk of it, unused while
     // `dest` lives.
     let mut dest = unsafe { PageDest::new(raw.len(), &raw, &counts) }?;
-    let valid = core.get_pages(&core.page_keys(keys), &mut dest)?;
+    let valid = core
+        .read_wing()
+        .get_pages(&core.page_keys(keys), &mut dest)?;
     drop(dest);
     // Close the gaps the misses left (in place, front to back).
     let mut end = 0;

@@ -101,5 +101,5 @@ async fn answer(
 }
 
 fn locate(core: &Arc<Core>, keys: &[String]) -> Result<Vec<crate::PrefixRun>, crate::StoreError> {
-    core.prefix_locations(&core.page_keys(keys))
+    core.read_wing().prefix_locations(&core.page_keys(keys))
 }

@@ -50,13 +50,12 @@ impl StorageWriter<'_> {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Option<Vec<bool>> {
-        let inner = self;
         let st = self.st;
         let view = st.view.read().clone();
         let Some(ring) = &view.ring else {
             if !st.no_storage_logged.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    mode = ?inner.mode,
+                    mode = ?self.mode,
                     "no storage server is registered: writes to storage fail (centralized) or \
                      go to the local pool (hybrid) until one joins"
                 );
@@ -64,7 +63,7 @@ impl StorageWriter<'_> {
             return None;
         };
         st.no_storage_logged.store(false, Ordering::Relaxed);
-        let layout_ext = crate::control::layout_extension(inner.layout);
+        let layout_ext = crate::control::layout_extension(self.layout);
         let mut starts = Vec::with_capacity(keys.len());
         let mut lens = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -106,7 +105,7 @@ impl StorageWriter<'_> {
                     .collect();
                 envelope::encode(
                     &StoreRequest::Prepare {
-                        writer: inner.me.clone(),
+                        writer: self.me.clone(),
                         pages,
                     },
                     &layout_ext,
@@ -119,7 +118,7 @@ impl StorageWriter<'_> {
             .zip(&reqs)
             .map(|((_, w), r)| (w.control, r.as_slice()))
             .collect();
-        let replies = inner.dir.rpc().call_many(&calls, inner.op_timeout);
+        let replies = self.dir.rpc().call_many(&calls, self.op_timeout);
         for ((node, w), reply) in owners.iter().zip(replies) {
             let outcomes = match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
                 Ok(StoreReply::Prepared(o)) if o.len() == w.pages.len() => o,
@@ -135,7 +134,7 @@ impl StorageWriter<'_> {
         // 3. Each storage server recorded its pages in the directory before answering (a node
         // publishes only its own copies), so a page reported stored is findable.
         let stored = done.iter().filter(|d| **d).count() as u64;
-        inner.metrics.storage_writes.add(stored);
+        self.metrics.storage_writes.add(stored);
         Some(done)
     }
 
@@ -152,9 +151,8 @@ impl StorageWriter<'_> {
         lens: &[usize],
         done: &mut [bool],
     ) {
-        let inner = self;
-        let timeout = inner.op_timeout;
-        let layout_ext = crate::control::layout_extension(inner.layout);
+        let timeout = self.op_timeout;
+        let layout_ext = crate::control::layout_extension(self.layout);
         let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
         for (&i, o) in w.pages.iter().zip(outcomes) {
             match o {
@@ -174,10 +172,10 @@ impl StorageWriter<'_> {
         }
         // 2. One-sided WRITE of every reserved page: straight from registered host memory, or
         // from a registered staging copy.
-        let bufs = inner.reads.host_buffers.read();
+        let bufs = self.reads.host_buffers.read();
         // With `lazy_registration`, unregistered pages are sent straight from the caller's
         // memory (named unregistered); otherwise from a registered staging copy.
-        let lazy = inner.lazy_registration;
+        let lazy = self.lazy_registration;
         let direct = |i: usize| lazy || self.page_registered(&bufs, slices, starts[i], counts[i]);
         let staging: usize = slots
             .iter()
@@ -230,13 +228,13 @@ impl StorageWriter<'_> {
             // call, which the write batch runs within.
             unsafe { batch.allow_unregistered() };
         }
-        let data_ep = inner
+        let data_ep = self
             .discovery
             .members()
             .into_iter()
             .find(|m| m.control == w.control)
             .and_then(|m| m.data.first().copied());
-        let written: Vec<bool> = match data_ep.map(|ep| inner.transport.write_batch(ep, &batch)) {
+        let written: Vec<bool> = match data_ep.map(|ep| self.transport.write_batch(ep, &batch)) {
             Some(Ok(r)) => r.iter().map(|x| x.is_ok()).collect(),
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "write to storage failed; falling back to ingest");
@@ -245,7 +243,7 @@ impl StorageWriter<'_> {
             None => vec![false; slots.len()],
         };
         drop(bufs);
-        inner.reads.scratch.give_back(scratch);
+        self.reads.scratch.give_back(scratch);
         // Each committed page carries the writer's checksum, so the server publishes exactly
         // the bytes written (a torn or stray one-sided write is refused, not published).
         let commit: Vec<(u64, u64)> = slots
@@ -291,11 +289,11 @@ impl StorageWriter<'_> {
             calls.push(
                 envelope::encode(&StoreRequest::Ingest(pages), &layout_ext).unwrap_or_default(),
             );
-            inner.metrics.storage_ingests.add(fallback.len() as u64);
+            self.metrics.storage_ingests.add(fallback.len() as u64);
         }
         let rc: Vec<(std::net::SocketAddr, &[u8])> =
             calls.iter().map(|f| (w.control, f.as_slice())).collect();
-        let replies = inner.dir.rpc().call_many(&rc, timeout);
+        let replies = self.dir.rpc().call_many(&rc, timeout);
         for reply in replies {
             match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
                 Ok(StoreReply::Committed(locs)) => {

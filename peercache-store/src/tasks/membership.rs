@@ -1,19 +1,44 @@
-//! The running node: keeps the directory ring in step with discovery (membership sync, the
-//! departed and strangers forgotten, re-announcements), waits until ready, and shuts down in
-//! order. Recovered disk pages are re-published by [`crate::tasks::republish`].
+//! Keeping the directory ring in step with discovery (the node's membership thread runs it):
+//! the members' slotmap layouts and storage view, the departed and strangers forgotten by the
+//! transport, and this pool's pages re-announced to the replicas a ring change added.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
-use peercache_directory::Member;
-use peercache_discovery::NodeInfo;
+use peercache_directory::{DirectoryClient, Member};
+use peercache_discovery::{Membership, NodeInfo};
+use peercache_pool::Pool;
+use peercache_transport::Transport;
+use peercache_wire::NodeId;
 
-use crate::StoreError;
-use crate::node::core::Core;
+use crate::modes::central::owner::StorageOwner;
+use crate::modes::state::ModeState;
+use crate::node::parts::Tasks;
+use crate::node::stamp::Stamp;
+use crate::observe::series::Handles;
 
-impl Core {
+/// What the membership sync needs of the node.
+pub(crate) struct MembershipSync<'a> {
+    pub(crate) me: &'a NodeId,
+    /// Virtual nodes per storage server (the storage view's ring).
+    pub(crate) vnodes: u32,
+    /// Directory replicas per page (re-announcements).
+    pub(crate) directory_replicas: usize,
+    pub(crate) discovery: &'a Membership,
+    pub(crate) dir: &'a DirectoryClient,
+    /// The slot layouts or storage view the members' announcements update.
+    pub(crate) mode: &'a ModeState,
+    pub(crate) metrics: &'a Handles,
+    /// The ring-ready flag and the members' data endpoints last seen.
+    pub(crate) tasks: &'a Tasks,
+    pub(crate) transport: &'a Transport,
+    pub(crate) pool: &'a Pool,
+    pub(crate) stamp: Stamp<'a>,
+    /// Reservations of writers that left are reaped at each sync.
+    pub(crate) storage_owner: StorageOwner<'a>,
+}
+
+impl MembershipSync<'_> {
     /// Counts and logs each member's refused slotmap layout once per announcement.
     fn count_refused_layouts(
         &self,
@@ -48,7 +73,7 @@ impl Core {
     }
 
     /// Installs discovery's current members as the directory ring.
-    pub(crate) fn sync_membership(&self) {
+    pub(crate) fn sync(&self) {
         let infos = self.discovery.members();
         if let Some(slots) = self.mode.slots() {
             let (good, refused) = crate::modes::slot::layouts(&infos);
@@ -57,10 +82,10 @@ impl Core {
         } else if let Some(st) = self.mode.storage() {
             *st.view.write() = Arc::new(crate::modes::storage_view::StorageView::of(
                 &infos,
-                self.cfg.vnodes,
+                self.vnodes,
             ));
         }
-        self.storage_owner().reap_reservations();
+        self.storage_owner.reap_reservations();
         self.forget_departed(&infos);
         if !infos.is_empty() {
             let storage = infos.iter().filter(|m| m.role == "storage").count();
@@ -78,7 +103,7 @@ impl Core {
             return;
         }
         self.metrics.members.set(members.len() as f64);
-        let has_me = members.iter().any(|m| m.node == self.me);
+        let has_me = members.iter().any(|m| m.node == *self.me);
         let report = self.dir.apply_membership(&members);
         if has_me && let Some((before, after)) = &report.rings {
             self.reannounce(before, after);
@@ -114,7 +139,7 @@ impl Core {
     }
 
     /// Drops transport state for peers that are not members (a read may have reached a member
-    /// after it left, re-creating what [`Core::forget_departed`] dropped). Once a heartbeat.
+    /// after it left, re-creating what [`MembershipSync::forget_departed`] dropped). Once a heartbeat.
     pub(crate) fn forget_strangers(&self) {
         let known = self.tasks.member_data.lock().clone();
         if known.is_empty() {
@@ -143,13 +168,13 @@ impl Core {
         let plan = peercache_directory::handoff::reannounce_routes(
             before,
             after,
-            self.cfg.directory_replicas,
+            self.directory_replicas,
             pages.iter().map(|(k, _)| *k),
         );
         let entries: Vec<_> = plan
             .pages
             .iter()
-            .map(|&i| (pages[i].0, self.resident_location(&pages[i].1)))
+            .map(|&i| (pages[i].0, self.stamp.resident(&pages[i].1)))
             .collect();
         if entries.is_empty() {
             return;
@@ -161,85 +186,5 @@ impl Core {
             sent = done,
             "announced pages to the replicas a ring change added"
         );
-    }
-
-    /// Waits until discovery registered this node and the directory ring includes it.
-    pub(crate) fn wait_ready(&self, timeout: Option<Duration>) -> Result<(), StoreError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        self.discovery.wait_ready(timeout)?;
-        let mut ready = self.tasks.ring_ready.0.lock();
-        while !*ready {
-            match deadline {
-                Some(d) => {
-                    if self
-                        .tasks
-                        .ring_ready
-                        .1
-                        .wait_until(&mut ready, d)
-                        .timed_out()
-                        && !*ready
-                    {
-                        return Err(StoreError::Discovery(
-                            peercache_discovery::DiscoveryError::NotReady {
-                                after: timeout.unwrap_or_default(),
-                                seeds: Vec::new(),
-                            },
-                        ));
-                    }
-                }
-                None => self.tasks.ring_ready.1.wait(&mut ready),
-            }
-        }
-        Ok(())
-    }
-
-    /// Stops everything; idempotent.
-    pub(crate) fn shutdown(&self) {
-        if self.stopping.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Stop the hosted discovery server first (members see it gone in the same round in
-        // which they see this node leave, so the masters change once), then leave the cluster
-        // so peers stop routing to us, then flush eviction notices.
-        if let Some(mut m) = self.servers.meta.lock().take() {
-            m.shutdown();
-        }
-        self.discovery.shutdown();
-        if let Some(p) = self.tasks.promoter.get() {
-            p.stop();
-        }
-        if let Some(mut e) = self.tasks.evictions.lock().take() {
-            e.stop();
-        }
-        self.republish().stop();
-        if let Some(d) = &self.disk {
-            d.flush();
-        }
-        if let Some(t) = self.tasks.membership.lock().take()
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
-        if let Some(mut c) = self.servers.client.lock().take() {
-            c.shutdown();
-        }
-        if let Some(mut c) = self.servers.control.lock().take() {
-            c.shutdown();
-        }
-        if let Some(mut h) = self.servers.http.lock().take() {
-            h.shutdown();
-        }
-        if let Some(mut e) = self.servers.kv_events.lock().take() {
-            e.shutdown();
-        }
-        self.transport.shutdown();
-        self.reads.host_buffers.write().clear();
-        self.reads.device_buffers.write().clear();
-        self.reads.scratch.clear();
-        self.pool_region.lock().take();
-        if let Some(slots) = self.mode.slots() {
-            slots.region.lock().take();
-        }
-        tracing::info!(node = %self.me, "peercache node stopped");
     }
 }
