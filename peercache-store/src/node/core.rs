@@ -96,23 +96,30 @@ impl Core {
         self.stamp().resident_in(&self.pool, keys)
     }
 
+    /// Where this node's pages live and how they are named.
+    pub(crate) fn home(&self) -> crate::node::home::PageHome<'_> {
+        crate::node::home::PageHome {
+            pool: &self.pool,
+            disk: self.disk.as_deref(),
+            dir: &self.dir,
+            tasks: &self.tasks,
+            metrics: &self.metrics,
+            stamp: self.stamp(),
+        }
+    }
+
     /// The read wing (get, exists, hints, prefix locations, device reads), with what it
     /// needs of the node.
     pub(crate) fn read_wing(&self) -> crate::read::wing::ReadWing<'_> {
         crate::read::wing::ReadWing {
+            home: self.home(),
             me: &self.me,
             cfg: &self.cfg,
-            metrics: &self.metrics,
             reads: &self.reads,
-            pool: &self.pool,
-            disk: self.disk.as_deref(),
-            dir: &self.dir,
             transport: &self.transport,
-            tasks: &self.tasks,
             stopping: &self.stopping,
             slots: self.mode.slots().map(|s| self.slot_io(s)),
             promotion: self.promotion(),
-            stamp: self.stamp(),
             layout: self.layout(),
         }
     }
@@ -142,13 +149,8 @@ impl Core {
             },
         };
         crate::node::write::WriteWing {
-            metrics: &self.metrics,
-            pool: &self.pool,
-            disk: self.disk.as_deref(),
-            dir: &self.dir,
-            tasks: &self.tasks,
+            home: self.home(),
             stopping: &self.stopping,
-            stamp: self.stamp(),
             layout: self.layout(),
             route,
         }
@@ -157,17 +159,13 @@ impl Core {
     /// The membership sync, with what it needs of the node.
     pub(crate) fn membership_sync(&self) -> crate::tasks::membership::MembershipSync<'_> {
         crate::tasks::membership::MembershipSync {
+            home: self.home(),
             me: &self.me,
             vnodes: self.cfg.vnodes,
             directory_replicas: self.cfg.directory_replicas,
             discovery: &self.discovery,
-            dir: &self.dir,
             mode: &self.mode,
-            metrics: &self.metrics,
-            tasks: &self.tasks,
             transport: &self.transport,
-            pool: &self.pool,
-            stamp: self.stamp(),
             storage_owner: self.storage_owner(),
         }
     }
@@ -175,12 +173,7 @@ impl Core {
     /// The disk-tier promotions, with what they need of the node.
     pub(crate) fn promotion(&self) -> crate::tasks::promotion::Promotion<'_> {
         crate::tasks::promotion::Promotion {
-            pool: &self.pool,
-            disk: self.disk.as_deref(),
-            dir: &self.dir,
-            tasks: &self.tasks,
-            metrics: &self.metrics,
-            stamp: self.stamp(),
+            home: self.home(),
             op_timeout: self.cfg.op_timeout(),
         }
     }
@@ -188,11 +181,7 @@ impl Core {
     /// The re-publishing of recovered disk pages, with what it needs of the node.
     pub(crate) fn republish(&self) -> crate::tasks::republish::Republish<'_> {
         crate::tasks::republish::Republish {
-            disk: self.disk.as_deref(),
-            dir: &self.dir,
-            tasks: &self.tasks,
-            metrics: &self.metrics,
-            stamp: self.stamp(),
+            home: self.home(),
             stopping: &self.stopping,
         }
     }
@@ -214,13 +203,8 @@ impl Core {
     /// The storage server's side of centralized writes, with what it needs of the node.
     pub(crate) fn storage_owner(&self) -> crate::modes::central::owner::StorageOwner<'_> {
         crate::modes::central::owner::StorageOwner {
+            home: self.home(),
             table: self.mode.storage().and_then(|s| s.reservations.as_deref()),
-            pool: &self.pool,
-            disk: self.disk.as_deref(),
-            dir: &self.dir,
-            tasks: &self.tasks,
-            metrics: &self.metrics,
-            stamp: self.stamp(),
             reservation_timeout: self.cfg.reservation_timeout,
         }
     }

@@ -3,17 +3,14 @@
 
 use std::sync::atomic::AtomicBool;
 
-use peercache_directory::{DirectoryClient, Location};
-use peercache_pool::disk::DiskTier;
-use peercache_pool::{PageWrite, Pool, PublishScratch, Published, ReplClass};
+use peercache_directory::Location;
+use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass};
 use peercache_wire::{Layout, PageKey};
 
 use crate::StoreError;
 use crate::modes::central::writer::StorageWriter;
 use crate::modes::slot::SlotIo;
-use crate::node::parts::Tasks;
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
 
 /// Where a write goes, by mode, role and write policy (decided once per call).
 pub(crate) enum WriteRoute<'a> {
@@ -33,14 +30,9 @@ pub(crate) enum WriteRoute<'a> {
 /// The write wing's view of the node: the pool it publishes into, the directory it names the
 /// pages in, and the route the mode gives a write.
 pub(crate) struct WriteWing<'a> {
-    pub(crate) metrics: &'a Handles,
-    pub(crate) pool: &'a Pool,
-    pub(crate) disk: Option<&'a DiskTier>,
-    pub(crate) dir: &'a DirectoryClient,
-    /// The eviction batcher (evicted pages' notices).
-    pub(crate) tasks: &'a Tasks,
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     pub(crate) stopping: &'a AtomicBool,
-    pub(crate) stamp: Stamp<'a>,
     /// The layout this node writes.
     pub(crate) layout: Layout,
     pub(crate) route: WriteRoute<'a>,
@@ -59,7 +51,8 @@ impl WriteWing<'_> {
         crate::read::dest::check_counts(keys.len(), slices.len(), counts)?;
         let t0 = std::time::Instant::now();
         let r = self.set_impl(keys, slices, counts);
-        self.metrics
+        self.home
+            .metrics
             .write_latency
             .record(t0.elapsed().as_secs_f64());
         Ok(r)
@@ -111,7 +104,7 @@ impl WriteWing<'_> {
         counts: &[usize],
         valid_lens: Option<&[u32]>,
     ) -> Vec<bool> {
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         m.write_requests.add(1);
         let mut pages = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -127,7 +120,7 @@ impl WriteWing<'_> {
         }
         let mut out = Vec::with_capacity(keys.len());
         let mut evicted = Vec::new();
-        self.pool.publish_batch(
+        self.home.pool.publish_batch(
             &pages,
             ReplClass::Retained,
             &mut PublishScratch::default(),
@@ -142,7 +135,7 @@ impl WriteWing<'_> {
             match p {
                 Published::New(loc) => {
                     written += loc.len as u64;
-                    if let Some(d) = self.disk {
+                    if let Some(d) = self.home.disk {
                         d.put(
                             keys[i],
                             pages[i].segments,
@@ -151,7 +144,7 @@ impl WriteWing<'_> {
                             loc.layout,
                         );
                     }
-                    entries.push((keys[i], self.stamp.resident(loc)));
+                    entries.push((keys[i], self.home.stamp.resident(loc)));
                     entry_of.push(i);
                 }
                 // Resident already; in another layout only while a reader holds it (the
@@ -161,7 +154,7 @@ impl WriteWing<'_> {
             }
         }
         m.evictions.add(evicted.len() as u64);
-        if let Some(b) = self.tasks.evictions.lock().as_ref() {
+        if let Some(b) = self.home.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         if entries.is_empty() {
@@ -169,7 +162,7 @@ impl WriteWing<'_> {
         }
         let mut demote = Vec::new();
         let mut undo = Vec::new();
-        match self.dir.insert(&entries) {
+        match self.home.dir.insert(&entries) {
             Ok(outcomes) => {
                 for ((j, oc), (k, loc)) in outcomes.into_iter().enumerate().zip(&entries) {
                     match oc {
@@ -189,12 +182,12 @@ impl WriteWing<'_> {
             }
         }
         if !demote.is_empty() {
-            self.pool.mark_reclaimable(&demote);
+            self.home.pool.mark_reclaimable(&demote);
         }
         if !undo.is_empty() {
             // Not findable: withdraw, so a retry publishes again instead of being answered
             // "already stored" for a page nobody can find.
-            self.pool.remove_batch(&undo);
+            self.home.pool.remove_batch(&undo);
         }
         m.bytes_written.add(written);
         results

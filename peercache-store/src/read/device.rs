@@ -136,7 +136,7 @@ impl ReadWing<'_> {
         counts: &[usize],
         regions: &[RegionKey],
     ) -> Vec<Option<u32>> {
-        self.metrics.read_requests.add(keys.len() as u64);
+        self.home.metrics.read_requests.add(keys.len() as u64);
         let (starts, lens) = crate::read::dest::page_spans(segs, counts);
         let dest = DeviceDest {
             segs,
@@ -255,9 +255,9 @@ impl ReadWing<'_> {
                 Ok(h) => out.push((*i, Some(h.valid_len))),
                 Err(reason) => {
                     if reason == peercache_pool::VerifyError::Layout {
-                        self.metrics.layout_mismatches.add(1);
+                        self.home.metrics.layout_mismatches.add(1);
                     } else {
-                        self.metrics.verify_rejects.add(1);
+                        self.home.metrics.verify_rejects.add(1);
                     }
                     tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "device page rejected by verification");
                     out.push((*i, None));

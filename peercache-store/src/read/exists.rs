@@ -16,7 +16,8 @@ impl ReadWing<'_> {
         self.check_open()?;
         let t0 = std::time::Instant::now();
         let r = self.presence(keys, false);
-        self.metrics
+        self.home
+            .metrics
             .exists_latency
             .record(t0.elapsed().as_secs_f64());
         Ok(r)
@@ -42,19 +43,20 @@ impl ReadWing<'_> {
 
     /// Presence of each key; with `leading` the vector stops at the first missing key.
     pub(crate) fn presence(&self, keys: &[PageKey], leading: bool) -> Vec<bool> {
-        self.metrics.exists_requests.add(1);
+        self.home.metrics.exists_requests.add(1);
         if let Some(slots) = &self.slots {
             let mut p = slots.contains(keys);
             if leading {
                 let n = p.iter().take_while(|p| **p).count();
                 p.truncate(n);
             }
-            self.metrics
+            self.home
+                .metrics
                 .exists_pages_found
                 .add(p.iter().filter(|p| **p).count() as u64);
             return p;
         }
-        let Ok(mut found) = self.dir.lookup(keys) else {
+        let Ok(mut found) = self.home.dir.lookup(keys) else {
             return if leading {
                 Vec::new()
             } else {
@@ -75,9 +77,9 @@ impl ReadWing<'_> {
         let n = present.len();
         // Present only on some disk tier: start promoting now, so the get that follows finds
         // the pages in memory.
-        if let Some(p) = self.tasks.promoter.get() {
+        if let Some(p) = self.home.tasks.promoter.get() {
             // At most half a pool's worth, so a long prefix cannot thrash the pool.
-            let mut budget = self.pool.len() as u64 / 2;
+            let mut budget = self.home.pool.len() as u64 / 2;
             let mut job: Vec<(NodeId, Vec<PageKey>)> = Vec::new();
             let mut queued = 0;
             for (k, o) in keys.iter().zip(&found).take(n) {
@@ -113,7 +115,8 @@ impl ReadWing<'_> {
                 }
             }
         }
-        self.metrics
+        self.home
+            .metrics
             .exists_pages_found
             .add(present.iter().filter(|p| **p).count() as u64);
         present

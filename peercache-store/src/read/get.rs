@@ -42,7 +42,10 @@ impl ReadWing<'_> {
         let t0 = std::time::Instant::now();
         let whole = Stage::start();
         let r = self.get_impl(keys, dest, hint);
-        self.metrics.read_latency.record(t0.elapsed().as_secs_f64());
+        self.home
+            .metrics
+            .read_latency
+            .record(t0.elapsed().as_secs_f64());
         whole.end(|s| &mut s.total);
         Ok(r)
     }
@@ -70,7 +73,7 @@ impl ReadWing<'_> {
 
     /// Where the directory says `keys` live.
     pub(crate) fn locate(&self, keys: &[PageKey]) -> Result<Vec<Option<Owners>>, StoreError> {
-        self.dir.lookup(keys).map_err(StoreError::from)
+        self.home.dir.lookup(keys).map_err(StoreError::from)
     }
 
     /// Where a request's prefix is: each node's leading run of `keys` (page keys in request
@@ -80,7 +83,7 @@ impl ReadWing<'_> {
         keys: &[PageKey],
     ) -> Result<Vec<crate::PrefixRun>, StoreError> {
         self.check_open()?;
-        let holders = self.dir.holders(keys)?;
+        let holders = self.home.dir.holders(keys)?;
         Ok(crate::prefix_runs_of(&holders))
     }
 
@@ -92,7 +95,7 @@ impl ReadWing<'_> {
         dest: &mut PageDest<'_>,
         hint: Option<&NodeId>,
     ) -> Vec<Option<u32>> {
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         let n = keys.len();
         m.read_requests.add(n as u64);
         if let Some(slots) = &self.slots {
@@ -140,13 +143,13 @@ impl ReadWing<'_> {
         if local.is_empty() {
             return 0;
         }
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         let stage = Stage::start();
         let lk: Vec<PageKey> = local.iter().map(|&i| keys[i]).collect();
-        let leases = self.pool.lease_batch(&lk);
+        let leases = self.home.pool.lease_batch(&lk);
         let mut promoted_at: Vec<Option<usize>> = vec![None; local.len()];
         let mut missing = Vec::new();
-        if let Some(disk) = &self.disk {
+        if let Some(disk) = &self.home.disk {
             for (j, k) in lk.iter().enumerate() {
                 if leases.location(j).is_none() && disk.holds_or_pending(*k) {
                     promoted_at[j] = Some(missing.len());
@@ -179,6 +182,7 @@ impl ReadWing<'_> {
                 continue;
             }
             if self
+                .home
                 .pool
                 .read_leased(ls, at, keys[i], &mut dest.page_mut(i))
                 .is_ok()
@@ -202,7 +206,7 @@ impl ReadWing<'_> {
         plan: &mut ReadPlan<'_>,
         mut fetch: impl FnMut(SocketAddr, &[(usize, Location)]) -> Vec<(usize, Option<u32>)>,
     ) -> (Vec<usize>, u64) {
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         let (mut served, mut bytes) = (Vec::new(), 0u64);
         loop {
             // The round's owners, and its pages counted in flight, under one lock.
@@ -253,7 +257,7 @@ impl ReadWing<'_> {
                 cache.remove(keys[i]);
             }
         }
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         let hits = plan.hits();
         m.read_hits.add(hits);
         m.read_misses.add(keys.len() as u64 - hits);
@@ -293,7 +297,8 @@ impl ReadWing<'_> {
                 None => true,
             });
         }
-        self.metrics
+        self.home
+            .metrics
             .lookups_saved
             .add((keys.len() - need.len()) as u64);
         if let Some(hint) = hint
@@ -305,10 +310,10 @@ impl ReadWing<'_> {
             return;
         }
         let ks: Vec<PageKey> = need.iter().map(|&i| keys[i]).collect();
-        let found = self.dir.lookup(&ks);
+        let found = self.home.dir.lookup(&ks);
         if let Err(e) = &found {
             // Every page of the batch misses: counted once per batch, logged once per 10 s.
-            self.metrics.lookup_failures.add(1);
+            self.home.metrics.lookup_failures.add(1);
             if let Some(held) = self.reads.lookup_failed.admit() {
                 tracing::warn!(error = %e, pages = ks.len(), failed_since_last = held, "directory lookup failed; the batch misses");
             }
@@ -317,7 +322,7 @@ impl ReadWing<'_> {
             // Each page present only in another layout is counted once, here: it is never
             // fetched.
             let refused = self.keep_my_layout(&mut found);
-            self.metrics.layout_mismatches.add(refused as u64);
+            self.home.metrics.layout_mismatches.add(refused as u64);
             if !cache_ttl.is_zero() {
                 let now = Instant::now();
                 let mut cache = self.reads.read_cache.lock();
@@ -353,7 +358,7 @@ impl ReadWing<'_> {
             at += count;
         }
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        self.pool.publish_batch(
+        self.home.pool.publish_batch(
             &pages,
             ReplClass::Reclaimable,
             &mut PublishScratch::default(),
@@ -364,12 +369,12 @@ impl ReadWing<'_> {
             .iter()
             .zip(&pages)
             .filter_map(|(p, w)| match p {
-                Published::New(loc) => Some((w.key, self.stamp.resident(loc))),
+                Published::New(loc) => Some((w.key, self.home.stamp.resident(loc))),
                 _ => None,
             })
             .collect();
-        self.metrics.replicas.add(entries.len() as u64);
-        let batcher = self.tasks.evictions.lock();
+        self.home.metrics.replicas.add(entries.len() as u64);
+        let batcher = self.home.tasks.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
             b.publish(entries);
@@ -430,7 +435,7 @@ impl ReadWing<'_> {
         }
         let staged = direct.iter().filter(|d| !**d).count() as u64;
         if staged > 0 {
-            self.metrics.staged_reads.add(staged);
+            self.home.metrics.staged_reads.add(staged);
         }
         let scratch = match self
             .reads
@@ -529,9 +534,9 @@ impl ReadWing<'_> {
                         }
                     }
                     if reason == peercache_pool::VerifyError::Layout {
-                        self.metrics.layout_mismatches.add(1);
+                        self.home.metrics.layout_mismatches.add(1);
                     } else {
-                        self.metrics.verify_rejects.add(1);
+                        self.home.metrics.verify_rejects.add(1);
                     }
                     tracing::debug!(key = %keys[*i], ?reason, peer = %ep, "remote page rejected by verification");
                     None

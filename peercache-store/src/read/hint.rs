@@ -32,7 +32,7 @@ impl ReadWing<'_> {
                 None => rest.push(i),
             }
         }
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         m.read_hint_hits.add((need.len() - rest.len()) as u64);
         m.read_hint_misses.add(rest.len() as u64);
         rest
@@ -49,7 +49,7 @@ impl ReadWing<'_> {
         }
         let found = self.located_by(hint, keys);
         let held = found.iter().take_while(|l| l.is_some()).count();
-        let m = &self.metrics;
+        let m = &self.home.metrics;
         m.read_hint_hits.add(held as u64);
         m.read_hint_misses.add((keys.len() - held) as u64);
         m.exists_pages_found.add(held as u64);
@@ -92,7 +92,7 @@ impl ReadWing<'_> {
     /// `op_timeout`: per key its resident copy there (None: not held, or no answer).
     fn ask_locate(&self, node: &NodeId, keys: &[PageKey]) -> Vec<Option<Location>> {
         let mut out = vec![None; keys.len()];
-        let Some(ep) = self.dir.control_of(node) else {
+        let Some(ep) = self.home.dir.control_of(node) else {
             return out;
         };
         let frames: Vec<Vec<u8>> = keys
@@ -103,7 +103,7 @@ impl ReadWing<'_> {
             return out;
         }
         let calls: Vec<_> = frames.iter().map(|f| (ep, f.as_slice())).collect();
-        let replies = self.dir.rpc().call_many(&calls, self.cfg.op_timeout());
+        let replies = self.home.dir.rpc().call_many(&calls, self.cfg.op_timeout());
         for (c, r) in replies.into_iter().enumerate() {
             let at = c * MAX_PROMOTE_KEYS;
             let want = (keys.len() - at).min(MAX_PROMOTE_KEYS);

@@ -4,41 +4,32 @@
 
 use std::sync::atomic::AtomicBool;
 
-use peercache_directory::{DirectoryClient, Location};
-use peercache_pool::Pool;
-use peercache_pool::disk::DiskTier;
+use peercache_directory::Location;
 use peercache_transport::Transport;
 use peercache_wire::{Layout, NodeId, PageKey};
 
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
 use crate::modes::slot::SlotIo;
-use crate::node::parts::{ReadState, Tasks};
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
+use crate::node::parts::ReadState;
 use crate::tasks::promotion::Promotion;
 
 /// The read wing's view of the node: its identity and settings, the read path's own state,
 /// and the handles of the lower crates it reads through.
 pub(crate) struct ReadWing<'a> {
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     pub(crate) me: &'a NodeId,
     pub(crate) cfg: &'a PeerCacheConfig,
-    pub(crate) metrics: &'a Handles,
     /// Primed owners, the read cache, scratch memory, registered buffers, reads in flight.
     pub(crate) reads: &'a ReadState,
-    pub(crate) pool: &'a Pool,
-    pub(crate) disk: Option<&'a DiskTier>,
-    pub(crate) dir: &'a DirectoryClient,
     pub(crate) transport: &'a Transport,
-    /// The background promoter (exists starts promotions) and the eviction batcher (replicas
-    /// are published through it).
-    pub(crate) tasks: &'a Tasks,
     pub(crate) stopping: &'a AtomicBool,
     /// Slot mode's reads, when the node runs in slot mode (then it reads nothing else).
     pub(crate) slots: Option<SlotIo<'a>>,
     /// Disk-tier promotions, here and on other owners.
     pub(crate) promotion: Promotion<'a>,
-    pub(crate) stamp: Stamp<'a>,
     /// The layout this node reads and expects.
     pub(crate) layout: Layout,
 }
@@ -51,6 +42,6 @@ impl ReadWing<'_> {
 
     /// Where this node's pool holds `keys`, as directory locations.
     pub(crate) fn resident_locations(&self, keys: &[PageKey]) -> Vec<Option<Location>> {
-        self.stamp.resident_in(self.pool, keys)
+        self.home.stamp.resident_in(self.home.pool, keys)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use peercache_wire::envelope::{self};
+use peercache_wire::envelope;
 use peercache_wire::rpc::{self, Peer, Reply, RpcError};
 
 use crate::control::{EXT_LAYOUT, MAX_PROMOTE_KEYS, MAX_WRITE_PAGES, StoreReply, StoreRequest};

@@ -5,35 +5,28 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use peercache_directory::{DirectoryClient, Member};
+use peercache_directory::Member;
 use peercache_discovery::{Membership, NodeInfo};
-use peercache_pool::Pool;
 use peercache_transport::Transport;
 use peercache_wire::NodeId;
 
 use crate::modes::central::owner::StorageOwner;
 use crate::modes::state::ModeState;
-use crate::node::parts::Tasks;
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
 
 /// What the membership sync needs of the node.
 pub(crate) struct MembershipSync<'a> {
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     pub(crate) me: &'a NodeId,
     /// Virtual nodes per storage server (the storage view's ring).
     pub(crate) vnodes: u32,
     /// Directory replicas per page (re-announcements).
     pub(crate) directory_replicas: usize,
     pub(crate) discovery: &'a Membership,
-    pub(crate) dir: &'a DirectoryClient,
     /// The slot layouts or storage view the members' announcements update.
     pub(crate) mode: &'a ModeState,
-    pub(crate) metrics: &'a Handles,
-    /// The ring-ready flag and the members' data endpoints last seen.
-    pub(crate) tasks: &'a Tasks,
     pub(crate) transport: &'a Transport,
-    pub(crate) pool: &'a Pool,
-    pub(crate) stamp: Stamp<'a>,
     /// Reservations of writers that left are reaped at each sync.
     pub(crate) storage_owner: StorageOwner<'a>,
 }
@@ -60,7 +53,7 @@ impl MembershipSync<'_> {
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default();
             if seen.get(&r.node) != Some(&attr) {
-                self.metrics.layouts_refused.add(1);
+                self.home.metrics.layouts_refused.add(1);
                 tracing::warn!(
                     member = %r.node,
                     error = %r.error,
@@ -89,7 +82,7 @@ impl MembershipSync<'_> {
         self.forget_departed(&infos);
         if !infos.is_empty() {
             let storage = infos.iter().filter(|m| m.role == "storage").count();
-            self.metrics.storage_nodes.set(storage as f64);
+            self.home.metrics.storage_nodes.set(storage as f64);
         }
         let members: Vec<Member> = infos
             .into_iter()
@@ -102,17 +95,17 @@ impl MembershipSync<'_> {
         if members.is_empty() {
             return;
         }
-        self.metrics.members.set(members.len() as f64);
+        self.home.metrics.members.set(members.len() as f64);
         let has_me = members.iter().any(|m| m.node == *self.me);
-        let report = self.dir.apply_membership(&members);
+        let report = self.home.dir.apply_membership(&members);
         if has_me && let Some((before, after)) = &report.rings {
             self.reannounce(before, after);
         }
         if has_me {
-            let mut ready = self.tasks.ring_ready.0.lock();
+            let mut ready = self.home.tasks.ring_ready.0.lock();
             if !*ready {
                 *ready = true;
-                self.tasks.ring_ready.1.notify_all();
+                self.home.tasks.ring_ready.1.notify_all();
             }
         }
     }
@@ -127,7 +120,7 @@ impl MembershipSync<'_> {
         let now: std::collections::HashSet<SocketAddr> =
             infos.iter().flat_map(|m| m.data.iter().copied()).collect();
         let gone: Vec<SocketAddr> = {
-            let mut known = self.tasks.member_data.lock();
+            let mut known = self.home.tasks.member_data.lock();
             let gone = known.difference(&now).copied().collect();
             *known = now;
             gone
@@ -141,7 +134,7 @@ impl MembershipSync<'_> {
     /// Drops transport state for peers that are not members (a read may have reached a member
     /// after it left, re-creating what [`MembershipSync::forget_departed`] dropped). Once a heartbeat.
     pub(crate) fn forget_strangers(&self) {
-        let known = self.tasks.member_data.lock().clone();
+        let known = self.home.tasks.member_data.lock().clone();
         if known.is_empty() {
             return;
         }
@@ -164,7 +157,7 @@ impl MembershipSync<'_> {
     /// falls back to a replica (primary down or unreachable) still finds the entry.
     fn reannounce(&self, before: &peercache_directory::Ring, after: &peercache_directory::Ring) {
         let mut pages = Vec::new();
-        self.pool.live_pages(&mut pages);
+        self.home.pool.live_pages(&mut pages);
         let plan = peercache_directory::handoff::reannounce_routes(
             before,
             after,
@@ -174,13 +167,13 @@ impl MembershipSync<'_> {
         let entries: Vec<_> = plan
             .pages
             .iter()
-            .map(|&i| (pages[i].0, self.stamp.resident(&pages[i].1)))
+            .map(|&i| (pages[i].0, self.home.stamp.resident(&pages[i].1)))
             .collect();
         if entries.is_empty() {
             return;
         }
-        let done = self.dir.insert_routed(&entries, &plan.routes);
-        self.metrics.reannounced.add(done as u64);
+        let done = self.home.dir.insert_routed(&entries, &plan.routes);
+        self.home.metrics.reannounced.add(done as u64);
         tracing::debug!(
             pages = entries.len(),
             sent = done,

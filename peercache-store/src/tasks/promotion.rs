@@ -5,27 +5,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use peercache_directory::DirectoryClient;
-use peercache_pool::disk::DiskTier;
-use peercache_pool::{Pool, PublishScratch, Published};
-use peercache_wire::envelope::{self};
-use peercache_wire::rpc::{self};
+use peercache_pool::{PublishScratch, Published};
+use peercache_wire::envelope;
+use peercache_wire::rpc;
 use peercache_wire::{NodeId, PageKey};
 
 use crate::control::{MAX_PROMOTE_KEYS, StoreReply, StoreRequest};
-use crate::node::parts::Tasks;
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
 
 /// Promotions, with what they need of their node (`Core::promotion`).
 pub(crate) struct Promotion<'a> {
-    pub(crate) pool: &'a Pool,
-    pub(crate) disk: Option<&'a DiskTier>,
-    pub(crate) dir: &'a DirectoryClient,
-    /// The promotion lock and the eviction batcher.
-    pub(crate) tasks: &'a Tasks,
-    pub(crate) metrics: &'a Handles,
-    pub(crate) stamp: Stamp<'a>,
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     pub(crate) op_timeout: Duration,
 }
 
@@ -63,7 +54,7 @@ impl<'a> Promotion<'a> {
         Option<peercache_pool::Leases<'a>>,
     ) {
         let mut res = vec![None; keys.len()];
-        let Some(disk) = self.disk else {
+        let Some(disk) = self.home.disk else {
             return (res, None);
         };
         if keys.iter().any(|k| disk.is_pending(*k)) {
@@ -71,35 +62,35 @@ impl<'a> Promotion<'a> {
             disk.flush();
         }
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        let serial = self.tasks.promote_lock.lock();
-        self.pool.promote_batch(
+        let serial = self.home.tasks.promote_lock.lock();
+        self.home.pool.promote_batch(
             disk,
             keys,
             &mut PublishScratch::default(),
             &mut out,
             &mut evicted,
         );
-        let leases = lease.then(|| self.pool.lease_batch(keys));
+        let leases = lease.then(|| self.home.pool.lease_batch(keys));
         drop(serial);
         let mut entries = Vec::new();
         let mut promoted = 0u64;
         for (i, p) in out.iter().enumerate() {
             if let Published::New(loc) | Published::Duplicate(loc) = p {
                 promoted += u64::from(matches!(p, Published::New(_)));
-                let l = self.stamp.resident(loc);
+                let l = self.home.stamp.resident(loc);
                 entries.push((keys[i], l.clone()));
                 res[i] = Some(l);
             }
         }
-        self.metrics.promotes_owner.add(promoted);
-        let batcher = self.tasks.evictions.lock();
+        self.home.metrics.promotes_owner.add(promoted);
+        let batcher = self.home.tasks.evictions.lock();
         if let Some(b) = batcher.as_ref() {
             b.push(evicted);
         }
         if inline {
             drop(batcher);
             if !entries.is_empty() {
-                let _ = self.dir.insert(&entries);
+                let _ = self.home.dir.insert(&entries);
             }
         } else if let Some(b) = batcher.as_ref() {
             b.publish(entries);
@@ -118,7 +109,7 @@ impl<'a> Promotion<'a> {
             groups.iter().map(|(_, k)| vec![None; k.len()]).collect();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, usize, usize)> = Vec::new();
         for (g, (node, keys)) in groups.iter().enumerate() {
-            let Some(ep) = self.dir.control_of(node) else {
+            let Some(ep) = self.home.dir.control_of(node) else {
                 continue;
             };
             for (c, chunk) in keys.chunks(MAX_PROMOTE_KEYS).enumerate() {
@@ -129,7 +120,7 @@ impl<'a> Promotion<'a> {
         }
         let calls: Vec<(SocketAddr, &[u8])> =
             reqs.iter().map(|(ep, f, ..)| (*ep, f.as_slice())).collect();
-        let replies = self.dir.rpc().call_many(&calls, self.op_timeout);
+        let replies = self.home.dir.rpc().call_many(&calls, self.op_timeout);
         let mut asked = 0u64;
         for ((_, _, g, at), r) in reqs.iter().zip(replies) {
             match r.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
@@ -146,7 +137,7 @@ impl<'a> Promotion<'a> {
                 Err(e) => tracing::debug!(error = %e, "promote request failed"),
             }
         }
-        self.metrics.promotes_asked.add(asked);
+        self.home.metrics.promotes_asked.add(asked);
         answers
     }
 }

@@ -9,21 +9,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use peercache_directory::DirectoryClient;
-use peercache_pool::disk::DiskTier;
-
-use crate::node::parts::Tasks;
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
 
 /// Re-publishing, with what it needs of its node (`Core::republish`).
 pub(crate) struct Republish<'a> {
-    pub(crate) disk: Option<&'a DiskTier>,
-    pub(crate) dir: &'a DirectoryClient,
-    /// The re-publish thread's handle.
-    pub(crate) tasks: &'a Tasks,
-    pub(crate) metrics: &'a Handles,
-    pub(crate) stamp: Stamp<'a>,
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     /// Set once the node stops: the run ends between batches.
     pub(crate) stopping: &'a AtomicBool,
 }
@@ -36,7 +27,7 @@ impl Republish<'_> {
     /// Tells the directory about every page the disk tier recovered, a batch at a time, until
     /// done or the node stops.
     pub(crate) fn recovered(&self) {
-        let Some(disk) = self.disk else { return };
+        let Some(disk) = self.home.disk else { return };
         let t0 = std::time::Instant::now();
         // The scan runs on the disk tier's own thread; shutdown ends the wait.
         while !disk.wait_recovered(std::time::Duration::from_millis(100)) {
@@ -45,7 +36,7 @@ impl Republish<'_> {
             }
         }
         let inventory = disk.inventory();
-        let template = self.stamp.on_disk();
+        let template = self.home.stamp.on_disk();
         let mut entries = Vec::with_capacity(BATCH.min(inventory.len()));
         let mut done = 0usize;
         let mut failed = 0usize;
@@ -61,12 +52,12 @@ impl Republish<'_> {
                 loc.layout = layout;
                 (k, loc)
             }));
-            match self.dir.insert(&entries) {
+            match self.home.dir.insert(&entries) {
                 Ok(r) => {
                     let n = r.iter().filter(|o| o.is_some()).count();
                     done += n;
                     failed += r.len() - n;
-                    self.metrics.republishes.add(n as u64);
+                    self.home.metrics.republishes.add(n as u64);
                 }
                 Err(e) => {
                     failed += entries.len();
@@ -84,7 +75,7 @@ impl Republish<'_> {
 
     /// Waits for the re-publish thread (it stops between batches once `stopping` is set).
     pub(crate) fn stop(&self) {
-        if let Some(t) = self.tasks.republisher.lock().take()
+        if let Some(t) = self.home.tasks.republisher.lock().take()
             && t.thread().id() != std::thread::current().id()
         {
             let _ = t.join();

@@ -4,30 +4,20 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use peercache_directory::{DirectoryClient, Location};
-use peercache_pool::disk::DiskTier;
-use peercache_pool::{
-    PageWrite, Pool, PublishScratch, Published, ReplClass, Reservation, Reserved,
-};
+use peercache_directory::Location;
+use peercache_pool::{PageWrite, PublishScratch, Published, ReplClass, Reservation, Reserved};
 use peercache_wire::{NodeId, PageKey};
 
 use crate::control::PrepareOutcome;
 use crate::modes::storage_view::{Held, Reservations, Taken};
-use crate::node::parts::Tasks;
-use crate::node::stamp::Stamp;
-use crate::observe::series::Handles;
+use crate::node::home::PageHome;
 
 /// The storage server's side, with what it needs of its node (`Core::storage_owner`).
 pub(crate) struct StorageOwner<'a> {
+    /// This node's pool, disk tier, directory, tasks, counters and stamp.
+    pub(crate) home: PageHome<'a>,
     /// The reservations (`None`: this node is not a storage server; every request refused).
     pub(crate) table: Option<&'a Mutex<Reservations>>,
-    pub(crate) pool: &'a Pool,
-    pub(crate) disk: Option<&'a DiskTier>,
-    pub(crate) dir: &'a DirectoryClient,
-    /// The eviction batcher.
-    pub(crate) tasks: &'a Tasks,
-    pub(crate) metrics: &'a Handles,
-    pub(crate) stamp: Stamp<'a>,
     /// Seconds a reservation waits for its commit.
     pub(crate) reservation_timeout: f64,
 }
@@ -55,8 +45,8 @@ impl StorageOwner<'_> {
         if expired.is_empty() {
             return 0;
         }
-        let n = self.pool.abort_reserved(&expired);
-        self.metrics.reservations_expired.add(n as u64);
+        let n = self.home.pool.abort_reserved(&expired);
+        self.home.metrics.reservations_expired.add(n as u64);
         tracing::debug!(
             released = n,
             "released reservations that were never committed"
@@ -82,9 +72,10 @@ impl StorageOwner<'_> {
         let want: Vec<(PageKey, u32, Option<u32>)> =
             pages.iter().map(|&(k, l, v)| (k, l, Some(v))).collect();
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        self.pool
+        self.home
+            .pool
             .reserve_batch(&want, layout, ReplClass::Retained, &mut out, &mut evicted);
-        if let Some(b) = self.tasks.evictions.lock().as_ref() {
+        if let Some(b) = self.home.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         let expires = Instant::now() + Duration::from_secs_f64(self.reservation_timeout);
@@ -103,7 +94,7 @@ impl StorageOwner<'_> {
                         Ok(token) => PrepareOutcome::Slot {
                             token,
                             addr: res.payload_addr,
-                            region: self.stamp.pool_key,
+                            region: self.home.stamp.pool_key,
                         },
                         Err(e) => {
                             unheld.push(res);
@@ -111,12 +102,12 @@ impl StorageOwner<'_> {
                         }
                     }
                 }
-                Reserved::Duplicate(loc) => PrepareOutcome::Present(self.stamp.resident(&loc)),
+                Reserved::Duplicate(loc) => PrepareOutcome::Present(self.home.stamp.resident(&loc)),
                 Reserved::Failed(e) => PrepareOutcome::Refused(e.to_string()),
             })
             .collect();
         drop(t);
-        self.pool.abort_reserved(&unheld);
+        self.home.pool.abort_reserved(&unheld);
         outcomes
     }
 
@@ -142,7 +133,7 @@ impl StorageOwner<'_> {
                 .collect()
         };
         if foreign > 0 {
-            self.metrics.identity_refused.add(foreign);
+            self.home.metrics.identity_refused.add(foreign);
             tracing::warn!(
                 writer = %writer,
                 tokens = foreign,
@@ -169,11 +160,12 @@ impl StorageOwner<'_> {
             .map(|(_, p)| p.1)
             .collect();
         let mut locs = Vec::new();
-        self.pool
+        self.home
+            .pool
             .commit_reserved_verified(&res, &expected, &mut locs);
         let refused = locs.iter().filter(|l| l.is_none()).count() as u64;
         if refused > 0 {
-            self.metrics.commit_rejects.add(refused);
+            self.home.metrics.commit_rejects.add(refused);
             tracing::warn!(
                 pages = refused,
                 "refused committing pages whose bytes differ from the writer's checksum"
@@ -184,7 +176,7 @@ impl StorageOwner<'_> {
             .iter()
             .map(|h| {
                 h.and_then(|_| committed.next().flatten())
-                    .map(|l| self.stamp.resident(&l))
+                    .map(|l| self.home.stamp.resident(&l))
             })
             .collect();
         self.write_through(&res, &out);
@@ -206,7 +198,7 @@ impl StorageOwner<'_> {
             .iter()
             .filter_map(|&i| Some((keys[i]?, locs[i].clone()?)))
             .collect();
-        let taken = match self.dir.insert(&entries) {
+        let taken = match self.home.dir.insert(&entries) {
             Ok(v) => v.iter().map(Option::is_some).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, pages = entries.len(), "stored pages could not be recorded in the directory");
@@ -222,9 +214,9 @@ impl StorageOwner<'_> {
 
     /// Copies committed pages to the disk tier, under leases.
     fn write_through(&self, res: &[Reservation], locs: &[Option<Location>]) {
-        let Some(disk) = self.disk else { return };
+        let Some(disk) = self.home.disk else { return };
         let keys: Vec<PageKey> = res.iter().map(|r| r.key).collect();
-        let leases = self.pool.lease_batch(&keys);
+        let leases = self.home.pool.lease_batch(&keys);
         let mut buf = Vec::new();
         for (i, k) in keys.iter().enumerate() {
             let Some(loc) = leases.location(i) else {
@@ -239,6 +231,7 @@ impl StorageOwner<'_> {
             }
             buf.resize(loc.len as usize, 0);
             if self
+                .home
                 .pool
                 .read_leased(&leases, i, *k, &mut [&mut buf[..]])
                 .is_ok()
@@ -255,7 +248,7 @@ impl StorageOwner<'_> {
             .into_iter()
             .flatten()
             .collect();
-        self.pool.abort_reserved(&res) as u32
+        self.home.pool.abort_reserved(&res) as u32
     }
 
     /// Serves an ingest: publishes pages whose bytes came inside the request.
@@ -279,14 +272,14 @@ impl StorageOwner<'_> {
             })
             .collect();
         let (mut out, mut evicted) = (Vec::new(), Vec::new());
-        self.pool.publish_batch(
+        self.home.pool.publish_batch(
             &writes,
             ReplClass::Retained,
             &mut PublishScratch::default(),
             &mut out,
             &mut evicted,
         );
-        if let Some(b) = self.tasks.evictions.lock().as_ref() {
+        if let Some(b) = self.home.tasks.evictions.lock().as_ref() {
             b.push(evicted);
         }
         let mut locs: Vec<Option<Location>> = out
@@ -294,12 +287,12 @@ impl StorageOwner<'_> {
             .zip(&writes)
             .map(|(p, w)| match p {
                 Published::New(loc) => {
-                    if let Some(d) = self.disk {
+                    if let Some(d) = self.home.disk {
                         d.put(w.key, w.segments, loc.valid_len, loc.generation, w.layout);
                     }
-                    Some(self.stamp.resident(loc))
+                    Some(self.home.stamp.resident(loc))
                 }
-                Published::Duplicate(loc) => Some(self.stamp.resident(loc)),
+                Published::Duplicate(loc) => Some(self.home.stamp.resident(loc)),
                 Published::Failed(_) => None,
             })
             .collect();
