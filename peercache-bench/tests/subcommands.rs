@@ -38,19 +38,16 @@ fn run(args: &[&str]) -> serde_json::Value {
     v
 }
 
+/// [`run`] briefly: one round of 50 ms per row.
+fn brief(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--rounds", "1", "--secs", "0.05"]);
+    run(&all)
+}
+
 #[test]
 fn modes_reports_every_mode() {
-    let v = run(&[
-        "modes",
-        "--rounds",
-        "1",
-        "--concurrency",
-        "1",
-        "--secs",
-        "0.05",
-        "--pool-mib",
-        "64",
-    ]);
+    let v = brief(&["modes", "--concurrency", "1", "--pool-mib", "64"]);
     for mode in ["p2p", "centralized", "hybrid", "slotmap"] {
         let got = v["summary"][format!("{mode}_get_pages_per_s_median")]
             .as_f64()
@@ -63,14 +60,10 @@ fn modes_reports_every_mode() {
 fn compare_runs_without_mooncake_and_draws_its_chart() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("charts");
-    let v = run(&[
+    let v = brief(&[
         "compare",
-        "--rounds",
-        "1",
         "--concurrency",
         "1",
-        "--secs",
-        "0.05",
         "--pages",
         "64",
         "--mooncake-venv",
@@ -101,15 +94,7 @@ fn compare_runs_without_mooncake_and_draws_its_chart() {
 
 #[test]
 fn replicas_reports_the_hot_key_and_disk_only_rows() {
-    let v = run(&[
-        "replicas",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
-        "--hot-pages",
-        "32",
-    ]);
+    let v = brief(&["replicas", "--hot-pages", "32"]);
     assert!(v["summary"]["hot_get_pages_per_s_on"].as_f64().unwrap() > 0.0);
     assert!(v["summary"]["disk_only_pages_per_s"].as_f64().unwrap() > 0.0);
 }
@@ -118,14 +103,10 @@ fn replicas_reports_the_hot_key_and_disk_only_rows() {
 fn saturation_marks_its_peak_and_draws_the_curves() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("charts");
-    let v = run(&[
+    let v = brief(&[
         "saturation",
         "--concurrency",
         "1,2",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
         "--pages",
         "64",
         "--out-dir",
@@ -144,17 +125,7 @@ fn saturation_marks_its_peak_and_draws_the_curves() {
 
 #[test]
 fn latency_reports_every_operation_and_batch_size() {
-    let v = run(&[
-        "latency",
-        "--batch-sizes",
-        "1,4",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
-        "--pages",
-        "64",
-    ]);
+    let v = brief(&["latency", "--batch-sizes", "1,4", "--pages", "64"]);
     for op in ["exists", "get", "set"] {
         for b in [1, 4] {
             assert!(
@@ -344,17 +315,13 @@ fn micro_store_path_adds_store_rows() {
 
 #[test]
 fn the_main_job_and_the_component_benches_run_briefly() {
-    let v = run(&[
+    let v = brief(&[
         "--read-pages",
         "64",
         "--writer-pool-mib",
         "64",
         "--concurrency",
         "1",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
     ]);
     assert_eq!(v["bench"], "main");
     let names: Vec<&str> = v["results"]
@@ -374,35 +341,15 @@ fn the_main_job_and_the_component_benches_run_briefly() {
         assert!(names.contains(&row), "main job lacks {row}: {names:?}");
     }
     assert_eq!(v["summary"]["stale_directory_entries"], 0);
-    let v = run(&[
-        "pool",
-        "--source-mib",
-        "16",
-        "--pool-mib",
-        "32",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
-    ]);
+    let v = brief(&["pool", "--source-mib", "16", "--pool-mib", "32"]);
     assert_eq!(v["bench"], "pool");
-    let v = run(&[
-        "directory",
-        "--entries",
-        "2000",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
-    ]);
+    let v = brief(&["directory", "--entries", "2000"]);
     assert_eq!(v["bench"], "directory");
     for row in v["results"].as_array().unwrap() {
         assert_eq!(row["errors"], 0, "{row}");
     }
     // The prefix query: every answer checked against a scan, none wrong.
-    let v = run(&[
-        "prefix", "--keys", "3000", "--rounds", "1", "--secs", "0.05",
-    ]);
+    let v = brief(&["prefix", "--keys", "3000"]);
     assert_eq!(v["bench"], "prefix");
     assert_eq!(v["summary"]["wrong_answers"], 0, "{v}");
     let names: Vec<&str> = v["results"]
@@ -426,16 +373,12 @@ fn the_main_job_and_the_component_benches_run_briefly() {
     );
     let v = run(&["disk", "--pages", "64", "--rounds", "1"]);
     assert_eq!(v["bench"], "disk");
-    let v = run(&[
+    let v = brief(&[
         "micro",
         "--page-sizes",
         "4096",
         "--concurrency",
         "1",
-        "--rounds",
-        "1",
-        "--secs",
-        "0.05",
         "--region-mib",
         "16",
     ]);

@@ -45,6 +45,9 @@ peercache_wire::metric_names! {
     pub const PROMOTES_TOTAL: &str = "peercache_promotes_total";
     /// Torn or corrupt disk records found.
     pub const DISK_CORRUPT_TOTAL: &str = "peercache_disk_corrupt_total";
+    /// 1 while the disk tier's recovery scan of a previous run's segments runs (the node
+    /// serves meanwhile; the scanned pages are re-published once it ends), else 0.
+    pub const DISK_RECOVERING: &str = "peercache_disk_recovering";
 }
 
 /// The disk tier's counters: a node with the tier off registers them at 0, so a dashboard finds
@@ -105,6 +108,8 @@ pub(crate) struct DiskCounters {
     pub(crate) corrupt: Tally,
     pub(crate) recovered: Tally,
     pub(crate) reads: Tally,
+    /// [`DISK_RECOVERING`].
+    pub(crate) recovering: Gauge,
 }
 
 impl DiskCounters {
@@ -118,6 +123,7 @@ impl DiskCounters {
             corrupt: t(DISK_CORRUPT_TOTAL),
             recovered: t(DISK_RECOVERED_TOTAL),
             reads: t(DISK_READS_TOTAL),
+            recovering: metrics::gauge!(DISK_RECOVERING),
         }
     }
 }

@@ -538,3 +538,28 @@ fn dropping_a_tier_mid_recovery_stops_the_scan() {
     let t = open(dir.path(), 1 << 30, 16);
     assert_eq!(t.stats().recovered, 20_000);
 }
+
+#[test]
+fn a_segment_id_no_tier_writes_is_refused_with_a_typed_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tier");
+    // A tier made the folder; a stray file with the last possible id was put beside its segment.
+    {
+        let t = open(&dir, 8 << 20, 16);
+        assert!(t.put(key(1), &[&page(1, 4096)], 4096, 1, Layout::NONE));
+        t.flush();
+    }
+    std::fs::write(seg(&dir, u64::MAX), b"not a segment").unwrap();
+    let refused = DiskTier::open(DiskConfig::new(dir.clone(), 8 << 20));
+    match refused {
+        Err(DiskError::Folder { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::InvalidData);
+            assert!(source.to_string().contains("move it aside"), "{source}");
+        }
+        other => panic!("expected a typed refusal, got {other:?}"),
+    }
+    // Moved aside, the tier opens and still has its page.
+    std::fs::remove_file(seg(&dir, u64::MAX)).unwrap();
+    let t = open(&dir, 8 << 20, 16);
+    assert_eq!(read(&t, key(1), 4096).unwrap(), page(1, 4096));
+}

@@ -66,10 +66,7 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
     let pages: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i ^ 0x5a; 16 << 10]).collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
     assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
-    let mut out: Vec<Vec<u8>> = vec![vec![0; 16 << 10]; 8];
-    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    assert!(b.batch_get(&keys, &mut outs).unwrap().iter().all(|&x| x));
-    assert_eq!(out, pages);
+    common::assert_reads_back(&b, &keys, &pages);
 
     // A node with the wrong secret never joins: discovery refuses it.
     let mallory = Store::start(cfg(22, port, Some("a different secret, same length"))).unwrap();
@@ -90,9 +87,8 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
     let loc = &loc[0];
     let rail = loc.rails[0];
     let len = 64 + loc.len;
-    let read = |t: &Transport, into: &mut Vec<u8>| {
-        // SAFETY: the buffer outlives the handle, which is dropped before it.
-        let h = unsafe { t.register(into.as_mut_ptr(), into.len(), Access::LocalOnly) }.unwrap();
+    // One op: the page's slot (header + payload) and the start of `h`.
+    let the_page = |h: &peercache_transport::RegionHandle| {
         let mut batch = Batch::new();
         batch.push(
             RemoteRange {
@@ -106,6 +102,12 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
                 len,
             }],
         );
+        batch
+    };
+    let read = |t: &Transport, into: &mut Vec<u8>| {
+        // SAFETY: the buffer outlives the handle, which is dropped before it.
+        let h = unsafe { t.register(into.as_mut_ptr(), into.len(), Access::LocalOnly) }.unwrap();
+        let batch = the_page(&h);
         t.read_batch(rail.endpoint, &batch)
     };
 
@@ -118,19 +120,7 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
     // ... but may not write into the published pool (remote-read only).
     // SAFETY: the buffer outlives the handle, which is dropped before it.
     let h = unsafe { friend.register(buf.as_mut_ptr(), buf.len(), Access::LocalOnly) }.unwrap();
-    let mut w = Batch::new();
-    w.push(
-        RemoteRange {
-            region: RegionKey(rail.region),
-            addr: loc.addr,
-            len,
-        },
-        &[Segment {
-            region: h.key(),
-            addr: h.addr(0),
-            len,
-        }],
-    );
+    let w = the_page(&h);
     let wr = friend.write_batch(rail.endpoint, &w).unwrap();
     assert!(
         matches!(wr[0], Err(peercache_transport::OpError::AccessDenied(_))),
@@ -150,19 +140,7 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
         assert!(buf.iter().all(|&b| b == 0), "no byte may reach a stranger");
         // SAFETY: the buffer outlives the handle, which is dropped before it.
         let h = unsafe { t.register(buf.as_mut_ptr(), buf.len(), Access::LocalOnly) }.unwrap();
-        let mut w = Batch::new();
-        w.push(
-            RemoteRange {
-                region: RegionKey(rail.region),
-                addr: loc.addr,
-                len,
-            },
-            &[Segment {
-                region: h.key(),
-                addr: h.addr(0),
-                len,
-            }],
-        );
+        let w = the_page(&h);
         let e = t.write_batch(rail.endpoint, &w).unwrap_err();
         assert!(unauthenticated(&e), "{e:?}");
         drop(h);

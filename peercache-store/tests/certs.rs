@@ -99,10 +99,7 @@ fn members_prove_their_ids_and_none_can_speak_for_another() {
         .collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
     assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
-    let mut out = vec![vec![0u8; 32 << 10]; 8];
-    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    assert!(b.batch_get(&keys, &mut outs).unwrap().iter().all(|&x| x));
-    assert_eq!(out, pages);
+    common::assert_reads_back(&b, &keys, &pages);
 
     // Mallory holds the secret and a certificate of this cluster, for cert-m.
     let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap();

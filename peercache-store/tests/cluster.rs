@@ -61,16 +61,7 @@ fn set_on_one_node_reads_byte_exact_on_the_others() {
 
     for reader in [b, c] {
         assert_eq!(reader.batch_exists(&mla_keys).unwrap(), 40);
-        let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 64 << 10]; 40];
-        let mut dst: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        assert!(
-            reader
-                .batch_get(&mla_keys, &mut dst)
-                .unwrap()
-                .iter()
-                .all(|&x| x)
-        );
-        assert_eq!(bufs, mla);
+        common::assert_reads_back(reader, &mla_keys, &mla);
 
         assert_eq!(reader.batch_exists(&mha_keys).unwrap(), 20);
         let mut kk: Vec<Vec<u8>> = vec![vec![0u8; 32 << 10]; 20];
@@ -195,10 +186,7 @@ fn a_node_that_joins_after_the_publish_finds_every_key() {
         assert!(n.wait_members(3, Duration::from_secs(10)));
     }
     assert_eq!(c.batch_exists(&keys).unwrap(), 300);
-    let mut bufs = vec![vec![0u8; 4096]; 300];
-    let mut d: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-    assert!(c.batch_get(&keys, &mut d).unwrap().iter().all(|&x| x));
-    assert_eq!(bufs, pages);
+    common::assert_reads_back(&c, &keys, &pages);
     for n in [a, b, c] {
         n.shutdown();
     }
@@ -271,10 +259,7 @@ fn replicate_on_read_keeps_a_copy_that_serves_after_the_writer_leaves() {
     let pages: Vec<Vec<u8>> = (0..16).map(|i| page(500 + i, 32 << 10)).collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
     assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
-    let mut out = vec![vec![0u8; 32 << 10]; 16];
-    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    assert!(b.batch_get(&keys, &mut outs).unwrap().iter().all(|&x| x));
-    assert_eq!(out, pages);
+    common::assert_reads_back(b, &keys, &pages);
     // B registers its reclaimable copies (asynchronously): wait until the directory lists it.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -452,16 +437,7 @@ fn the_fourth_copy_of_a_page_is_reclaimable_and_goes_first_under_pressure() {
     }
     assert!(gone, "the pool never needed room");
     // The shared pages are still served by the other owners.
-    let mut out = vec![vec![0u8; 256 << 10]; 4];
-    let mut d: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    assert!(
-        nodes[3]
-            .batch_get(&keys, &mut d)
-            .unwrap()
-            .iter()
-            .all(|&x| x)
-    );
-    assert_eq!(out, pages);
+    common::assert_reads_back(&nodes[3], &keys, &pages);
 }
 
 #[test]

@@ -10,8 +10,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use peercache_store::Store;
-use peercache_store::client::Client;
-use peercache_wire::Auth;
 use peercache_wire::testkit::etcd::EtcdServer;
 use serde_json::json;
 
@@ -111,11 +109,7 @@ fn a_node_killed_with_sigkill_leaves_within_its_lease() {
     );
     assert!(reader.wait_members(2, Duration::from_secs(20)));
     reader.sync_membership();
-    let c = Client::new(
-        format!("127.0.0.65:{client_port}").parse().unwrap(),
-        Auth::from_secret(common::secret().as_bytes()).unwrap(),
-        Duration::from_secs(5),
-    );
+    let c = common::client(format!("127.0.0.65:{client_port}").parse().unwrap());
     let len = 16 << 10;
     let (keys, data) = pages(7, 32, len);
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();

@@ -166,11 +166,7 @@ fn a_stranger_trickling_a_handshake_is_closed_within_twice_the_deadline_on_every
         );
     }
     // The slots are free again: an authenticated client is served.
-    let c = peercache_store::client::Client::new(
-        p.client,
-        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-        Duration::from_secs(5),
-    );
+    let c = common::client(p.client);
     let page = common::page(7, 4096);
     assert!(c.put(&["hostile/a"], &[&page[..]]).unwrap()[0]);
 }
@@ -229,11 +225,7 @@ fn a_connection_flood_under_a_low_descriptor_limit_neither_spins_nor_floods_the_
     );
     drop(held);
     // It serves a member again once the strangers are gone.
-    let c = peercache_store::client::Client::new(
-        p.client,
-        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-        Duration::from_secs(5),
-    );
+    let c = common::client(p.client);
     let page = common::page(8, 4096);
     let until = Instant::now() + Duration::from_secs(10);
     loop {
@@ -355,11 +347,7 @@ fn a_metrics_port_flood_under_a_low_descriptor_limit_leaves_the_authenticated_po
         held.len()
     );
     // With every one of them still open, a member is served on the client port.
-    let c = peercache_store::client::Client::new(
-        p.client,
-        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-        Duration::from_secs(5),
-    );
+    let c = common::client(p.client);
     let page = common::page(9, 4096);
     let t0 = Instant::now();
     let put = c.put(&["hostile/http-flood"], &[&page[..]]);
@@ -446,11 +434,7 @@ fn a_member_announcing_frames_past_the_frame_budget_is_closed_and_counted() {
         "{text}"
     );
     // Members' ordinary requests are served meanwhile.
-    let c = peercache_store::client::Client::new(
-        p.client,
-        peercache_wire::Auth::from_secret(common::secret().as_bytes()).unwrap(),
-        Duration::from_secs(5),
-    );
+    let c = common::client(p.client);
     let page = common::page(3, 4096);
     assert!(matches!(c.put(&["hostile/budget"], &[&page[..]]), Ok(v) if v[0]));
     drop(first);
@@ -500,25 +484,10 @@ fn a_source_at_its_share_of_connections_is_refused_and_other_sources_are_served(
 /// One HTTP/1.1 GET of `path` at `addr` (the connection closed after it), with an optional
 /// `Authorization` header: the status code and the body.
 fn http_get(addr: SocketAddr, path: &str, authorization: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let auth = authorization
         .map(|a| format!("Authorization: {a}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    (status, body.unwrap_or_default())
+    common::http(addr, "GET", path, &auth, "")
 }
 
 #[test]

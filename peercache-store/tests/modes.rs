@@ -42,6 +42,36 @@ fn settle(nodes: &[&Store]) {
     }
 }
 
+/// A centralized storage server on 127.0.0.`n` (its settings: `extra`) and an inference node
+/// on 127.0.0.`n + 1` that writes into it, both members.
+fn storage_and_writer(n: u8, extra: serde_json::Value) -> (Store, Store) {
+    let port = free_port();
+    let mut storage = json!({"mode": "centralized", "role": "storage"});
+    for (k, v) in extra.as_object().unwrap() {
+        storage[k] = v.clone();
+    }
+    let s = node(n, n, port, storage);
+    let a = node(n + 1, n, port, json!({"mode": "centralized"}));
+    settle(&[&s, &a]);
+    (s, a)
+}
+
+/// One store RPC to `s`'s control port as `who`, answered within 2 s.
+fn store_call(
+    who: &RpcClient,
+    s: &Store,
+    req: &StoreRequest,
+) -> Result<StoreReply, peercache_wire::WireError> {
+    let f = who
+        .call(
+            s.control_endpoint(),
+            &envelope::encode(req, &[]).unwrap(),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+    rpc::decode_reply::<StoreReply>(&f)
+}
+
 #[test]
 fn centralized_writes_land_on_storage_servers_and_read_back_byte_exact() {
     let port = free_port();
@@ -114,14 +144,9 @@ fn as_node(who: &str) -> RpcClient {
 
 #[test]
 fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
-    let port = free_port();
     // A write admitted into a slot may land until the data server's deadline (`op_timeout`),
     // so the reservation outlives it: writes are admitted in the first 0.5 s.
-    let storage = json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1.5,
-        "op_timeout": 1.0});
-    let s = node(120, 120, port, storage);
-    let a = node(121, 120, port, json!({"mode": "centralized"}));
-    settle(&[&s, &a]);
+    let (s, a) = storage_and_writer(120, json!({"reservation_timeout": 1.5, "op_timeout": 1.0}));
     let len = 16 << 10;
     let key = "leaked-0";
     let pk = PageKey::from_key(key);
@@ -296,20 +321,14 @@ fn hybrid_write_policies() {
 
 #[test]
 fn a_failed_one_sided_write_falls_back_to_ingest() {
-    let port = free_port();
     // Reservations that expire at once: every one-sided write is refused by the server's
-    // guard, so every page must travel by the ingest fallback.
-    let s = node(
+    // guard, so every page must travel by the ingest fallback. A write may land until the data
+    // server's deadline (op_timeout), which here ends a microsecond after the reservation
+    // does: the guard refuses every write.
+    let (s, a) = storage_and_writer(
         150,
-        150,
-        port,
-        // A write may land until the data server's deadline (op_timeout), which here ends a
-        // microsecond after the reservation does: the guard refuses every write.
-        json!({"mode": "centralized", "role": "storage", "reservation_timeout": 1.0,
-            "op_timeout": 0.999999}),
+        json!({"reservation_timeout": 1.0, "op_timeout": 0.999999}),
     );
-    let a = node(151, 150, port, json!({"mode": "centralized"}));
-    settle(&[&s, &a]);
     let keys: Vec<String> = (0..6).map(|i| format!("ingested-{i}")).collect();
     let pages: Vec<Vec<u8>> = (0..6).map(|i| page(300 + i, 12 << 10)).collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
@@ -327,26 +346,9 @@ fn a_failed_one_sided_write_falls_back_to_ingest() {
 /// and the slot released; the matching commit publishes it.
 #[test]
 fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
-    let port = free_port();
-    let s = node(
-        124,
-        124,
-        port,
-        json!({"mode": "centralized", "role": "storage"}),
-    );
-    let a = node(125, 124, port, json!({"mode": "centralized"}));
-    settle(&[&s, &a]);
+    let (s, _writer) = storage_and_writer(124, json!({}));
     let rpc = as_node("w");
-    let call = |req: &StoreRequest| {
-        let f = rpc
-            .call(
-                s.control_endpoint(),
-                &envelope::encode(req, &[]).unwrap(),
-                Duration::from_secs(2),
-            )
-            .unwrap();
-        rpc::decode_reply::<StoreReply>(&f).unwrap()
-    };
+    let call = |req: &StoreRequest| store_call(&rpc, &s, req).unwrap();
     let len = 8 << 10;
     let pk = PageKey::from_key("checked-0");
     let writer = Transport::start(authed(), Some(NodeId::new("w").unwrap())).unwrap();
@@ -403,25 +405,8 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
 /// random.
 #[test]
 fn a_member_cannot_prepare_commit_or_abort_for_another_writer() {
-    let port = free_port();
-    let s = node(
-        126,
-        126,
-        port,
-        json!({"mode": "centralized", "role": "storage"}),
-    );
-    let a = node(127, 126, port, json!({"mode": "centralized"}));
-    settle(&[&s, &a]);
-    let call = |who: &RpcClient, req: &StoreRequest| {
-        let f = who
-            .call(
-                s.control_endpoint(),
-                &envelope::encode(req, &[]).unwrap(),
-                Duration::from_secs(2),
-            )
-            .unwrap();
-        rpc::decode_reply::<StoreReply>(&f)
-    };
+    let (s, a) = storage_and_writer(126, json!({}));
+    let call = |who: &RpcClient, req: &StoreRequest| store_call(who, &s, req);
     let (w1, w2) = (as_node("w1"), as_node("w2"));
     let len = 8 << 10;
     let pages: Vec<(PageKey, u32, u32)> = (0..8)

@@ -3,8 +3,7 @@
 //! HTTP port's `POST /prefix` alike, and a node that leaves disappears from the answers; who
 //! may ask over HTTP, and what bad queries get.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -33,28 +32,11 @@ fn scan(node: usize, start: usize, len: usize) -> usize {
 
 /// `POST /prefix` with `body` (and `Authorization: Bearer <token>` when given): status, body.
 fn post_prefix(addr: SocketAddr, body: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
-        "POST /prefix HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    // A refusal may close before the whole body is read: what arrived is the answer.
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    (status, body.unwrap_or_default())
+    let headers = format!("{auth}Content-Type: application/json\r\n");
+    common::http(addr, "POST", "/prefix", &headers, body)
 }
 
 /// A token file readable by its owner only.

@@ -47,16 +47,7 @@ fn decode_waits_for_the_prefix_prefill_publishes() {
             "woke {lag:?} after the write"
         );
     });
-    let mut out = vec![vec![0u8; 8 << 10]; 8];
-    let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-    assert!(
-        decode
-            .batch_get(&keys, &mut outs)
-            .unwrap()
-            .iter()
-            .all(|&x| x)
-    );
-    assert_eq!(out, pages);
+    common::assert_reads_back(&decode, &keys, &pages);
 
     // A prefix that never completes: the wait is bounded and reports the leading pages.
     let partial: Vec<String> = (0..5).map(|i| format!("req-8-page-{i}")).collect();

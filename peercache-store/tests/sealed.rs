@@ -44,16 +44,7 @@ fn a_cluster_that_requires_encryption_joins_publishes_and_reads_byte_exact() {
             .all(|&x| x)
     );
     for reader in [&a, &b, &c] {
-        let mut out: Vec<Vec<u8>> = vec![vec![0; page]; keys.len()];
-        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
-        assert!(
-            reader
-                .batch_get(&keys, &mut outs)
-                .unwrap()
-                .iter()
-                .all(|&x| x)
-        );
-        assert_eq!(out, pages);
+        common::assert_reads_back(reader, &keys, &pages);
     }
     assert!(c.stats().transport_local_read_bytes == 0 && c.stats().transport_read_bytes > 0);
 

@@ -15,6 +15,7 @@ use peercache_wire::rpc::{self, RpcClient, RpcServer, ServerConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::load::runner::time_calls;
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of the `directory` subcommand.
@@ -124,10 +125,11 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     let dur = Duration::from_secs_f64(args.run.secs);
     let n = args.entries;
     let mut rows = Vec::new();
-    for round in 0..args.run.rounds {
+    Sweep::rounds("directory", args.run.rounds).run(&mut rows, |cell| {
+        let round = cell.round;
         let mut i = 0u64;
         let mut keys32: Vec<PageKey> = Vec::with_capacity(32);
-        rows.push(timed("shard-lookup", 32, round, dur, || {
+        cell.push(timed("shard-lookup", 32, round, dur, || {
             let mut hits = 0;
             for _ in 0..32 {
                 i = (i + 7919) % n;
@@ -135,7 +137,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
             }
             hits == 32
         }));
-        rows.push(timed("lookup", 32, round, dur, || {
+        cell.push(timed("lookup", 32, round, dur, || {
             keys32.clear();
             for _ in 0..32 {
                 i = (i + 7919) % n;
@@ -145,17 +147,17 @@ pub fn run(args: &DirArgs) -> Result<Report> {
                 .lookup(&keys32)
                 .is_ok_and(|v| v.iter().all(|o| o.is_some()))
         }));
-        rows.push(timed("lookup-1", 1, round, dur, || {
+        cell.push(timed("lookup-1", 1, round, dur, || {
             i = (i + 7919) % n;
             client.lookup(&[key(i)]).is_ok_and(|v| v[0].is_some())
         }));
         let keys2000: Vec<PageKey> = (0..2000).map(|j| key((j * 13 + round) % n)).collect();
-        rows.push(timed("exists", 2000, round, dur, || {
+        cell.push(timed("exists", 2000, round, dur, || {
             client.exists(&keys2000).is_ok_and(|v| v.iter().all(|&b| b))
         }));
         let mut next = n;
         let mut batch: Vec<(PageKey, Location)> = Vec::with_capacity(32);
-        rows.push(timed("insert", 32, round, dur, || {
+        cell.push(timed("insert", 32, round, dur, || {
             batch.clear();
             for _ in 0..32 {
                 batch.push((key(next), location(&writer, next)));
@@ -165,11 +167,8 @@ pub fn run(args: &DirArgs) -> Result<Report> {
                 .insert(&batch)
                 .is_ok_and(|v| v.iter().all(|o| o.is_some()))
         }));
-        eprintln!(
-            "directory: round {round} done (load {:.2})",
-            report::load_1m()
-        );
-    }
+        Ok(())
+    })?;
     let handoff = measure_handoff();
     let med = |name: &str, f: fn(&Row) -> f64| {
         report::median(rows.iter().filter(|r| r.name == name).map(f).collect())

@@ -106,14 +106,8 @@ pub fn start_node_cold(ip: &str, seed: &str, pool: &str, sets: &[String]) -> Res
 pub fn run(args: &MainArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let batch = args.load.batch as usize;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let seed = format!("127.0.0.1:{port}");
-    let read_pool = format!(
-        "{}mb",
-        (args.read_pages * args.page_bytes * 2 / (1 << 20)).max(64)
-    );
+    let seed = crate::load::node::loopback_seed()?;
+    let read_pool = crate::load::node::pool_for(args.read_pages, args.page_bytes);
     let a =
         start_node_with("127.0.0.1", &seed, &read_pool, &args.set).context("starting node A")?;
     let b = start_node_with(

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use peercache_store::{PeerCacheConfig, Store};
+use peercache_store::Store;
 use serde_json::json;
 
 use crate::load::rawtcp;
@@ -54,7 +54,7 @@ pub(crate) fn start(
     pool_mib: u64,
     extra: serde_json::Value,
 ) -> Result<Store> {
-    let mut cfg = json!({
+    let cfg = json!({
         "discovery_addr": seed, "protocol": "tcp", "node_id": format!("bench-{ip}"),
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
         "global_segment_size": format!("{pool_mib}mb"),
@@ -63,15 +63,7 @@ pub(crate) fn start(
         "host_local": false,
         "cluster_secret": crate::load::secret::generated(),
     });
-    for (k, v) in extra.as_object().context("extra config")? {
-        cfg[k] = v.clone();
-    }
-    let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
-    let s = Store::start(cfg)?;
-    s.wait_ready(Some(Duration::from_secs(20)))?;
-    // Measure the steady state: the pool warmed whole, no faulting threads beside the run.
-    s.wait_pool_ready(Duration::from_secs(300));
-    Ok(s)
+    crate::load::node::start_warm(cfg, extra.as_object().context("extra config")?)
 }
 
 /// One mode's cluster on 127.0.(20 + `n`).x: (writer, reader, nodes to stop).

@@ -8,6 +8,7 @@ use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, Rep
 use peercache_wire::{Layout, PageKey};
 
 use crate::load::rawtcp::prefaulted;
+use crate::load::sweep::Sweep;
 use crate::report::hist;
 use crate::report::{self, Host, Report, Row};
 
@@ -48,6 +49,27 @@ impl Acc {
             t0: Instant::now(),
         }
     }
+    /// One `publish_batch` of `pages` into `pool`, timed into this row: its pages counted, its
+    /// failures counted as errors, its evictions dropped.
+    fn publish(
+        &mut self,
+        pool: &Pool,
+        pages: &[PageWrite<'_>],
+        scratch: &mut PublishScratch,
+        out: &mut Vec<Published>,
+        evicted: &mut Vec<peercache_pool::Evicted>,
+    ) {
+        let c0 = Instant::now();
+        pool.publish_batch(pages, ReplClass::Retained, scratch, out, evicted);
+        hist::record(&mut self.h, c0.elapsed());
+        self.errors += out
+            .iter()
+            .filter(|p| matches!(p, Published::Failed(_)))
+            .count() as u64;
+        self.pages += pages.len() as u64;
+        evicted.clear();
+    }
+
     fn row(&self, name: &str, page: u64, batch: u64, round: u64) -> Row {
         let secs = self.t0.elapsed().as_secs_f64();
         Row {
@@ -87,7 +109,8 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
     let mut evicted = Vec::new();
     let mut keys: Vec<PageKey> = Vec::with_capacity(batch);
     let mut locs = Vec::new();
-    for round in 0..args.run.rounds {
+    Sweep::rounds("pool", args.run.rounds).run(&mut rows, |cell| {
+        let round = cell.round;
         // memcpy: the same bytes into a pre-faulted destination of the pool's size.
         let mut a = Acc::new();
         let mut i = 0usize;
@@ -103,7 +126,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
             hist::record(&mut a.h, c0.elapsed());
             a.pages += batch as u64;
         }
-        rows.push(a.row("memcpy", args.page_bytes, args.batch, round));
+        cell.push(a.row("memcpy", args.page_bytes, args.batch, round));
 
         // publish: copy + checksum + header into the pool, evicting once it is full.
         let mut a = Acc::new();
@@ -123,24 +146,10 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
                 valid_len: None,
                 layout: Layout::NONE,
             });
-            let c0 = Instant::now();
-            pool.publish_batch(
-                &pages[..batch],
-                ReplClass::Retained,
-                &mut scratch,
-                &mut out,
-                &mut evicted,
-            );
-            hist::record(&mut a.h, c0.elapsed());
-            a.errors += out
-                .iter()
-                .filter(|p| matches!(p, Published::Failed(_)))
-                .count() as u64;
-            a.pages += batch as u64;
-            evicted.clear();
+            a.publish(&pool, &pages[..batch], &mut scratch, &mut out, &mut evicted);
             i += batch;
         }
-        rows.push(a.row("publish", args.page_bytes, args.batch, round));
+        cell.push(a.row("publish", args.page_bytes, args.batch, round));
 
         // Metadata-only: 64-byte pages into a full pool (allocate + evict), then lookups.
         let mut a = Acc::new();
@@ -157,19 +166,15 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
                 valid_len: None,
                 layout: Layout::NONE,
             });
-            let c0 = Instant::now();
-            meta_pool.publish_batch(
+            a.publish(
+                &meta_pool,
                 &pages[..batch],
-                ReplClass::Retained,
                 &mut scratch,
                 &mut out,
                 &mut evicted,
             );
-            hist::record(&mut a.h, c0.elapsed());
-            a.pages += batch as u64;
-            evicted.clear();
         }
-        rows.push(a.row("meta-publish", 64, args.batch, round));
+        cell.push(a.row("meta-publish", 64, args.batch, round));
 
         let mut a = Acc::new();
         let mut k = next_key;
@@ -191,9 +196,9 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
             a.pages += batch as u64;
             a.errors += locs.iter().filter(|l| l.is_none()).count() as u64;
         }
-        rows.push(a.row("meta-lookup", 64, args.batch, round));
-        eprintln!("pool: round {round} done (load {:.2})", report::load_1m());
-    }
+        cell.push(a.row("meta-lookup", 64, args.batch, round));
+        Ok(())
+    })?;
     let ratio = report::ratio_of_medians(&rows, "publish", "memcpy", args.page_bytes);
     let med = |name: &str, f: fn(&Row) -> f64| {
         report::median(rows.iter().filter(|r| r.name == name).map(f).collect())

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::load::rawtcp;
 use crate::load::runner::time_calls;
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of `prefix`.
@@ -217,7 +218,8 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         (x as usize) % (n - q + 1)
     };
     let mut body = Vec::with_capacity(q * 24);
-    for round in 0..args.run.rounds {
+    Sweep::rounds("prefix", args.run.rounds).run(&mut rows, |cell| {
+        let round = cell.round;
         let row = |name: &str, f: &mut dyn FnMut() -> bool| {
             let (h, calls, errors, secs) = time_calls(dur, || u64::from(!f()));
             Row {
@@ -226,7 +228,7 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 ..Row::measured(name, 0, q as u64, calls * q as u64, secs, &h)
             }
         };
-        rows.push(row("raw-tcp-rr", &mut || {
+        cell.push(row("raw-tcp-rr", &mut || {
             raw.batch(&[0], args.reply_bytes, &mut dst).is_ok()
         }));
         // The store API and the client API give the same typed answer.
@@ -238,19 +240,19 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 start,
             )
         };
-        rows.push(row("prefix-64", &mut || {
+        cell.push(row("prefix-64", &mut || {
             let start = next_start();
             nodes[0]
                 .prefix_locations(&keys[start..start + q])
                 .is_ok_and(|runs| runs_right(runs, start))
         }));
-        rows.push(row("prefix-64-client", &mut || {
+        cell.push(row("prefix-64-client", &mut || {
             let start = next_start();
             client
                 .prefix_locations(&keys[start..start + q])
                 .is_ok_and(|runs| runs_right(runs, start))
         }));
-        rows.push(row("prefix-64-http", &mut || {
+        cell.push(row("prefix-64-http", &mut || {
             let start = next_start();
             body.clear();
             if serde_json::to_writer(&mut body, &json!({"keys": &keys[start..start + q]})).is_err()
@@ -277,8 +279,8 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 start,
             )
         }));
-        eprintln!("prefix: round {round} done (load {:.2})", report::load_1m());
-    }
+        Ok(())
+    })?;
     for s in &nodes {
         s.shutdown();
     }

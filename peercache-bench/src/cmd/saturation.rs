@@ -37,14 +37,8 @@ pub struct SaturationArgs {
 /// Runs the sweep.
 pub fn run(args: &SaturationArgs) -> Result<Report> {
     let (page, batch) = (args.page_bytes as usize, args.load.batch as usize);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let seed = format!("127.0.0.1:{port}");
-    let pool = format!(
-        "{}mb",
-        (args.pages * args.page_bytes * 2 / (1 << 20)).max(64)
-    );
+    let seed = crate::load::node::loopback_seed()?;
+    let pool = crate::load::node::pool_for(args.pages, args.page_bytes);
     let a = crate::cmd::main_job::start_node("127.0.0.1", &seed, &pool)?;
     let b = crate::cmd::main_job::start_node("127.0.0.2", &seed, "64mb")?;
     if !(a.wait_members(2, Duration::from_secs(20)) && b.wait_members(2, Duration::from_secs(20))) {
@@ -77,27 +71,25 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
         .unwrap_or(0);
     std::fs::create_dir_all(&args.out_dir)?;
     let x: Vec<f64> = args.load.concurrency.iter().map(|&c| c as f64).collect();
-    std::fs::write(
-        args.out_dir.join("saturation.svg"),
-        crate::report::charts::line_chart(
-            "get: pages/s by caller threads (peak circled)",
-            "caller threads",
-            "pages/s",
-            &x,
-            &[("get pages/s", pps.clone())],
-            Some(peak),
-        ),
+    // One line chart of `series` by caller threads into `file` (`peak` circled when given).
+    let chart = |file: &str, title: &str, y: &str, series: (&str, Vec<f64>), peak| {
+        let svg =
+            crate::report::charts::line_chart(title, "caller threads", y, &x, &[series], peak);
+        std::fs::write(args.out_dir.join(file), svg)
+    };
+    chart(
+        "saturation.svg",
+        "get: pages/s by caller threads (peak circled)",
+        "pages/s",
+        ("get pages/s", pps.clone()),
+        Some(peak),
     )?;
-    std::fs::write(
-        args.out_dir.join("saturation-p99.svg"),
-        crate::report::charts::line_chart(
-            "get: p99 µs per call",
-            "caller threads",
-            "p99 µs",
-            &x,
-            &[("get p99", p99.clone())],
-            None,
-        ),
+    chart(
+        "saturation-p99.svg",
+        "get: p99 µs per call",
+        "p99 µs",
+        ("get p99", p99.clone()),
+        None,
     )?;
     Ok(Report {
         bench: "saturation".into(),

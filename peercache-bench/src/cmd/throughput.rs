@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use peercache_store::{PeerCacheConfig, Store};
+use peercache_store::Store;
 use serde_json::json;
 
 use crate::load::runner::{CallOutcome, Timing, run_row};
@@ -165,7 +165,7 @@ pub fn start_node(
     pool_bytes: u64,
     settings: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Store> {
-    let mut cfg = json!({
+    let cfg = json!({
         "discovery_addr": seed,
         "local_hostname": ip, "rdma_bind_host": ip, "control_bind_host": ip, "meta_bind_host": ip,
         "global_segment_size": pool_bytes.max(64 << 20),
@@ -176,15 +176,7 @@ pub fn start_node(
         // Bench nodes stand in for separate hosts: reads take the network path.
         "host_local": false,
     });
-    for (k, v) in settings {
-        cfg[k] = v.clone();
-    }
-    let (cfg, _) = PeerCacheConfig::from_map(cfg.as_object().context("config object")?)?;
-    let s = Store::start(cfg)?;
-    s.wait_ready(Some(Duration::from_secs(20)))?;
-    // Measure the steady state: the pool warmed whole, no faulting threads beside the run.
-    s.wait_pool_ready(Duration::from_secs(300));
-    Ok(s)
+    crate::load::node::start_warm(cfg, settings)
 }
 
 /// Pool bytes an owner needs for `pages` pages of `page_bytes` (headers and slack included).

@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod child;
+pub mod node;
 pub mod progress;
 pub mod rawtcp;
 pub mod rows;

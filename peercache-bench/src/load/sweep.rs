@@ -61,6 +61,22 @@ impl Sweep {
         })
     }
 
+    /// `rounds` cells of one caller thread each, for subcommands that measure their rows
+    /// themselves (the cells' rows name their own page size and batch).
+    pub fn rounds(label: &str, rounds: u64) -> Sweep {
+        Sweep {
+            label: label.to_string(),
+            rounds,
+            threads: vec![1],
+            page_bytes: 0,
+            batch: 0,
+            timing: Timing {
+                warmup: std::time::Duration::ZERO,
+                measure: std::time::Duration::ZERO,
+            },
+        }
+    }
+
     /// The most caller threads of any cell (buffers sized for every thread).
     pub fn max_threads(&self) -> usize {
         self.threads.iter().copied().max().unwrap_or(1) as usize

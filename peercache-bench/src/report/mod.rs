@@ -167,6 +167,34 @@ pub struct Report {
     pub summary: serde_json::Value,
 }
 
+/// The columns the Markdown and terminal tables show of each row.
+const SHOWN: [&str; 11] = [
+    "row", "page", "batch", "conc", "round", "pages/s", "GB/s", "p50 µs", "p99 µs", "max µs",
+    "errors",
+];
+/// The terminal table's column widths after the first (the row name, 14 wide).
+const SHOWN_WIDTHS: [usize; 10] = [9, 5, 4, 5, 12, 8, 9, 9, 9, 6];
+
+impl Row {
+    /// The [`SHOWN`] columns of this row, formatted (pages/s whole, GB/s to 1 MB/s, latencies
+    /// to 0.1 µs).
+    fn shown(&self) -> [String; 11] {
+        [
+            self.name.clone(),
+            self.page_bytes.to_string(),
+            self.batch.to_string(),
+            self.concurrency.to_string(),
+            self.round.to_string(),
+            format!("{:.0}", self.pages_per_s),
+            format!("{:.3}", self.gb_per_s),
+            format!("{:.1}", self.p50_us),
+            format!("{:.1}", self.p99_us),
+            format!("{:.1}", self.max_us),
+            self.errors.to_string(),
+        ]
+    }
+}
+
 impl Report {
     /// Writes the report as pretty JSON.
     pub fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
@@ -179,26 +207,17 @@ impl Report {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
             "# peercache-bench {}\n\nHost: {} CPUs, load {:.2} at the start; {} build.\n\n\
-             Configuration: `{}`\n\n\
-             | row | page | batch | conc | round | pages/s | GB/s | p50 µs | p99 µs | max µs | errors |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-            self.bench, self.host.cpus, self.host.load_1m, self.host.profile, self.config
+             Configuration: `{}`\n\n| {} |\n|---{}|\n",
+            self.bench,
+            self.host.cpus,
+            self.host.load_1m,
+            self.host.profile,
+            self.config,
+            SHOWN.join(" | "),
+            "|---:".repeat(SHOWN.len() - 1)
         );
         for r in &self.results {
-            s += &format!(
-                "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.1} | {:.1} | {:.1} | {} |\n",
-                r.name,
-                r.page_bytes,
-                r.batch,
-                r.concurrency,
-                r.round,
-                r.pages_per_s,
-                r.gb_per_s,
-                r.p50_us,
-                r.p99_us,
-                r.max_us,
-                r.errors
-            );
+            s += &format!("| {} |\n", r.shown().join(" | "));
         }
         s += "\n## Summary\n\n```json\n";
         s += &serde_json::to_string_pretty(&self.summary).unwrap_or_default();
@@ -221,35 +240,17 @@ impl Report {
 
     /// Prints the rows as a table.
     pub fn print_table(&self) {
-        println!(
-            "{:<14} {:>9} {:>5} {:>4} {:>5} {:>12} {:>8} {:>9} {:>9} {:>9} {:>6}",
-            "row",
-            "page",
-            "batch",
-            "conc",
-            "round",
-            "pages/s",
-            "GB/s",
-            "p50 µs",
-            "p99 µs",
-            "max µs",
-            "errors"
-        );
+        let line = |cells: &[&str]| {
+            let mut out = format!("{:<14}", cells[0]);
+            for (c, w) in cells[1..].iter().zip(SHOWN_WIDTHS) {
+                out += &format!(" {c:>w$}");
+            }
+            println!("{out}");
+        };
+        line(&SHOWN);
         for r in &self.results {
-            println!(
-                "{:<14} {:>9} {:>5} {:>4} {:>5} {:>12.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>6}",
-                r.name,
-                r.page_bytes,
-                r.batch,
-                r.concurrency,
-                r.round,
-                r.pages_per_s,
-                r.gb_per_s,
-                r.p50_us,
-                r.p99_us,
-                r.max_us,
-                r.errors
-            );
+            let cells = r.shown();
+            line(&cells.each_ref().map(String::as_str));
         }
     }
 }

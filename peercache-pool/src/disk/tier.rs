@@ -282,6 +282,14 @@ impl DiskTier {
             return Err(DiskError::UnsafeFolder { path: dir, why });
         }
         let old = segment_ids(&cfg.dir).map_err(folder)?;
+        // Ids count up from 1, one per segment: an id past 2^63 was never written by a tier (a
+        // stray or crafted file), and counting on from it would overflow.
+        if let Some(&id) = old.last().filter(|&&id| id >= 1 << 63) {
+            return Err(folder(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("segment seg-{id:016x}.log has an id no disk tier writes; move it aside"),
+            )));
+        }
         let first_new = old.last().map_or(1, |id| id + 1);
         let scanning = !old.is_empty();
         let shared = Arc::new(Shared {
@@ -295,7 +303,11 @@ impl DiskTier {
                 next_seg: first_new,
                 touched: scanning.then(HashSet::new),
             }),
-            counters: crate::metrics::DiskCounters::register(),
+            counters: {
+                let c = crate::metrics::DiskCounters::register();
+                c.recovering.set(if scanning { 1.0 } else { 0.0 });
+                c
+            },
             disabled: AtomicBool::new(false),
             pending: Mutex::new(Default::default()),
             free_bufs: Mutex::new(Vec::new()),
@@ -789,6 +801,7 @@ fn recover(sh: &Shared, ids: Vec<u64>) {
 fn end_recovery(sh: &Shared) {
     sh.index.lock().touched = None;
     *sh.recovery.running.lock() = false;
+    sh.counters.recovering.set(0.0);
     sh.recovery.ended.notify_all();
 }
 

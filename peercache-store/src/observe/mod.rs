@@ -263,6 +263,11 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
                  "ready_bytes": ready.ready_bytes, "ready": ready.is_ready(),
                  "reclaimable": pool.reclaimable, "evicted": pool.evicted_retained + pool.evicted_reclaimable,
                  "verify_rejects": pool.verify_rejects},
+        // The disk tier (null when off): `recovering` while it scans a previous run's segments.
+        "disk": inner.disk.as_ref().map(|d| {
+            let s = d.stats();
+            serde_json::json!({"keys": s.keys, "bytes_used": s.bytes, "recovering": s.recovering})
+        }),
         "transport": {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes, "timeouts": t.timeouts,
                       "suspect_marks": t.suspect_marks, "served_bytes": t.served_bytes,
                       "local_read_bytes": t.local_read_bytes, "local_peers": t.local_peers,

@@ -145,9 +145,14 @@ fn register_idle_series(node: &str) {
             peercache_discovery::metrics::ETCD_SESSIONS_TOTAL,
         ])
         .for_each(|name| zero(name));
-    // Added to, not set: a disk tier that already disabled itself keeps its 1.
-    metrics::gauge!(peercache_pool::metrics::DISK_DISABLED, "node" => node.to_string())
-        .increment(0.0);
+    // Added to, not set: a disk tier that already disabled itself keeps its 1, one still
+    // scanning its previous run keeps its 1.
+    for gauge in [
+        peercache_pool::metrics::DISK_DISABLED,
+        peercache_pool::metrics::DISK_RECOVERING,
+    ] {
+        metrics::gauge!(gauge, "node" => node.to_string()).increment(0.0);
+    }
     // 0 with the built-in discovery; the etcd client moves the same series.
     metrics::gauge!(peercache_discovery::metrics::STALE, "node" => node.to_string()).increment(0.0);
 }

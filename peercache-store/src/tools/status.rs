@@ -173,6 +173,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 "pool_capacity": view.as_ref().map(|v| v["pool"]["capacity"].clone()),
                 "pool_ready_bytes": view.as_ref().map(|v| v["pool"]["ready_bytes"].clone()),
                 "pool_ready": view.as_ref().map(|v| v["pool"]["ready"].clone()),
+                "disk_recovering": view.as_ref().map(|v| v["disk"]["recovering"].clone()),
                 "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),
                 "verify_rejects": view.as_ref().map(|v| v["pool"]["verify_rejects"].clone()),
             })
@@ -205,6 +206,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 format!("{pool} (warm {:.0}%)", 100.0 * ready as f64 / c as f64)
             }
             _ => pool,
+        };
+        // A disk tier still scanning a previous run's pages says so (they come back after it).
+        let pool = if r["disk_recovering"].as_bool() == Some(true) {
+            format!("{pool} (disk scan)")
+        } else {
+            pool
         };
         let shard = r["shard_entries"]
             .as_u64()

@@ -176,3 +176,56 @@ pub(crate) fn sample_of(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in {text}"));
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
+
+/// A client of the client API at `at` that proves the cluster secret, with a 5 s deadline.
+pub(crate) fn client(at: std::net::SocketAddr) -> peercache_store::client::Client {
+    peercache_store::client::Client::new(
+        at,
+        peercache_wire::Auth::from_secret(secret().as_bytes()).unwrap(),
+        std::time::Duration::from_secs(5),
+    )
+}
+
+/// One HTTP/1.1 request to `addr`: `method` and `path`, the `headers` given (each ending in
+/// `\r\n`), then `body` (with its `Content-Length` when not empty), on a connection closed after
+/// it. Returns the status code and the body; a refusal may close before the request is read,
+/// and what arrived by then is the answer.
+pub(crate) fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let length = if body.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Length: {}\r\n", body.len())
+    };
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}{length}Connection: close\r\n\r\n{body}"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+/// Reads `keys` on `s` and checks that every page is served, with `pages`' bytes.
+pub(crate) fn assert_reads_back<K: AsRef<str>>(s: &Store, keys: &[K], pages: &[Vec<u8>]) {
+    let mut out: Vec<Vec<u8>> = pages.iter().map(|p| vec![0u8; p.len()]).collect();
+    let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|p| p.as_mut_slice()).collect();
+    let got = s.batch_get(keys, &mut dst).unwrap();
+    assert!(got.iter().all(|&x| x), "{got:?}");
+    assert_eq!(out, pages);
+}

@@ -131,14 +131,8 @@ fn start_owner(
 pub fn run(args: &LatencyArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let max_batch = *args.batch_sizes.iter().max().unwrap_or(&32) as usize;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let seed = format!("127.0.0.1:{port}");
-    let pool = format!(
-        "{}mb",
-        (args.pages * args.page_bytes * 2 / (1 << 20)).max(64)
-    );
+    let seed = crate::load::node::loopback_seed()?;
+    let pool = crate::load::node::pool_for(args.pages, args.page_bytes);
     let src = Arc::new(rawtcp::prefaulted(page * max_batch, 13));
     let (a, keys, raw_addr) = start_owner(args, &seed, &pool, &src, max_batch)?;
     let b = crate::cmd::main_job::start_node("127.0.0.2", &seed, "1024mb")?;
