@@ -38,11 +38,41 @@ fn run(args: &[&str]) -> serde_json::Value {
     v
 }
 
+/// The names of a report's rows, in order.
+fn row_names(v: &serde_json::Value) -> Vec<&str> {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect()
+}
+
 /// [`run`] briefly: one round of 50 ms per row.
 fn brief(args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["--rounds", "1", "--secs", "0.05"]);
     run(&all)
+}
+
+/// [`brief`] on `pages` pages at `concurrency` callers, drawing its charts into a fresh folder:
+/// the report, and the chart `svg` read back.
+fn brief_charted(
+    args: &[&str],
+    concurrency: &str,
+    svg: &[&str],
+) -> (serde_json::Value, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("charts");
+    let mut all = args.to_vec();
+    all.extend(["--concurrency", concurrency, "--pages", "64", "--out-dir"]);
+    all.push(out.to_str().unwrap());
+    let v = brief(&all);
+    let charts = svg
+        .iter()
+        .map(|f| std::fs::read_to_string(out.join(f)).unwrap())
+        .collect();
+    (v, charts)
 }
 
 #[test]
@@ -58,21 +88,17 @@ fn modes_reports_every_mode() {
 
 #[test]
 fn compare_runs_without_mooncake_and_draws_its_chart() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("charts");
-    let v = brief(&[
-        "compare",
-        "--concurrency",
+    let (v, charts) = brief_charted(
+        &[
+            "compare",
+            "--mooncake-venv",
+            "/nonexistent-mooncake-venv",
+            "--modes",
+            "p2p,centralized",
+        ],
         "1",
-        "--pages",
-        "64",
-        "--mooncake-venv",
-        "/nonexistent-mooncake-venv",
-        "--out-dir",
-        out.to_str().unwrap(),
-        "--modes",
-        "p2p,centralized",
-    ]);
+        &["compare.svg"],
+    );
     assert_eq!(v["summary"]["mooncake_available"], false);
     assert!(v["summary"]["c1/peercache-get/raw-tcp"].as_f64().unwrap() > 0.0);
     // The other mode's row, read from a storage server.
@@ -88,8 +114,7 @@ fn compare_runs_without_mooncake_and_draws_its_chart() {
         .find(|r| r["name"] == "peercache-centralized-get")
         .unwrap();
     assert_eq!(central["hit_pct"], 100.0, "{v}");
-    let svg = std::fs::read_to_string(out.join("compare.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("peercache-centralized-get"));
+    assert!(charts[0].starts_with("<svg") && charts[0].contains("peercache-centralized-get"));
 }
 
 #[test]
@@ -101,26 +126,14 @@ fn replicas_reports_the_hot_key_and_disk_only_rows() {
 
 #[test]
 fn saturation_marks_its_peak_and_draws_the_curves() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("charts");
-    let v = brief(&[
-        "saturation",
-        "--concurrency",
+    let (v, charts) = brief_charted(
+        &["saturation"],
         "1,2",
-        "--pages",
-        "64",
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]);
+        &["saturation.svg", "saturation-p99.svg"],
+    );
     let peak = v["summary"]["peak_concurrency"].as_u64().unwrap();
     assert!(peak == 1 || peak == 2);
-    for f in ["saturation.svg", "saturation-p99.svg"] {
-        assert!(
-            std::fs::read_to_string(out.join(f))
-                .unwrap()
-                .starts_with("<svg")
-        );
-    }
+    assert!(charts.iter().all(|svg| svg.starts_with("<svg")));
 }
 
 #[test]
@@ -142,12 +155,7 @@ fn latency_reports_every_operation_and_batch_size() {
 fn suite_runs_each_bench_in_its_own_process() {
     let v = run(&["suite", "--quick", "--only", "latency,saturation"]);
     assert!(v["summary"]["latency"].is_object() && v["summary"]["saturation"].is_object());
-    let names: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = row_names(&v);
     assert!(names.iter().any(|n| n.starts_with("latency:")));
     assert!(names.iter().any(|n| n.starts_with("saturation:")));
 }
@@ -301,12 +309,7 @@ fn micro_store_path_adds_store_rows() {
         "--region-mib",
         "16",
     ]);
-    let names: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = row_names(&v);
     assert_eq!(names, ["store-get", "store-set"]);
     let rows = v["results"].as_array().unwrap();
     assert_eq!(rows[0]["hit_pct"], 100.0, "{v}");
@@ -324,12 +327,7 @@ fn the_main_job_and_the_component_benches_run_briefly() {
         "1",
     ]);
     assert_eq!(v["bench"], "main");
-    let names: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = row_names(&v);
     for row in [
         "raw-tcp",
         "set",
@@ -352,12 +350,7 @@ fn the_main_job_and_the_component_benches_run_briefly() {
     let v = brief(&["prefix", "--keys", "3000"]);
     assert_eq!(v["bench"], "prefix");
     assert_eq!(v["summary"]["wrong_answers"], 0, "{v}");
-    let names: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = row_names(&v);
     assert_eq!(
         names,
         [
@@ -382,11 +375,6 @@ fn the_main_job_and_the_component_benches_run_briefly() {
         "--region-mib",
         "16",
     ]);
-    let names: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = row_names(&v);
     assert_eq!(names, ["raw-tcp", "tcp-read", "tcp-write"]);
 }

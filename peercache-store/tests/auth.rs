@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use peercache_directory::DirRequest;
 use peercache_store::{PeerCacheConfig, Store, StoreError};
-use peercache_transport::{
-    Access, Batch, RegionKey, RemoteRange, Segment, Transport, TransportConfig, TransportError,
-};
+use peercache_transport::{Access, Transport, TransportConfig, TransportError};
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, RpcClient};
 use peercache_wire::{Auth, Incarnation, WireError, envelope};
@@ -88,22 +86,8 @@ fn only_holders_of_the_secret_join_read_write_and_query() {
     let rail = loc.rails[0];
     let len = 64 + loc.len;
     // One op: the page's slot (header + payload) and the start of `h`.
-    let the_page = |h: &peercache_transport::RegionHandle| {
-        let mut batch = Batch::new();
-        batch.push(
-            RemoteRange {
-                region: RegionKey(rail.region),
-                addr: loc.addr,
-                len,
-            },
-            &[Segment {
-                region: h.key(),
-                addr: h.addr(0),
-                len,
-            }],
-        );
-        batch
-    };
+    let the_page =
+        |h: &peercache_transport::RegionHandle| common::one_op(rail.region, loc.addr, len, h);
     let read = |t: &Transport, into: &mut Vec<u8>| {
         // SAFETY: the buffer outlives the handle, which is dropped before it.
         let h = unsafe { t.register(into.as_mut_ptr(), into.len(), Access::LocalOnly) }.unwrap();

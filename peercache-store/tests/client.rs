@@ -352,20 +352,18 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     let reader = common::node(46, 46, port, json!({"cluster_secret": common::secret()}));
     let client_port = common::free_port();
     let exe = env!("CARGO_BIN_EXE_peercache-node");
-    let mut owner = common::Killed(
-        std::process::Command::new(exe)
-            .args(["--discovery-addr", &format!("127.0.0.46:{port}")])
-            .args(["--host", "127.0.0.47", "--set", "node_id=shm-owner"])
-            .args(["--set", "protocol=tcp", "--set", "global_segment_size=64mb"])
-            .args(["--set", "heartbeat_interval=0.2", "--set", "member_ttl=0.6"])
-            .args(["--set", "client_enabled=true"])
-            .args(["--set", &format!("client_port={client_port}")])
-            .args(["--set", "metrics_enabled=false", "--set", "log_level=warn"])
-            .env("PEERCACHE_CLUSTER_SECRET", common::secret())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+    let seed = format!("127.0.0.46:{port}");
+    let mut owner = common::node_process(
+        exe,
+        &["--discovery-addr", &seed, "--host", "127.0.0.47"],
+        &[
+            "node_id=shm-owner",
+            "protocol=tcp",
+            "global_segment_size=64mb",
+            "heartbeat_interval=0.2",
+            "member_ttl=0.6",
+        ],
+        client_port,
     );
     assert!(reader.wait_members(2, Duration::from_secs(15)));
     reader.sync_membership();

@@ -476,10 +476,7 @@ fn same_host_peers_read_through_shared_memory_unless_host_local_is_off() {
         port,
         json!({"global_segment_size": "64mb", "host_local": false}),
     );
-    for s in [&a, &b, &c] {
-        assert!(s.wait_members(3, Duration::from_secs(10)));
-        s.sync_membership();
-    }
+    common::settle(&[&a, &b, &c]);
     let len = 96 << 10;
     let keys: Vec<String> = (0..48).map(|i| format!("shm-{i}")).collect();
     let pages: Vec<Vec<u8>> = (0..48).map(|i| page(7000 + i, len)).collect();

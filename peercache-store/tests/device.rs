@@ -78,20 +78,7 @@ fn device_segs(pages: usize) -> (Vec<RawSeg>, Vec<usize>) {
 
 #[test]
 fn pages_land_in_device_memory_one_sided_and_verified() {
-    let port = free_port();
-    let rdma = json!({"protocol": "rdma", "rdma_backend": "soft", "host_local": false});
-    let owner = node(200, 200, port, rdma.clone());
-    let reader = node(201, 200, port, rdma);
-    let tcp = node(
-        202,
-        200,
-        port,
-        json!({"protocol": "tcp", "host_local": false}),
-    );
-    for s in [&owner, &reader, &tcp] {
-        assert!(s.wait_members(3, Duration::from_secs(10)));
-        s.sync_membership();
-    }
+    let (owner, reader, tcp) = common::soft_rdma_and_tcp(200, json!({}));
     let keys: Vec<String> = (0..8).map(|i| format!("dev-{i}")).collect();
     let pages: Vec<Vec<u8>> = (0..8).map(page).collect();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
@@ -184,10 +171,7 @@ fn a_cached_location_of_a_reused_slot_is_a_miss_on_the_device_path() {
     rcfg["directory_read_cache_ttl"] = json!(30.0);
     let w = node(205, 205, port, wcfg);
     let r = node(206, 205, port, rcfg);
-    for s in [&w, &r] {
-        assert!(s.wait_members(2, Duration::from_secs(10)));
-        s.sync_membership();
-    }
+    common::settle(&[&w, &r]);
     let big = |i: u8| vec![i; 1 << 20];
     assert!(w.batch_set(&["X"], &[big(1).as_slice()]).unwrap()[0]);
     let fd = memfd();

@@ -1,7 +1,6 @@
 //! The disk tier inside a node: write-through, evicted pages stay findable as disk-only
 //! copies and are promoted back on read, and a restarted node (same id) finds its pages again.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use peercache_store::Store;
@@ -58,11 +57,7 @@ fn read_all(s: &Store, keys: &[String], len: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn evicted_pages_are_promoted_from_disk_and_survive_a_restart() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let dir = tempfile::tempdir().unwrap();
     let len = 512 << 10;
     let keys: Vec<String> = (0..20).map(|i| format!("disk-page-{i}")).collect();
@@ -97,11 +92,7 @@ fn evicted_pages_are_promoted_from_disk_and_survive_a_restart() {
 
 #[test]
 fn a_reader_without_disk_gets_pages_another_node_holds_only_on_disk() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let dir = tempfile::tempdir().unwrap();
     let owner = node_on(
         "127.0.0.31",

@@ -85,27 +85,22 @@ fn a_node_killed_with_sigkill_leaves_within_its_lease() {
     let etcd = EtcdServer::start("127.0.0.1");
     let reader = etcd_node(64, &etcd, "/s2");
     let client_port = common::free_port();
-    let mut owner = common::Killed(
-        std::process::Command::new(env!("CARGO_BIN_EXE_peercache-node"))
-            .args(["--host", "127.0.0.65", "--set", "node_id=etcd-owner"])
-            .args(["--set", "discovery=etcd", "--set"])
-            .arg(format!("etcd_endpoints={}", etcd.url()))
-            .args(["--set", "etcd_prefix=/s2", "--set", "protocol=tcp"])
-            .args([
-                "--set",
-                "global_segment_size=64mb",
-                "--set",
-                "host_local=false",
-            ])
-            .args(["--set", "heartbeat_interval=0.3", "--set", "member_ttl=2"])
-            .args(["--set", "client_enabled=true"])
-            .args(["--set", &format!("client_port={client_port}")])
-            .args(["--set", "metrics_enabled=false", "--set", "log_level=warn"])
-            .env("PEERCACHE_CLUSTER_SECRET", common::secret())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+    let endpoints = format!("etcd_endpoints={}", etcd.url());
+    let mut owner = common::node_process(
+        env!("CARGO_BIN_EXE_peercache-node"),
+        &["--host", "127.0.0.65"],
+        &[
+            "node_id=etcd-owner",
+            "discovery=etcd",
+            &endpoints,
+            "etcd_prefix=/s2",
+            "protocol=tcp",
+            "global_segment_size=64mb",
+            "host_local=false",
+            "heartbeat_interval=0.3",
+            "member_ttl=2",
+        ],
+        client_port,
     );
     assert!(reader.wait_members(2, Duration::from_secs(20)));
     reader.sync_membership();
@@ -144,10 +139,7 @@ fn an_etcd_restart_keeps_nodes_serving_and_membership_resumes() {
     let mut etcd = EtcdServer::start("127.0.0.1");
     let a = etcd_node(66, &etcd, "/s3");
     let b = etcd_node(67, &etcd, "/s3");
-    for s in [&a, &b] {
-        assert!(s.wait_members(2, Duration::from_secs(10)));
-        s.sync_membership();
-    }
+    common::settle(&[&a, &b]);
     let len = 16 << 10;
     let (keys, data) = pages(9, 32, len);
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();

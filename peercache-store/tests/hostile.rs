@@ -120,15 +120,8 @@ fn trickle_bytes(
             return Some(t0.elapsed());
         }
         let mut r = [0u8; 64];
-        match s.read(&mut r) {
-            Ok(0) => return Some(t0.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(t0.elapsed()),
+        if closed_by(s.read(&mut r)) {
+            return Some(t0.elapsed());
         }
         if t0.elapsed() > give_up {
             return None;
@@ -251,15 +244,8 @@ fn open_for(mut s: TcpStream, t0: Instant, max: Duration) -> Option<Duration> {
         .unwrap();
     let mut buf = [0u8; 4096];
     while t0.elapsed() < max {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(t0.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(t0.elapsed()),
+        if closed_by(s.read(&mut buf)) {
+            return Some(t0.elapsed());
         }
     }
     None
@@ -535,4 +521,17 @@ fn with_a_token_file_cluster_answers_only_requests_that_carry_the_token() {
         200,
         "the dashboard page holds no data"
     );
+}
+
+/// Whether a read's outcome says the server closed the connection (data or a read timeout:
+/// not yet).
+fn closed_by(read: std::io::Result<usize>) -> bool {
+    match read {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
 }

@@ -24,7 +24,7 @@ fn authed() -> TransportConfig {
         ..TransportConfig::default()
     }
 }
-use common::{free_port, get as read_all, page};
+use common::{free_port, get as read_all, page, settle};
 
 /// A node on 127.0.0.`n` named `n<n>`.
 fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
@@ -33,13 +33,6 @@ fn node(n: u8, seed: u8, port: u16, extra: serde_json::Value) -> Store {
         m[k] = v.clone();
     }
     common::node(n, seed, port, m)
-}
-
-fn settle(nodes: &[&Store]) {
-    for s in nodes {
-        assert!(s.wait_members(nodes.len(), Duration::from_secs(10)));
-        s.sync_membership();
-    }
 }
 
 /// A centralized storage server on 127.0.0.`n` (its settings: `extra`) and an inference node
@@ -183,19 +176,7 @@ fn uncommitted_reservations_are_released_and_only_the_reserver_may_write() {
         let mut src = page(5, len);
         // SAFETY: `src` outlives the handle (dropped at the end of this closure).
         let h = unsafe { t.register(src.as_mut_ptr(), src.len(), Access::LocalOnly) }.unwrap();
-        let mut b = Batch::new();
-        b.push(
-            RemoteRange {
-                region: RegionKey(region),
-                addr,
-                len: len as u32,
-            },
-            &[Segment {
-                region: h.key(),
-                addr: h.addr(0),
-                len: len as u32,
-            }],
-        );
+        let b = common::one_op(region, addr, len as u32, &h);
         let r = t.write_batch(s.data_endpoint(), &b).unwrap();
         drop(h);
         r[0].clone()
@@ -371,19 +352,7 @@ fn a_commit_publishes_only_the_bytes_the_writer_checksummed() {
         else {
             panic!("expected a slot")
         };
-        let mut b = Batch::new();
-        b.push(
-            RemoteRange {
-                region: RegionKey(region),
-                addr,
-                len: len as u32,
-            },
-            &[Segment {
-                region: h.key(),
-                addr: h.addr(0),
-                len: len as u32,
-            }],
-        );
+        let b = common::one_op(region, addr, len as u32, &h);
         assert!(writer.write_batch(s.data_endpoint(), &b).unwrap()[0].is_ok());
         match call(&StoreRequest::CommitVerified(vec![(token, sum)])) {
             StoreReply::Committed(l) => l[0].clone(),

@@ -4,8 +4,6 @@
 //! cluster is still read (over TCP). The nodes stand in for separate hosts (`host_local` off),
 //! so same-process shared memory does not take the reads.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 mod common;
@@ -22,20 +20,7 @@ fn get(s: &peercache_store::Store, keys: &[String], len: usize) -> (Vec<bool>, V
 
 #[test]
 fn pages_are_read_over_rdma_verified_and_tcp_only_peers_still_serve() {
-    let port = free_port();
-    let rdma = json!({"protocol": "rdma", "rdma_backend": "soft", "cluster_secret": SECRET, "host_local": false});
-    let a = node(190, 190, port, rdma.clone());
-    let b = node(191, 190, port, rdma);
-    let c = node(
-        192,
-        190,
-        port,
-        json!({"protocol": "tcp", "cluster_secret": SECRET, "host_local": false}),
-    );
-    for s in [&a, &b, &c] {
-        assert!(s.wait_members(3, Duration::from_secs(10)));
-        s.sync_membership();
-    }
+    let (a, b, c) = common::soft_rdma_and_tcp(190, json!({"cluster_secret": SECRET}));
     let len = 64 << 10;
     let a_keys: Vec<String> = (0..24).map(|i| format!("rdma-a-{i}")).collect();
     let a_pages: Vec<Vec<u8>> = (0..24).map(|i| page(i, len)).collect();
@@ -103,10 +88,7 @@ fn storage_writes_go_one_sided_with_rdma_writes_and_read_back_verified() {
     let s = node(193, 193, port, storage);
     let a = node(194, 193, port, base.clone());
     let b = node(195, 193, port, base);
-    for n in [&s, &a, &b] {
-        assert!(n.wait_members(3, Duration::from_secs(10)));
-        n.sync_membership();
-    }
+    common::settle(&[&s, &a, &b]);
     let len = 32 << 10;
     let keys: Vec<String> = (0..16).map(|i| format!("rdma-w-{i}")).collect();
     let pages: Vec<Vec<u8>> = (0..16).map(|i| page(300 + i, len)).collect();

@@ -170,9 +170,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
         Ok(())
     })?;
     let handoff = measure_handoff();
-    let med = |name: &str, f: fn(&Row) -> f64| {
-        report::median(rows.iter().filter(|r| r.name == name).map(f).collect())
-    };
+    let med = |name: &str, f: fn(&Row) -> f64| report::median_of(&rows, name, f);
     Ok(Report {
         bench: "directory".into(),
         host: Host::detect(),

@@ -263,14 +263,7 @@ pub fn run(args: &MainArgs) -> Result<Report> {
         }
         Ok(())
     })?;
-    let med = |name: &str| {
-        report::median(
-            rows.iter()
-                .filter(|r| r.name == name)
-                .map(|r| r.pages_per_s)
-                .collect(),
-        )
-    };
+    let med = |name: &str| report::median_of(&rows, name, |r| r.pages_per_s);
     let get_ratio = report::ratio_of_medians(&rows, "get", "raw-tcp", args.page_bytes);
     let eg_ratio = report::ratio_of_medians(&rows, "exists+get", "raw-tcp", args.page_bytes);
     let set_evict_ratio = med("set-evicting") / med("set");

@@ -200,9 +200,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
         Ok(())
     })?;
     let ratio = report::ratio_of_medians(&rows, "publish", "memcpy", args.page_bytes);
-    let med = |name: &str, f: fn(&Row) -> f64| {
-        report::median(rows.iter().filter(|r| r.name == name).map(f).collect())
-    };
+    let med = |name: &str, f: fn(&Row) -> f64| report::median_of(&rows, name, f);
     let stats = pool.stats();
     Ok(Report {
         bench: "pool".into(),

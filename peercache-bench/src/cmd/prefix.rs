@@ -284,14 +284,7 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
     for s in &nodes {
         s.shutdown();
     }
-    let med = |name: &str| {
-        report::median(
-            rows.iter()
-                .filter(|r| r.name == name)
-                .map(|r| r.p50_us)
-                .collect(),
-        )
-    };
+    let med = |name: &str| report::median_of(&rows, name, |r| r.p50_us);
     let (raw_p50, store_p50, client_p50, http_p50) = (
         med("raw-tcp-rr"),
         med("prefix-64"),

@@ -172,22 +172,8 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
     reader.shutdown();
     owner.shutdown();
 
-    let med = |name: &str| {
-        report::median(
-            rows.iter()
-                .filter(|r| r.name == name)
-                .map(|r| r.pages_per_s)
-                .collect(),
-        )
-    };
-    let p50 = |name: &str| {
-        report::median(
-            rows.iter()
-                .filter(|r| r.name == name)
-                .map(|r| r.p50_us)
-                .collect(),
-        )
-    };
+    let med = |name: &str| report::median_of(&rows, name, |r| r.pages_per_s);
+    let p50 = |name: &str| report::median_of(&rows, name, |r| r.p50_us);
     Ok(Report {
         bench: "replicas".into(),
         host: Host::detect(),

@@ -255,6 +255,11 @@ impl Report {
     }
 }
 
+/// Median of `f` over the rows named `name` (NaN when there are none).
+pub fn median_of(rows: &[Row], name: &str, f: impl Fn(&Row) -> f64) -> f64 {
+    median(rows.iter().filter(|r| r.name == name).map(f).collect())
+}
+
 /// Median of a list (NaN for an empty list).
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {

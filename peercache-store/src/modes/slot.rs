@@ -13,16 +13,14 @@
 //! * Keys whose owner moved after a membership change are misses (nothing migrates).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use peercache_directory::DirectoryClient;
 use peercache_pool::slotmap::{self, HEADER, SlotHeader};
-use peercache_transport::{Batch, RegionKey, RemoteRange, Segment, Transport};
+use peercache_transport::{Batch, RegionKey, RemoteRange, Segment};
 use peercache_wire::{Layout, NodeId, PageKey, envelope, rpc};
 
 use crate::control::{StoreReply, StoreRequest};
 use crate::modes::state::SlotMode;
-use crate::observe::series::Handles;
+use crate::node::reach::Reach;
 use crate::read::dest::PageDest;
 use crate::read::scratch::ScratchPool;
 
@@ -31,16 +29,10 @@ pub(crate) use crate::layout::slot::{LAYOUT_ATTR, encode_layout, layouts};
 
 /// Slot mode's reads and writes, with what they need of their node (`Core::slot_io`).
 pub(crate) struct SlotIo<'a> {
+    /// This node's id, directory client, transport, counters, layout and op deadline.
+    pub(crate) reach: Reach<'a>,
     pub(crate) slots: &'a SlotMode,
-    pub(crate) me: &'a NodeId,
-    /// The ring (each key's primary) and the RPC client.
-    pub(crate) dir: &'a DirectoryClient,
-    pub(crate) transport: &'a Transport,
     pub(crate) scratch: &'a ScratchPool,
-    pub(crate) metrics: &'a Handles,
-    /// The layout this node writes and expects.
-    pub(crate) layout: Layout,
-    pub(crate) op_timeout: Duration,
 }
 
 impl SlotIo<'_> {
@@ -84,16 +76,16 @@ impl SlotIo<'_> {
             starts.push(at);
             at += c;
         }
-        let owners = self.dir.primaries(keys);
-        let (local, remote) = group(&owners, self.me);
+        let owners = self.reach.dir.primaries(keys);
+        let (local, remote) = group(&owners, self.reach.me);
         let mut done = vec![false; keys.len()];
-        let layout = self.layout;
+        let layout = self.reach.layout;
         for i in local {
             done[i] = map
                 .write(keys[i], &slices[starts[i]..starts[i] + counts[i]], layout)
                 .is_ok();
         }
-        let layout_ext = crate::control::layout_extension(self.layout);
+        let layout_ext = crate::control::layout_extension(self.reach.layout);
         let layouts = slots.layouts.read().clone();
         let mut reqs: Vec<(SocketAddr, Vec<u8>, &Vec<usize>)> = Vec::new();
         for (node, idx) in &remote {
@@ -108,10 +100,12 @@ impl SlotIo<'_> {
         }
         let calls: Vec<(SocketAddr, &[u8])> =
             reqs.iter().map(|(ep, f, _)| (*ep, f.as_slice())).collect();
-        for ((_, _, idx), r) in reqs
-            .iter()
-            .zip(self.dir.rpc().call_many(&calls, self.op_timeout))
-        {
+        for ((_, _, idx), r) in reqs.iter().zip(
+            self.reach
+                .dir
+                .rpc()
+                .call_many(&calls, self.reach.op_timeout),
+        ) {
             if let Ok(StoreReply::SlotWritten(ok)) =
                 r.and_then(|f| rpc::decode_reply::<StoreReply>(&f))
             {
@@ -128,7 +122,7 @@ impl SlotIo<'_> {
     fn header_blocks(&self, keys: &[PageKey], owners: &[Option<NodeId>]) -> Vec<Option<Vec<u8>>> {
         let slots = self.slots;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        let (local, remote) = group(owners, self.me);
+        let (local, remote) = group(owners, self.reach.me);
         if let Some(map) = Some(&slots.map) {
             let g = map.geometry();
             for i in local {
@@ -149,7 +143,10 @@ impl SlotIo<'_> {
                 continue;
             };
             let hb = l.geo.header_block() as usize;
-            let Ok(mut scratch) = self.scratch.checkout(self.transport, 0, hb * idx.len()) else {
+            let Ok(mut scratch) = self
+                .scratch
+                .checkout(self.reach.transport, 0, hb * idx.len())
+            else {
                 continue;
             };
             let mut batch = Batch::new();
@@ -168,7 +165,7 @@ impl SlotIo<'_> {
                     }],
                 );
             }
-            if let Ok(res) = self.transport.read_batch(l.data, &batch) {
+            if let Ok(res) = self.reach.transport.read_batch(l.data, &batch) {
                 for (j, (&i, r)) in idx.iter().zip(res).enumerate() {
                     if r.is_ok() {
                         out[i] = Some(scratch.staging_mut(j * hb, hb).to_vec());
@@ -183,7 +180,7 @@ impl SlotIo<'_> {
     /// Slotmap exists: the leading keys whose bucket holds them.
     /// Per-key presence in slotmap mode (one header-block fetch per owner).
     pub(crate) fn contains(&self, keys: &[PageKey]) -> Vec<bool> {
-        let owners = self.dir.primaries(keys);
+        let owners = self.reach.dir.primaries(keys);
         let blocks = self.header_blocks(keys, &owners);
         keys.iter()
             .zip(&blocks)
@@ -200,18 +197,18 @@ impl SlotIo<'_> {
         let n = keys.len();
         let lens: Vec<usize> = dest.lens().iter().map(|&l| l as usize).collect();
         let mut hit: Vec<Option<u32>> = vec![None; n];
-        let layout = self.layout;
-        let owners = self.dir.primaries(keys);
-        let (local, remote) = group(&owners, self.me);
+        let layout = self.reach.layout;
+        let owners = self.reach.dir.primaries(keys);
+        let (local, remote) = group(&owners, self.reach.me);
         if let Some(map) = Some(&slots.map) {
             for i in local {
                 match map.read(keys[i], &mut dest.page_mut(i), layout) {
                     Ok(()) => hit[i] = Some(lens[i] as u32),
                     Err(slotmap::SlotMiss::Torn) => {
-                        self.metrics.verify_rejects.add(1);
+                        self.reach.metrics.verify_rejects.add(1);
                     }
                     Err(slotmap::SlotMiss::Layout) => {
-                        self.metrics.layout_mismatches.add(1);
+                        self.reach.metrics.layout_mismatches.add(1);
                     }
                     Err(slotmap::SlotMiss::Absent) => {}
                 }
@@ -239,12 +236,12 @@ impl SlotIo<'_> {
                 continue;
             }
             let staging: usize = found.iter().map(|(i, ..)| lens[*i] + HEADER).sum();
-            let Ok(mut scratch) = self.scratch.checkout(self.transport, 0, staging) else {
+            let Ok(mut scratch) = self.scratch.checkout(self.reach.transport, 0, staging) else {
                 continue;
             };
             // Slotmap reads stage every payload: a slot may be rewritten under the read, so
             // the bytes reach the caller only after the re-read header proves them whole.
-            self.metrics.staged_reads.add(found.len() as u64);
+            self.reach.metrics.staged_reads.add(found.len() as u64);
             let mut batch = Batch::new();
             let mut offs = Vec::with_capacity(found.len());
             let mut off = 0usize;
@@ -278,7 +275,7 @@ impl SlotIo<'_> {
                 offs.push(off);
                 off += lens[i] + HEADER;
             }
-            if let Ok(res) = self.transport.read_batch(l.data, &batch) {
+            if let Ok(res) = self.reach.transport.read_batch(l.data, &batch) {
                 for (j, &(i, _, before)) in found.iter().enumerate() {
                     if res[2 * j].is_err() || res[2 * j + 1].is_err() {
                         continue;
@@ -292,10 +289,10 @@ impl SlotIo<'_> {
                             hit[i] = Some(lens[i] as u32);
                         }
                         Err(slotmap::SlotMiss::Layout) => {
-                            self.metrics.layout_mismatches.add(1);
+                            self.reach.metrics.layout_mismatches.add(1);
                         }
                         Err(_) => {
-                            self.metrics.verify_rejects.add(1);
+                            self.reach.metrics.verify_rejects.add(1);
                         }
                     }
                 }

@@ -186,17 +186,24 @@ impl Core {
         }
     }
 
-    /// Slot mode's reads and writes, with what they need of the node.
-    pub(crate) fn slot_io<'a>(&'a self, slots: &'a SlotMode) -> crate::modes::slot::SlotIo<'a> {
-        crate::modes::slot::SlotIo {
-            slots,
+    /// How this node reaches its peers.
+    pub(crate) fn reach(&self) -> crate::node::reach::Reach<'_> {
+        crate::node::reach::Reach {
             me: &self.me,
             dir: &self.dir,
             transport: &self.transport,
-            scratch: &self.reads.scratch,
             metrics: &self.metrics,
             layout: self.layout(),
             op_timeout: self.cfg.op_timeout(),
+        }
+    }
+
+    /// Slot mode's reads and writes, with what they need of the node.
+    pub(crate) fn slot_io<'a>(&'a self, slots: &'a SlotMode) -> crate::modes::slot::SlotIo<'a> {
+        crate::modes::slot::SlotIo {
+            reach: self.reach(),
+            slots,
+            scratch: &self.reads.scratch,
         }
     }
 
@@ -215,16 +222,11 @@ impl Core {
         st: &'a crate::modes::state::StorageMode,
     ) -> crate::modes::central::writer::StorageWriter<'a> {
         crate::modes::central::writer::StorageWriter {
+            reach: self.reach(),
             st,
-            me: &self.me,
             discovery: &self.discovery,
-            dir: &self.dir,
-            transport: &self.transport,
             reads: &self.reads,
-            metrics: &self.metrics,
-            layout: self.layout(),
             mode: self.cfg.mode,
-            op_timeout: self.cfg.op_timeout(),
             lazy_registration: self.cfg.lazy_registration,
         }
     }

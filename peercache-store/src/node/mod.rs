@@ -6,6 +6,7 @@ pub(crate) mod fdlimit;
 pub(crate) mod home;
 pub(crate) mod keys;
 pub(crate) mod parts;
+pub(crate) mod reach;
 pub(crate) mod setup;
 pub(crate) mod stamp;
 pub(crate) mod start;

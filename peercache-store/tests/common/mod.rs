@@ -156,6 +156,30 @@ impl Drop for Killed {
     }
 }
 
+/// A `peercache-node` process (the binary `exe`) with the command-line `flags` and a `--set`
+/// for each of `sets` (`key=value`), serving the client API on `client_port`, proving the
+/// cluster secret, metrics off and warnings only; killed when dropped.
+pub(crate) fn node_process(exe: &str, flags: &[&str], sets: &[&str], client_port: u16) -> Killed {
+    let client_port = format!("client_port={client_port}");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(flags);
+    for set in sets.iter().chain(&[
+        "client_enabled=true",
+        client_port.as_str(),
+        "metrics_enabled=false",
+        "log_level=warn",
+    ]) {
+        cmd.args(["--set", set]);
+    }
+    Killed(
+        cmd.env("PEERCACHE_CLUSTER_SECRET", secret())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// The body of `GET /metrics` at `addr` (one request, the connection closed after it).
 pub(crate) fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
@@ -228,4 +252,58 @@ pub(crate) fn assert_reads_back<K: AsRef<str>>(s: &Store, keys: &[K], pages: &[V
     let got = s.batch_get(keys, &mut dst).unwrap();
     assert!(got.iter().all(|&x| x), "{got:?}");
     assert_eq!(out, pages);
+}
+
+/// A batch of one op: `len` bytes at `addr` in the remote region `region`, and the start of
+/// the local registration `h`.
+pub(crate) fn one_op(
+    region: u64,
+    addr: u64,
+    len: u32,
+    h: &peercache_transport::RegionHandle,
+) -> peercache_transport::Batch {
+    let mut batch = peercache_transport::Batch::new();
+    batch.push(
+        peercache_transport::RemoteRange {
+            region: peercache_transport::RegionKey(region),
+            addr,
+            len,
+        },
+        &[peercache_transport::Segment {
+            region: h.key(),
+            addr: h.addr(0),
+            len,
+        }],
+    );
+    batch
+}
+
+/// Waits until every one of `nodes` sees them all as members (10 s at most each), then has
+/// each install that view as its ring.
+pub(crate) fn settle(nodes: &[&Store]) {
+    for s in nodes {
+        assert!(s.wait_members(nodes.len(), Duration::from_secs(10)));
+        s.sync_membership();
+    }
+}
+
+/// Two nodes on the software RDMA fabric (127.0.0.`n`, the seed, and `n + 1`) and one that
+/// speaks TCP only (`n + 2`), none reaching another through the same-host path, each with
+/// `extra` settings too; settled.
+pub(crate) fn soft_rdma_and_tcp(n: u8, extra: serde_json::Value) -> (Store, Store, Store) {
+    let port = free_port();
+    let with = |protocol: serde_json::Value| {
+        let mut m = json!({"protocol": protocol, "host_local": false});
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        m
+    };
+    let mut rdma = with(json!("rdma"));
+    rdma["rdma_backend"] = json!("soft");
+    let a = node(n, n, port, rdma.clone());
+    let b = node(n + 1, n, port, rdma);
+    let c = node(n + 2, n, port, with(json!("tcp")));
+    settle(&[&a, &b, &c]);
+    (a, b, c)
 }

@@ -197,14 +197,7 @@ pub fn run(args: &ScaleArgs) -> Result<Report> {
                 shard.exists_many(&keys, 1).iter().filter(|&&b| b).count() as u64
             }));
         }
-        let med = |name: String| {
-            report::median(
-                rows.iter()
-                    .filter(|r| r.name == name)
-                    .map(|r| r.pages_per_s)
-                    .collect(),
-            )
-        };
+        let med = |name: String| report::median_of(&rows, &name, |r| r.pages_per_s);
         let records = shard.owner_records();
         drop(shard);
         let left = crate::load::alloc::live_bytes().wrapping_sub(bytes0) as i64;

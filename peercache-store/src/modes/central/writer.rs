@@ -2,36 +2,29 @@
 //! write the payloads one-sided, commit, and ingest what failed.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use peercache_directory::DirectoryClient;
 use peercache_discovery::Membership;
-use peercache_transport::{Batch, RemoteRange, Segment, Transport};
-use peercache_wire::{Layout, NodeId, PageKey, envelope, rpc};
+use peercache_transport::{Batch, RemoteRange, Segment};
+use peercache_wire::{NodeId, PageKey, envelope, rpc};
 use smallvec::SmallVec;
 
 use crate::config::Mode;
 use crate::control::{PrepareOutcome, StoreReply, StoreRequest};
 use crate::modes::state::StorageMode;
 use crate::node::parts::ReadState;
-use crate::observe::series::Handles;
+use crate::node::reach::Reach;
 use crate::read::scratch::host_region;
 
 /// The writer's side, with what it needs of its node (`Core::storage_writer`).
 pub(crate) struct StorageWriter<'a> {
+    /// This node's id, directory client, transport, counters, layout and op deadline.
+    pub(crate) reach: Reach<'a>,
     pub(crate) st: &'a StorageMode,
-    pub(crate) me: &'a NodeId,
     /// The members (each storage server's data endpoint).
     pub(crate) discovery: &'a Membership,
-    /// The RPC client.
-    pub(crate) dir: &'a DirectoryClient,
-    pub(crate) transport: &'a Transport,
     /// The registered host buffers (zero-copy sources) and the scratch memory (staging).
     pub(crate) reads: &'a ReadState,
-    pub(crate) metrics: &'a Handles,
-    pub(crate) layout: Layout,
     pub(crate) mode: Mode,
-    pub(crate) op_timeout: Duration,
     pub(crate) lazy_registration: bool,
 }
 
@@ -63,7 +56,7 @@ impl StorageWriter<'_> {
             return None;
         };
         st.no_storage_logged.store(false, Ordering::Relaxed);
-        let layout_ext = crate::control::layout_extension(self.layout);
+        let layout_ext = crate::control::layout_extension(self.reach.layout);
         let mut starts = Vec::with_capacity(keys.len());
         let mut lens = Vec::with_capacity(keys.len());
         let mut at = 0;
@@ -105,7 +98,7 @@ impl StorageWriter<'_> {
                     .collect();
                 envelope::encode(
                     &StoreRequest::Prepare {
-                        writer: self.me.clone(),
+                        writer: self.reach.me.clone(),
                         pages,
                     },
                     &layout_ext,
@@ -118,7 +111,11 @@ impl StorageWriter<'_> {
             .zip(&reqs)
             .map(|((_, w), r)| (w.control, r.as_slice()))
             .collect();
-        let replies = self.dir.rpc().call_many(&calls, self.op_timeout);
+        let replies = self
+            .reach
+            .dir
+            .rpc()
+            .call_many(&calls, self.reach.op_timeout);
         for ((node, w), reply) in owners.iter().zip(replies) {
             let outcomes = match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
                 Ok(StoreReply::Prepared(o)) if o.len() == w.pages.len() => o,
@@ -134,7 +131,7 @@ impl StorageWriter<'_> {
         // 3. Each storage server recorded its pages in the directory before answering (a node
         // publishes only its own copies), so a page reported stored is findable.
         let stored = done.iter().filter(|d| **d).count() as u64;
-        self.metrics.storage_writes.add(stored);
+        self.reach.metrics.storage_writes.add(stored);
         Some(done)
     }
 
@@ -151,8 +148,8 @@ impl StorageWriter<'_> {
         lens: &[usize],
         done: &mut [bool],
     ) {
-        let timeout = self.op_timeout;
-        let layout_ext = crate::control::layout_extension(self.layout);
+        let timeout = self.reach.op_timeout;
+        let layout_ext = crate::control::layout_extension(self.reach.layout);
         let mut slots: Vec<(usize, u64, u64, u64)> = Vec::new(); // (page, token, addr, region)
         for (&i, o) in w.pages.iter().zip(outcomes) {
             match o {
@@ -182,7 +179,11 @@ impl StorageWriter<'_> {
             .filter(|(i, ..)| !direct(*i))
             .map(|(i, ..)| lens[*i])
             .sum();
-        let Ok(mut scratch) = self.reads.scratch.checkout(self.transport, 0, staging) else {
+        let Ok(mut scratch) = self
+            .reads
+            .scratch
+            .checkout(self.reach.transport, 0, staging)
+        else {
             return;
         };
         let mut batch = Batch::new();
@@ -234,14 +235,15 @@ impl StorageWriter<'_> {
             .into_iter()
             .find(|m| m.control == w.control)
             .and_then(|m| m.data.first().copied());
-        let written: Vec<bool> = match data_ep.map(|ep| self.transport.write_batch(ep, &batch)) {
-            Some(Ok(r)) => r.iter().map(|x| x.is_ok()).collect(),
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "write to storage failed; falling back to ingest");
-                vec![false; slots.len()]
-            }
-            None => vec![false; slots.len()],
-        };
+        let written: Vec<bool> =
+            match data_ep.map(|ep| self.reach.transport.write_batch(ep, &batch)) {
+                Some(Ok(r)) => r.iter().map(|x| x.is_ok()).collect(),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "write to storage failed; falling back to ingest");
+                    vec![false; slots.len()]
+                }
+                None => vec![false; slots.len()],
+            };
         drop(bufs);
         self.reads.scratch.give_back(scratch);
         // Each committed page carries the writer's checksum, so the server publishes exactly
@@ -289,11 +291,14 @@ impl StorageWriter<'_> {
             calls.push(
                 envelope::encode(&StoreRequest::Ingest(pages), &layout_ext).unwrap_or_default(),
             );
-            self.metrics.storage_ingests.add(fallback.len() as u64);
+            self.reach
+                .metrics
+                .storage_ingests
+                .add(fallback.len() as u64);
         }
         let rc: Vec<(std::net::SocketAddr, &[u8])> =
             calls.iter().map(|f| (w.control, f.as_slice())).collect();
-        let replies = self.dir.rpc().call_many(&rc, timeout);
+        let replies = self.reach.dir.rpc().call_many(&rc, timeout);
         for reply in replies {
             match reply.and_then(|f| rpc::decode_reply::<StoreReply>(&f)) {
                 Ok(StoreReply::Committed(locs)) => {
