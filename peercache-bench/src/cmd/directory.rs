@@ -15,7 +15,7 @@ use peercache_wire::rpc::{self, RpcClient, RpcServer, ServerConfig};
 use peercache_wire::{Incarnation, NodeId, PageKey};
 
 use crate::load::runner::time_calls;
-use crate::load::sweep::Sweep;
+use crate::load::sweep::Rounds;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of the `directory` subcommand.
@@ -125,7 +125,7 @@ pub fn run(args: &DirArgs) -> Result<Report> {
     let dur = Duration::from_secs_f64(args.run.secs);
     let n = args.entries;
     let mut rows = Vec::new();
-    Sweep::rounds("directory", args.run.rounds).run(&mut rows, |cell| {
+    Rounds::new("directory", args.run.rounds).run(&mut rows, |cell| {
         let round = cell.round;
         let mut i = 0u64;
         let mut keys32: Vec<PageKey> = Vec::with_capacity(32);

@@ -8,7 +8,7 @@ use peercache_pool::{PageWrite, Pool, PoolConfig, PublishScratch, Published, Rep
 use peercache_wire::{Layout, PageKey};
 
 use crate::load::rawtcp::prefaulted;
-use crate::load::sweep::Sweep;
+use crate::load::sweep::Rounds;
 use crate::report::hist;
 use crate::report::{self, Host, Report, Row};
 
@@ -109,7 +109,7 @@ pub fn run(args: &PoolArgs) -> Result<Report> {
     let mut evicted = Vec::new();
     let mut keys: Vec<PageKey> = Vec::with_capacity(batch);
     let mut locs = Vec::new();
-    Sweep::rounds("pool", args.run.rounds).run(&mut rows, |cell| {
+    Rounds::new("pool", args.run.rounds).run(&mut rows, |cell| {
         let round = cell.round;
         // memcpy: the same bytes into a pre-faulted destination of the pool's size.
         let mut a = Acc::new();

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::load::rawtcp;
 use crate::load::runner::time_calls;
-use crate::load::sweep::Sweep;
+use crate::load::sweep::Rounds;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of `prefix`.
@@ -218,7 +218,7 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         (x as usize) % (n - q + 1)
     };
     let mut body = Vec::with_capacity(q * 24);
-    Sweep::rounds("prefix", args.run.rounds).run(&mut rows, |cell| {
+    Rounds::new("prefix", args.run.rounds).run(&mut rows, |cell| {
         let round = cell.round;
         let row = |name: &str, f: &mut dyn FnMut() -> bool| {
             let (h, calls, errors, secs) = time_calls(dur, || u64::from(!f()));

@@ -61,22 +61,6 @@ impl Sweep {
         })
     }
 
-    /// `rounds` cells of one caller thread each, for subcommands that measure their rows
-    /// themselves (the cells' rows name their own page size and batch).
-    pub fn rounds(label: &str, rounds: u64) -> Sweep {
-        Sweep {
-            label: label.to_string(),
-            rounds,
-            threads: vec![1],
-            page_bytes: 0,
-            batch: 0,
-            timing: Timing {
-                warmup: std::time::Duration::ZERO,
-                measure: std::time::Duration::ZERO,
-            },
-        }
-    }
-
     /// The most caller threads of any cell (buffers sized for every thread).
     pub fn max_threads(&self) -> usize {
         self.threads.iter().copied().max().unwrap_or(1) as usize
@@ -105,6 +89,53 @@ impl Sweep {
             }
         }
         Ok(())
+    }
+}
+
+/// Rounds of rows a subcommand measures itself (each row names its own page size, batch and
+/// timing): one [`Kept`] per round, which keeps rows and measures none.
+pub struct Rounds {
+    label: String,
+    rounds: u64,
+}
+
+impl Rounds {
+    /// `rounds` rounds, reported under `label`.
+    pub fn new(label: &str, rounds: u64) -> Rounds {
+        Rounds {
+            label: label.to_string(),
+            rounds,
+        }
+    }
+
+    /// Runs `round` once per round, keeping the rows it pushes in `rows`, with a progress line
+    /// after each. Stops at the first error.
+    pub fn run(
+        &self,
+        rows: &mut Vec<Row>,
+        mut round: impl FnMut(&mut Kept<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut progress = Progress::new(&self.label, self.rounds as usize);
+        for r in 0..self.rounds {
+            round(&mut Kept { round: r, rows })?;
+            progress.step(&format!("round {r} (load {:.2})", report::load_1m()));
+        }
+        Ok(())
+    }
+}
+
+/// One round of [`Rounds`]: keeps the rows measured in it.
+pub struct Kept<'a> {
+    /// The round (0-based).
+    pub round: u64,
+    rows: &'a mut Vec<Row>,
+}
+
+impl Kept<'_> {
+    /// Keeps a row; the kept row.
+    pub fn push(&mut self, row: Row) -> &mut Row {
+        self.rows.push(row);
+        self.rows.last_mut().expect("just pushed")
     }
 }
 
@@ -187,6 +218,22 @@ mod tests {
         assert_eq!(rows.len(), 4);
         assert!(rows.iter().all(|r| r.pages_per_s > 0.0));
         assert_eq!((rows[3].concurrency, rows[3].round), (2, 1));
+    }
+
+    #[test]
+    fn rounds_keep_what_each_round_pushes() {
+        let mut rows = Vec::new();
+        let mut seen = Vec::new();
+        Rounds::new("t", 3)
+            .run(&mut rows, |r| {
+                seen.push(r.round);
+                let round = r.round;
+                r.push(Row::empty("x")).round = round;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, [0, 1, 2]);
+        assert_eq!(rows.iter().map(|r| r.round).collect::<Vec<_>>(), [0, 1, 2]);
     }
 
     #[test]

@@ -22,16 +22,27 @@ pub(crate) enum ModeState {
     Hybrid(StorageMode),
     /// Inference nodes write into storage servers.
     Centralized(StorageMode),
+    /// A storage server of the centralized or hybrid mode: it keeps the pages writers send
+    /// into the slots they reserved, and the pages it is asked to write itself.
+    StorageServer(StorageServer),
     /// Directory-free slot placement.
     Slotmap(SlotMode),
 }
 
 impl ModeState {
-    /// The storage-server state of the centralized and hybrid modes.
+    /// A writer's view of the storage servers (centralized and hybrid inference nodes).
     pub(crate) fn storage(&self) -> Option<&StorageMode> {
         match self {
             ModeState::Hybrid(s) | ModeState::Centralized(s) => Some(s),
-            ModeState::P2p | ModeState::Slotmap(_) => None,
+            ModeState::P2p | ModeState::StorageServer(_) | ModeState::Slotmap(_) => None,
+        }
+    }
+
+    /// The reservations of a storage server.
+    pub(crate) fn storage_server(&self) -> Option<&StorageServer> {
+        match self {
+            ModeState::StorageServer(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -44,13 +55,11 @@ impl ModeState {
     }
 }
 
-/// Centralized and hybrid modes: where the storage servers are, and — on a storage server —
-/// the slots reserved for remote writers.
+/// A centralized or hybrid inference node: where the storage servers are and how writes
+/// reach them.
 pub(crate) struct StorageMode {
     /// Hybrid: where writes go (centralized always writes to storage).
     pub(crate) policy: WritePolicy,
-    /// Storage servers only: the reservations, shared with the pool's write guard.
-    pub(crate) reservations: Option<Arc<Mutex<Reservations>>>,
     /// The storage servers, as the last membership sync saw them.
     pub(crate) view: RwLock<Arc<StorageView>>,
     /// The "no storage server" warning was logged (reset when one appears).
@@ -58,15 +67,20 @@ pub(crate) struct StorageMode {
 }
 
 impl StorageMode {
-    /// A writer's (or, with `reservations`, a storage server's) state.
-    pub(crate) fn new(policy: WritePolicy, reservations: Option<Arc<Mutex<Reservations>>>) -> Self {
+    /// A writer's state; the storage view fills at the first membership sync.
+    pub(crate) fn new(policy: WritePolicy) -> Self {
         StorageMode {
             policy,
-            reservations,
             view: RwLock::default(),
             no_storage_logged: AtomicBool::new(false),
         }
     }
+}
+
+/// A storage server: the slots reserved for remote writers.
+pub(crate) struct StorageServer {
+    /// The reservations, shared with the pool's write guard.
+    pub(crate) reservations: Arc<Mutex<Reservations>>,
 }
 
 /// Slotmap mode: this node's slot region and the members' layouts. Field order is drop

@@ -5,7 +5,6 @@
 //! naming just what that part needs; and it waits for readiness and shuts the node down in
 //! order. The parts' code lives beside their types, not here.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -15,11 +14,12 @@ use peercache_directory::{DirectoryClient, DirectoryService};
 use peercache_discovery::Membership;
 use peercache_pool::Pool;
 use peercache_transport::{RegionHandle, Transport};
-use peercache_wire::{Incarnation, NodeId, PageKey};
+use peercache_wire::PageKey;
 
 use crate::StoreError;
 use crate::config::PeerCacheConfig;
 use crate::modes::state::SlotMode;
+use crate::node::identity::Identity;
 use crate::node::keys::Keyspace;
 use crate::node::parts::{ReadState, Servers, Tasks};
 use crate::node::stamp::Stamp;
@@ -32,10 +32,8 @@ pub(crate) type NodeCell = Arc<OnceLock<Weak<Core>>>;
 /// before the pool, the transport before the memory it serves.
 pub(crate) struct Core {
     pub(crate) cfg: PeerCacheConfig,
-    pub(crate) me: NodeId,
-    pub(crate) incarnation: Incarnation,
-    /// Connections prove the cluster secret (false: an open node, loopback or `insecure`).
-    pub(crate) auth_enabled: bool,
+    /// Who this node is and where it is reached.
+    pub(crate) id: Identity,
     pub(crate) keys: Keyspace,
     pub(crate) metrics: Handles,
     /// Background work: eviction notices, promotions, membership.
@@ -45,18 +43,13 @@ pub(crate) struct Core {
     pub(crate) dir_service: Arc<DirectoryService>,
     /// The listeners besides the data server.
     pub(crate) servers: Servers,
-    pub(crate) client_endpoint: Option<SocketAddr>,
     /// The read path's caches and memory (its registrations go before the transport).
     pub(crate) reads: ReadState,
     pub(crate) pool_region: Mutex<Option<RegionHandle>>,
     pub(crate) transport: Arc<Transport>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) disk: Option<Arc<peercache_pool::disk::DiskTier>>,
-    pub(crate) data_endpoint: SocketAddr,
-    pub(crate) control_endpoint: SocketAddr,
-    pub(crate) pool_key: u64,
     pub(crate) stopping: AtomicBool,
-    pub(crate) metrics_endpoint: Option<SocketAddr>,
     /// The deployment mode and the state only it has (matched once per operation).
     pub(crate) mode: crate::modes::state::ModeState,
     /// The layout fingerprint pages are written with and readers expect (0: none declared).
@@ -79,10 +72,10 @@ impl Core {
     /// What names this node's copies in the directory.
     pub(crate) fn stamp(&self) -> Stamp<'_> {
         Stamp {
-            me: &self.me,
-            incarnation: self.incarnation,
-            data_endpoint: self.data_endpoint,
-            pool_key: self.pool_key,
+            me: &self.id.me,
+            incarnation: self.id.incarnation,
+            data_endpoint: self.id.data,
+            pool_key: self.id.pool_key,
             pool_base: self.pool.base() as u64,
         }
     }
@@ -113,13 +106,12 @@ impl Core {
     pub(crate) fn read_wing(&self) -> crate::read::wing::ReadWing<'_> {
         crate::read::wing::ReadWing {
             home: self.home(),
-            me: &self.me,
+            me: &self.id.me,
             cfg: &self.cfg,
             reads: &self.reads,
             transport: &self.transport,
             stopping: &self.stopping,
             slots: self.mode.slots().map(|s| self.slot_io(s)),
-            promotion: self.promotion(),
             layout: self.layout(),
         }
     }
@@ -127,7 +119,7 @@ impl Core {
     /// The write wing, with what it needs of the node and the route this node's mode, role
     /// and write policy give a write.
     pub(crate) fn write_wing(&self) -> crate::node::write::WriteWing<'_> {
-        use crate::config::{Role, WritePolicy};
+        use crate::config::WritePolicy;
         use crate::modes::state::ModeState;
         use crate::node::write::WriteRoute;
         let storage = |st, also_local, fallback_local| WriteRoute::Storage {
@@ -137,9 +129,8 @@ impl Core {
         };
         let route = match &self.mode {
             ModeState::Slotmap(slots) => WriteRoute::Slots(self.slot_io(slots)),
-            ModeState::P2p => WriteRoute::Local,
-            // A storage server keeps what it is sent.
-            _ if self.cfg.role == Role::Storage => WriteRoute::Local,
+            // A storage server keeps what it is asked to write.
+            ModeState::P2p | ModeState::StorageServer(_) => WriteRoute::Local,
             // No storage server registered: centralized has no pool to fall back to.
             ModeState::Centralized(st) => storage(st, false, false),
             ModeState::Hybrid(st) => match st.policy {
@@ -160,13 +151,13 @@ impl Core {
     pub(crate) fn membership_sync(&self) -> crate::tasks::membership::MembershipSync<'_> {
         crate::tasks::membership::MembershipSync {
             home: self.home(),
-            me: &self.me,
+            me: &self.id.me,
             vnodes: self.cfg.vnodes,
             directory_replicas: self.cfg.directory_replicas,
             discovery: &self.discovery,
             mode: &self.mode,
             transport: &self.transport,
-            storage_owner: self.storage_owner(),
+            reservation_timeout: self.cfg.reservation_timeout,
         }
     }
 
@@ -189,7 +180,7 @@ impl Core {
     /// How this node reaches its peers.
     pub(crate) fn reach(&self) -> crate::node::reach::Reach<'_> {
         crate::node::reach::Reach {
-            me: &self.me,
+            me: &self.id.me,
             dir: &self.dir,
             transport: &self.transport,
             metrics: &self.metrics,
@@ -211,7 +202,7 @@ impl Core {
     pub(crate) fn storage_owner(&self) -> crate::modes::central::owner::StorageOwner<'_> {
         crate::modes::central::owner::StorageOwner {
             home: self.home(),
-            table: self.mode.storage().and_then(|s| s.reservations.as_deref()),
+            table: self.mode.storage_server().map(|s| &*s.reservations),
             reservation_timeout: self.cfg.reservation_timeout,
         }
     }
@@ -308,7 +299,7 @@ impl Core {
         if let Some(slots) = self.mode.slots() {
             slots.region.lock().take();
         }
-        tracing::info!(node = %self.me, "peercache node stopped");
+        tracing::info!(node = %self.id.me, "peercache node stopped");
     }
 
     /// Refuses calls once the node is stopping.

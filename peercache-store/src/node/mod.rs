@@ -4,6 +4,7 @@
 pub(crate) mod core;
 pub(crate) mod fdlimit;
 pub(crate) mod home;
+pub(crate) mod identity;
 pub(crate) mod keys;
 pub(crate) mod parts;
 pub(crate) mod reach;

@@ -22,8 +22,9 @@ use peercache_wire::{Incarnation, NodeId};
 use crate::StoreError;
 use crate::config::{Mode, PeerCacheConfig, Protocol, Role};
 use crate::control::StoreRequest;
-use crate::modes::state::{ModeState, StorageMode};
+use crate::modes::state::{ModeState, StorageMode, StorageServer};
 use crate::node::core::Core;
+use crate::node::identity::Identity;
 use crate::node::keys::Keyspace;
 use crate::node::parts::{ReadState, Servers, Tasks};
 use crate::observe::series::Handles;
@@ -494,13 +495,14 @@ fn build(
         "peercache node started"
     );
     let mode =
-        match cfg.mode {
-            Mode::P2p => ModeState::P2p,
-            Mode::Hybrid => ModeState::Hybrid(StorageMode::new(cfg.write_policy, reservations)),
-            Mode::Centralized => {
-                ModeState::Centralized(StorageMode::new(cfg.write_policy, reservations))
+        match (cfg.mode, reservations) {
+            (Mode::P2p, _) => ModeState::P2p,
+            (Mode::Hybrid | Mode::Centralized, Some(reservations)) => {
+                ModeState::StorageServer(StorageServer { reservations })
             }
-            Mode::Slotmap => ModeState::Slotmap(slots.ok_or_else(|| {
+            (Mode::Hybrid, None) => ModeState::Hybrid(StorageMode::new(cfg.write_policy)),
+            (Mode::Centralized, None) => ModeState::Centralized(StorageMode::new(cfg.write_policy)),
+            (Mode::Slotmap, _) => ModeState::Slotmap(slots.ok_or_else(|| {
                 StoreError::Unsupported("slotmap mode without a slot region".into())
             })?),
         };
@@ -510,9 +512,16 @@ fn build(
     let inner = Arc::new(Core {
         keys: Keyspace::new(&cfg.prefix),
         cfg,
-        me,
-        incarnation,
-        auth_enabled: auth.is_enabled(),
+        id: Identity {
+            me,
+            incarnation,
+            auth_enabled: auth.is_enabled(),
+            pool_key,
+            data: data_endpoint,
+            control: control_endpoint,
+            client: client_endpoint,
+            http: metrics_endpoint,
+        },
         metrics,
         tasks: Tasks::new(evictions, republish),
         discovery,
@@ -526,17 +535,12 @@ fn build(
             kv_events: Mutex::new(kv_events),
             client_refusals: peercache_wire::limits::Throttle::new(),
         },
-        client_endpoint,
         reads: ReadState::new(),
         pool_region: Mutex::new(Some(pool_region)),
         transport,
         pool,
         disk,
-        data_endpoint,
-        control_endpoint,
-        pool_key,
         stopping: AtomicBool::new(false),
-        metrics_endpoint,
         mode,
         layout: std::sync::atomic::AtomicU64::new(0),
     });

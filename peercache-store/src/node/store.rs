@@ -63,7 +63,7 @@ pub struct Store {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("node", &self.inner.me)
+            .field("node", &self.inner.id.me)
             .finish()
     }
 }
@@ -96,7 +96,7 @@ impl Store {
 
     /// This node's id.
     pub fn node_id(&self) -> &NodeId {
-        &self.inner.me
+        &self.inner.id.me
     }
 
     /// The configuration the node runs with.
@@ -119,12 +119,12 @@ impl Store {
 
     /// The data endpoint peers read this node's pool from.
     pub fn data_endpoint(&self) -> std::net::SocketAddr {
-        self.inner.data_endpoint
+        self.inner.id.data
     }
 
     /// The metrics HTTP endpoint, when enabled.
     pub fn metrics_endpoint(&self) -> Option<std::net::SocketAddr> {
-        self.inner.metrics_endpoint
+        self.inner.id.http
     }
 
     /// The `/cluster` document of this node.
@@ -134,7 +134,7 @@ impl Store {
 
     /// The control endpoint (directory and store RPCs).
     pub fn control_endpoint(&self) -> std::net::SocketAddr {
-        self.inner.control_endpoint
+        self.inner.id.control
     }
 
     /// Re-reads membership into the directory ring now (it also happens on every change).
@@ -338,7 +338,7 @@ impl Store {
                 for l in o
                     .iter()
                     .flatten()
-                    .filter(|l| l.node == self.inner.me && l.resident)
+                    .filter(|l| l.node == self.inner.id.me && l.resident)
                 {
                     named += 1;
                     if self.inner.pool.generation_of(*k) != Some(l.generation) {
@@ -413,7 +413,7 @@ impl Store {
 
     /// Where this node serves the client API (`client_enabled`), if it does.
     pub fn client_endpoint(&self) -> Option<std::net::SocketAddr> {
-        self.inner.client_endpoint
+        self.inner.id.client
     }
 
     /// Leaves the cluster and releases everything; idempotent.

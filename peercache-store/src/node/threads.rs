@@ -19,7 +19,7 @@ pub(crate) fn start_promoter(core: &Arc<Core>) -> Result<(), StoreError> {
             let Some(inner) = node.upgrade() else {
                 return false;
             };
-            let (mine, theirs): (Job, Job) = job.into_iter().partition(|(n, _)| *n == inner.me);
+            let (mine, theirs): (Job, Job) = job.into_iter().partition(|(n, _)| *n == inner.id.me);
             for (_, keys) in mine {
                 inner.promotion().promote_here(&keys, true);
             }
@@ -55,7 +55,7 @@ pub(crate) fn spawn_membership(core: &Arc<Core>) -> std::io::Result<std::thread:
                 core.metrics
                     .refresh(ps.retained + ps.reclaimable, ds.as_ref());
                 let sync = core.membership_sync();
-                sync.storage_owner.reap_reservations();
+                sync.reap_reservations();
                 core.dir.drop_due();
                 sync.forget_strangers();
                 if got.is_err() && *core.tasks.ring_ready.0.lock() {

@@ -250,8 +250,8 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
         .map(|p| serde_json::json!({"peer": p.peer.to_string(), "errors": p.errors, "timeouts": p.timeouts, "suspect": p.suspect}))
         .collect();
     serde_json::json!({
-        "node": inner.me.as_str(),
-        "authenticated": inner.auth_enabled, "insecure": inner.cfg.insecure,
+        "node": inner.id.me.as_str(),
+        "authenticated": inner.id.auth_enabled, "insecure": inner.cfg.insecure,
         "masters": inner.discovery.masters().iter().map(|m| m.to_string()).collect::<Vec<_>>(),
         "discovery": {"kind": inner.discovery.kind(), "sources": inner.discovery.sources(),
                       "stale": inner.discovery.is_stale()},

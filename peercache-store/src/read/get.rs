@@ -160,7 +160,7 @@ impl ReadWing<'_> {
         let promoted = if missing.is_empty() {
             None
         } else {
-            let (got, leased) = self.promotion.promote_and_lease(&missing);
+            let (got, leased) = self.promotion().promote_and_lease(&missing);
             m.read_disk_hits
                 .add(got.iter().filter(|l| l.is_some()).count() as u64);
             leased
@@ -394,7 +394,7 @@ impl ReadWing<'_> {
             .iter()
             .map(|(node, idx)| (node.clone(), idx.iter().map(|&i| keys[i]).collect()))
             .collect();
-        let answers = self.promotion.ask_promote(&groups);
+        let answers = self.promotion().ask_promote(&groups);
         for ((_, idx), locs) in want.iter().zip(answers) {
             for (&i, l) in idx.iter().zip(locs) {
                 if let Some(l) = l.filter(|l| l.resident && l.len as u64 == lens[i]) {

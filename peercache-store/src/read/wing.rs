@@ -28,13 +28,19 @@ pub(crate) struct ReadWing<'a> {
     pub(crate) stopping: &'a AtomicBool,
     /// Slot mode's reads, when the node runs in slot mode (then it reads nothing else).
     pub(crate) slots: Option<SlotIo<'a>>,
-    /// Disk-tier promotions, here and on other owners.
-    pub(crate) promotion: Promotion<'a>,
     /// The layout this node reads and expects.
     pub(crate) layout: Layout,
 }
 
-impl ReadWing<'_> {
+impl<'a> ReadWing<'a> {
+    /// Disk-tier promotions, here and on other owners, for this read.
+    pub(crate) fn promotion(&self) -> Promotion<'a> {
+        Promotion {
+            home: self.home,
+            op_timeout: self.cfg.op_timeout(),
+        }
+    }
+
     /// Refuses calls once the node is stopping.
     pub(crate) fn check_open(&self) -> Result<(), StoreError> {
         StoreError::refuse_if_stopping(self.stopping)

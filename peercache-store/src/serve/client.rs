@@ -154,7 +154,7 @@ fn put(
             let mut others = owners
                 .iter()
                 .flatten()
-                .filter(|l| l.node != core.me)
+                .filter(|l| l.node != core.id.me)
                 .peekable();
             if others.peek().is_none() {
                 return false;

@@ -61,7 +61,7 @@ async fn answer(
             )
                 .into_response();
         }
-        None if core.auth_enabled => {
+        None if core.id.auth_enabled => {
             return refuse(
                 StatusCode::FORBIDDEN,
                 "this cluster has a secret: /prefix is served only with http_token_file set".into(),

@@ -27,11 +27,24 @@ pub(crate) struct MembershipSync<'a> {
     /// The slot layouts or storage view the members' announcements update.
     pub(crate) mode: &'a ModeState,
     pub(crate) transport: &'a Transport,
-    /// Reservations of writers that left are reaped at each sync.
-    pub(crate) storage_owner: StorageOwner<'a>,
+    /// Seconds a storage server's reservation waits for its commit (reaped at each sync).
+    pub(crate) reservation_timeout: f64,
 }
 
 impl MembershipSync<'_> {
+    /// Releases a storage server's reservations whose writer did not commit in time (left,
+    /// or gave up); nothing on other nodes.
+    pub(crate) fn reap_reservations(&self) {
+        if let Some(server) = self.mode.storage_server() {
+            StorageOwner {
+                home: self.home,
+                table: Some(&server.reservations),
+                reservation_timeout: self.reservation_timeout,
+            }
+            .reap_reservations();
+        }
+    }
+
     /// Counts and logs each member's refused slotmap layout once per announcement.
     fn count_refused_layouts(
         &self,
@@ -78,7 +91,7 @@ impl MembershipSync<'_> {
                 self.vnodes,
             ));
         }
-        self.storage_owner.reap_reservations();
+        self.reap_reservations();
         self.forget_departed(&infos);
         if !infos.is_empty() {
             let storage = infos.iter().filter(|m| m.role == "storage").count();
