@@ -302,8 +302,11 @@ impl DirectoryClient {
     }
 
     /// Groups item indices by the owner at replica position `rank` (items without one skip).
-    /// With `local_first`, this node counts as rank 0 of every key it is an owner of (the
-    /// others keep their order): a query answered by the local shard needs no round trip.
+    /// With `local_first` (queries), this node counts as rank 0 of every key it is an owner of
+    /// (the others keep their order): a query answered by the local shard needs no round trip;
+    /// and a key it does not own has its owners ordered by this node's fixed preference among
+    /// the members, so the keys two owners share go to the same one: fewer shards asked per
+    /// query (with three members and two replicas, one), while each member prefers others.
     fn group(
         &self,
         view: &View,
@@ -320,10 +323,11 @@ impl DirectoryClient {
         };
         for (i, k) in keys {
             view.ring.owner_indices(k, self.cfg.replicas, &mut idx);
-            if let Some(me) = me
-                && let Some(p) = idx.iter().position(|&m| m == me)
-            {
-                idx[..=p].rotate_right(1);
+            if let Some(me) = me {
+                match idx.iter().position(|&m| m == me) {
+                    Some(p) => idx[..=p].rotate_right(1),
+                    None => idx.sort_unstable_by_key(|&m| peer_preference(me, m)),
+                }
             }
             if let Some(&m) = idx.get(rank) {
                 by_node.entry(m).or_default().push(i);
@@ -1026,6 +1030,15 @@ impl DirectoryClient {
 
 /// Decodes a shard's reply frame with its [`Moving`] hints (a reply without them, as an older
 /// shard sends, has none).
+/// How much member `me` prefers asking member `m` about a key both can answer: a fixed
+/// pseudo-random order of the members per asking node.
+fn peer_preference(me: u32, m: u32) -> u64 {
+    let mut x = (u64::from(me) << 32 | u64::from(m)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 fn decode_hinted(frame: &[u8]) -> Result<(DirReply, Moving), peercache_wire::WireError> {
     let env = envelope::Envelope::parse(frame)?;
     if env.kind == <rpc::RpcError as envelope::Message>::KIND {

@@ -128,9 +128,19 @@ fn reads_fall_back_to_a_replica_when_the_primary_is_down() {
     );
     let entries: Vec<_> = (0..300).map(|i| (key(i), loc(&nodes[0].id, 1))).collect();
     nodes[0].client.insert(&entries).unwrap();
-    // Stop node 2's server without telling anyone (a crash before discovery notices).
-    nodes[2].server.shutdown();
     let keys: Vec<PageKey> = entries.iter().map(|e| e.0).collect();
+    // The shard node 0 asks about the keys it does not own (the one it prefers of the two
+    // others): the one whose answered requests grow.
+    let answered = |n: &TestNode| n.server.counters().requests.get();
+    let before: Vec<u64> = nodes.iter().map(answered).collect();
+    nodes[0].client.lookup(&keys).unwrap();
+    let asked: Vec<usize> = (1..3)
+        .filter(|&i| answered(&nodes[i]) > before[i])
+        .collect();
+    assert_eq!(asked.len(), 1, "one remote shard asked: {asked:?}");
+    let primary = asked[0];
+    // Stop it without telling anyone (a crash before discovery notices).
+    nodes[primary].server.shutdown();
     let t0 = Instant::now();
     let found = nodes[0].client.lookup(&keys).unwrap();
     assert!(
@@ -139,7 +149,7 @@ fn reads_fall_back_to_a_replica_when_the_primary_is_down() {
     );
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert!(nodes[0].client.stats().fallbacks > 0);
-    drop(nodes.pop());
+    drop(nodes.remove(primary));
 }
 
 #[test]

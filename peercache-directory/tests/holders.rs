@@ -83,6 +83,50 @@ fn holders_name_every_copy_a_full_lookup_does() {
 }
 
 #[test]
+fn a_member_asks_one_remote_shard_for_the_keys_two_can_answer() {
+    // Three members, two replicas: a key the asking member does not own is owned by both
+    // others, so one request to the member it prefers answers all of them.
+    let nodes = cluster(3);
+    let entries: Vec<_> = (0..400)
+        .map(|i| (key(i), loc(&nodes[(i % 3) as usize].id, i + 1)))
+        .collect();
+    for n in &nodes {
+        let mine: Vec<_> = entries
+            .iter()
+            .filter(|(_, l)| l.node == n.id)
+            .cloned()
+            .collect();
+        n.client.insert(&mine).unwrap();
+    }
+    let keys: Vec<PageKey> = (0..400).map(key).collect();
+    for n in &nodes {
+        let before = n.client.stats();
+        let holders = n.client.holders(&keys).unwrap();
+        let after = n.client.stats();
+        assert_eq!(
+            after.rpcs - before.rpcs,
+            1,
+            "one remote shard asked by {}",
+            n.id
+        );
+        assert_eq!(after.fallbacks, before.fallbacks, "no key fell back");
+        for (i, h) in holders.iter().enumerate() {
+            let owner = entries[i].1.node.to_string();
+            assert_eq!(set_of(h), BTreeSet::from([(owner, true)]), "key {i}");
+        }
+    }
+    // A shard gone (the one some member prefers): its keys fall back to their other owner.
+    let mut nodes = nodes;
+    let gone = nodes.remove(2);
+    drop(gone);
+    for n in &nodes {
+        let found = n.client.holders(&keys).unwrap();
+        let named = found.iter().filter(|h| !h.is_empty()).count();
+        assert_eq!(named, keys.len(), "every key answered from {}", n.id);
+    }
+}
+
+#[test]
 fn a_shard_of_a_release_before_holders_is_read_from_its_full_owners() {
     // One replica: each key lives on one of the two shards only.
     let cfg = ClientConfig {
