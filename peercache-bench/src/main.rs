@@ -124,11 +124,11 @@ fn run() -> Result<()> {
         Some(Cmd::Latency(args)) => finish(latency::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Saturation(args)) => finish(saturation::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Drive(args)) => match drive::run(&args)? {
-            Some(r) => finish(r, args.json.as_deref()),
+            Some(r) => finish(r, args.run.json.as_deref()),
             None => Ok(()),
         },
         Some(Cmd::DriveReader(args)) => drive::reader(&args),
-        Some(Cmd::Throughput(args)) => finish(throughput::run(&args)?, args.json.as_deref()),
+        Some(Cmd::Throughput(args)) => finish(throughput::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Modes(args)) => finish(modesbench::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Micro(args)) => finish(micro::run(&args)?, args.run.json.as_deref()),
         Some(Cmd::Directory(args)) => finish(dirbench::run(&args)?, args.run.json.as_deref()),

@@ -262,7 +262,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     if mcl_ok {
         // Same-host against same-host: PeerCache's shared-memory read beside Mooncake's dummy
         // client reading through its real client.
-        for &c in &args.load.concurrency {
+        for &c in &args.load.threads.concurrency {
             summary.insert(
                 format!("c{c}/peercache-get-local/mooncake-get-local"),
                 json!(round3(
@@ -278,7 +278,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         );
     }
     summary.insert("host_local_read_bytes".into(), json!(local_bytes));
-    for &c in &args.load.concurrency {
+    for &c in &args.load.threads.concurrency {
         let (raw, mc) = (med("raw-tcp", Some(c)), med("mooncake-get", Some(c)));
         for pc_name in ["peercache-get", "peercache-get-local"] {
             let pc = med(pc_name, Some(c));
@@ -301,7 +301,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     }
     if args.sealed {
         // What sealing costs: the sealed pair's read beside the open pair's, same run.
-        for &c in &args.load.concurrency {
+        for &c in &args.load.threads.concurrency {
             summary.insert(
                 format!("c{c}/peercache-get-sealed/peercache-get"),
                 json!(round3(
@@ -341,6 +341,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
     }
     let bars: Vec<(String, Vec<f64>)> = args
         .load
+        .threads
         .concurrency
         .iter()
         .map(|&c| {
@@ -357,7 +358,7 @@ pub fn run(args: &CompareArgs) -> Result<Report> {
         bench: "compare".into(),
         host: Host::detect(),
         config: json!({
-            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
+            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.threads.concurrency,
             "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages, "modes": args.modes, "sealed": args.sealed,
             "transport": "loopback tcp (peercache-get-local: host-local shared memory)", "mooncake": "batch_get_into, pure client, one storage process",
         }),

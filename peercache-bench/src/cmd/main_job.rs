@@ -280,7 +280,7 @@ pub fn run(args: &MainArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "nodes": 2, "protocol": "tcp", "page_bytes": args.page_bytes, "batch": args.load.batch,
-            "concurrency": args.load.concurrency, "rounds": args.run.rounds, "secs": args.run.secs,
+            "concurrency": args.load.threads.concurrency, "rounds": args.run.rounds, "secs": args.run.secs,
             "read_pages": args.read_pages, "writer_pool_mib": args.writer_pool_mib,
             "keys": "MLA-shaped", "directory_read_cache_ttl": 0,
         }),
@@ -306,7 +306,7 @@ impl MainArgs {
             "{} KiB pages, batch {}, concurrency {:?}, {} rounds",
             self.page_bytes >> 10,
             self.load.batch,
-            self.load.concurrency,
+            self.load.threads.concurrency,
             self.run.rounds
         )
     }

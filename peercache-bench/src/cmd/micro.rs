@@ -298,6 +298,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     let max_page = *args.page_sizes.iter().max().context("no page sizes")? as usize;
     let max_conc = *args
         .load
+        .threads
         .concurrency
         .iter()
         .max()
@@ -333,7 +334,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
     for round in 0..args.run.rounds {
         for &page in &args.page_sizes {
             let pages_in_region = (info.len / page).max(1);
-            for &conc in &args.load.concurrency {
+            for &conc in &args.load.threads.concurrency {
                 if let Some(pair) = pairs.iter().find(|p| p.page == page) {
                     rows.extend(store_rows(pair, &store_bufs, args, conc, round, &timing));
                 }
@@ -467,7 +468,7 @@ pub fn run(args: &MicroArgs) -> Result<Report> {
         bench: "micro".into(),
         host: Host::detect(),
         config: serde_json::json!({
-            "page_sizes": args.page_sizes, "concurrency": args.load.concurrency, "batch": args.load.batch,
+            "page_sizes": args.page_sizes, "concurrency": args.load.threads.concurrency, "batch": args.load.batch,
             "rounds": args.run.rounds, "secs": args.run.secs, "region_mib": args.region_mib,
             "processes": 2, "transport": "tcp", "path": format!("{:?}", args.path).to_lowercase(),
         }),

@@ -207,7 +207,7 @@ pub fn run(args: &ModesArgs) -> Result<Report> {
         host: Host::detect(),
         config: json!({
             "modes": args.mode, "protocol": "tcp", "page_bytes": args.page_bytes,
-            "batch": args.load.batch, "concurrency": args.load.concurrency, "rounds": args.run.rounds,
+            "batch": args.load.batch, "concurrency": args.load.threads.concurrency, "rounds": args.run.rounds,
             "secs": args.run.secs, "pool_mib": args.pool_mib,
             "hybrid_write_policy": "both",
         }),

@@ -330,7 +330,7 @@ pub fn run(args: &MooncakeArgs) -> Result<Report> {
         )
     };
     let mut summary = serde_json::Map::new();
-    for &c in &args.load.concurrency {
+    for &c in &args.load.threads.concurrency {
         let raw = med("raw-tcp", c);
         summary.insert(
             format!("c{c}/mooncake-get/raw-tcp"),
@@ -345,7 +345,7 @@ pub fn run(args: &MooncakeArgs) -> Result<Report> {
         bench: "mooncake".into(),
         host: Host::detect(),
         config: json!({
-            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
+            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.threads.concurrency,
             "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages,
             "mooncake": "batch_get_into, pure client, one storage process", "venv": venv.display().to_string(),
         }),

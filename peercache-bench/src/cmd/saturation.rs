@@ -59,6 +59,7 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
     b.shutdown();
     let per_c = |f: fn(&report::Row) -> f64| -> Vec<f64> {
         args.load
+            .threads
             .concurrency
             .iter()
             .map(|&c| report::median(rows.iter().filter(|r| r.concurrency == c).map(f).collect()))
@@ -70,7 +71,13 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
         .max_by(|&i, &j| pps[i].total_cmp(&pps[j]))
         .unwrap_or(0);
     std::fs::create_dir_all(&args.out_dir)?;
-    let x: Vec<f64> = args.load.concurrency.iter().map(|&c| c as f64).collect();
+    let x: Vec<f64> = args
+        .load
+        .threads
+        .concurrency
+        .iter()
+        .map(|&c| c as f64)
+        .collect();
     // One line chart of `series` by caller threads into `file` (`peak` circled when given).
     let chart = |file: &str, title: &str, y: &str, series: (&str, Vec<f64>), peak| {
         let svg =
@@ -95,11 +102,11 @@ pub fn run(args: &SaturationArgs) -> Result<Report> {
         bench: "saturation".into(),
         host: Host::detect(),
         config: json!({
-            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.concurrency,
+            "page_bytes": args.page_bytes, "batch": args.load.batch, "concurrency": args.load.threads.concurrency,
             "rounds": args.run.rounds, "secs": args.run.secs, "pages": args.pages,
         }),
         summary: json!({
-            "peak_concurrency": args.load.concurrency[peak],
+            "peak_concurrency": args.load.threads.concurrency[peak],
             "peak_pages_per_s": pps[peak].round(),
             "pages_per_s_by_concurrency": pps.iter().map(|v| v.round()).collect::<Vec<_>>(),
             "p99_us_by_concurrency": p99.iter().map(|v| v.round()).collect::<Vec<_>>(),

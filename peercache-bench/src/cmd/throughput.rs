@@ -119,6 +119,8 @@ impl Op {
 
 /// Options of `throughput`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("rounds", |a| a.default_value("2")))]
+#[command(mut_arg("secs", |a| a.default_value("1")))]
 pub struct ThroughputArgs {
     /// Model and host-pool shape.
     #[command(flatten)]
@@ -132,30 +134,29 @@ pub struct ThroughputArgs {
     /// Rows to run: prefetch (exists → get), get (get alone), exists, backup (set).
     #[arg(long, value_delimiter = ',', default_value = "prefetch,backup")]
     pub ops: Vec<Op>,
-    /// Pages per request (one prefetch or backup call).
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: usize,
-    /// Caller threads on the reader, one row each.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-    pub concurrencies: Vec<u64>,
-    /// Seconds measured per row.
-    #[arg(long, default_value_t = 1.0)]
-    pub duration: f64,
+    /// Pages per request (one prefetch or backup call) and the reader's caller threads, one
+    /// row each (the shared row flags).
+    #[command(flatten)]
+    pub load: crate::load::rows::LoadArgs,
     /// Seconds of warm-up per row.
     #[arg(long, default_value_t = 0.2)]
     pub warmup: f64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 2)]
-    pub rounds: u64,
     /// Pages in the working set (rounded up to whole requests).
     #[arg(long, default_value_t = 1024)]
     pub working_set: u64,
     /// The reader node's pool in MiB (the backup rows fill it).
     #[arg(long, default_value_t = 512)]
     pub reader_pool_mib: u64,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    /// Interleaved rounds, seconds measured per row and the JSON output (the shared run flags).
+    #[command(flatten)]
+    pub run: crate::load::rows::RunArgs,
+}
+
+impl ThroughputArgs {
+    /// Pages per request.
+    pub fn batch_size(&self) -> usize {
+        self.load.batch as usize
+    }
 }
 
 /// Starts one embedded node on `ip` with `settings` and waits until it joined.
@@ -197,16 +198,16 @@ fn backup_row(
     let mut row = run_row(
         "backup",
         shape.page_bytes(),
-        args.batch_size as u64,
+        args.load.batch,
         c,
         round,
         timing,
         |_| {
-            let mut pool = HostPool::new(shape, args.batch_size);
+            let mut pool = HostPool::new(shape, args.batch_size());
             let (reader, next, shape) = (reader.clone(), next_backup.clone(), shape.clone());
             let per = shape.segments_per_page() as usize;
-            let counts = vec![per; args.batch_size];
-            let batch = args.batch_size;
+            let counts = vec![per; args.batch_size()];
+            let batch = args.batch_size();
             let mut segs = Vec::new();
             move || {
                 let r = next.fetch_add(1, Ordering::Relaxed);
@@ -241,27 +242,27 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     if args.nodes < 2 {
         bail!("--nodes must be at least 2 (owners plus one reader)");
     }
-    if args.batch_size == 0 || args.concurrencies.is_empty() {
-        bail!("--batch-size and --concurrencies must be non-empty");
+    if args.batch_size() == 0 || args.load.threads.concurrency.is_empty() {
+        bail!("--batch and --concurrency must be positive and non-empty");
     }
     let shape = &args.shape;
     let page_bytes = shape.page_bytes();
     let owners_n = (args.nodes - 1) as u64;
-    let requests = args.working_set.div_ceil(args.batch_size as u64).max(1);
-    let set = sglang::working_set(shape, requests, args.batch_size);
+    let requests = args.working_set.div_ceil(args.load.batch).max(1);
+    let set = sglang::working_set(shape, requests, args.batch_size());
     let settings = args.cluster.settings(page_bytes);
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let seed = format!("127.0.0.1:{port}");
-    let share = requests.div_ceil(owners_n) * args.batch_size as u64;
+    let share = requests.div_ceil(owners_n) * args.load.batch;
     let mut owners = Vec::new();
     let mut owner_pools = Vec::new();
     for i in 0..owners_n {
         let ip = format!("127.0.0.{}", i + 1);
         let s = start_node(&ip, &seed, owner_pool_bytes(share, page_bytes), &settings)
             .with_context(|| format!("starting owner {ip}"))?;
-        let pool = HostPool::new(shape, args.batch_size);
+        let pool = HostPool::new(shape, args.batch_size());
         // SAFETY: every pool outlives its node: nodes are shut down before the pools drop.
         unsafe { pool.register(&s) }?;
         owners.push(s);
@@ -293,17 +294,23 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
 
     let timing = Timing {
         warmup: Duration::from_secs_f64(args.warmup),
-        measure: Duration::from_secs_f64(args.duration),
+        measure: Duration::from_secs_f64(args.run.secs),
     };
     let tokens = shape.tokens_per_page as f64;
     let checks = Arc::new(Checks::default());
     let next_backup = Arc::new(AtomicU64::new(1 << 40));
     let mut rows: Vec<Row> = Vec::new();
     // One registered host pool per caller thread, registered once, dropped after shutdown.
-    let max_c = *args.concurrencies.iter().max().context("no concurrency")? as usize;
+    let max_c = *args
+        .load
+        .threads
+        .concurrency
+        .iter()
+        .max()
+        .context("no concurrency")? as usize;
     let mut reader_pools: Vec<Arc<HostPool>> = Vec::with_capacity(max_c);
     for _ in 0..max_c {
-        let pool = Arc::new(HostPool::new(shape, args.batch_size));
+        let pool = Arc::new(HostPool::new(shape, args.batch_size()));
         // SAFETY: the reader is shut down before `reader_pools` is dropped.
         unsafe { pool.register(&reader) }?;
         reader_pools.push(pool);
@@ -311,10 +318,10 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     let staged0 = reader.stats().staged_reads;
     let mut progress = crate::load::progress::Progress::new(
         "throughput",
-        (args.rounds as usize) * args.concurrencies.len(),
+        (args.run.rounds as usize) * args.load.threads.concurrency.len(),
     );
-    for round in 0..args.rounds {
-        for &c in &args.concurrencies {
+    for round in 0..args.run.rounds {
+        for &c in &args.load.threads.concurrency {
             for &op in &args.ops {
                 let kind = match op {
                     Op::Prefetch => sglang::ReadKind::Prefetch,
@@ -336,7 +343,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
                 let mut row = run_row(
                     op.name(),
                     page_bytes,
-                    args.batch_size as u64,
+                    args.load.batch,
                     c,
                     round,
                     &timing,
@@ -381,7 +388,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     drop(owner_pools);
     drop(reader_pools);
     let mut summary = serde_json::Map::new();
-    for &c in &args.concurrencies {
+    for &c in &args.load.threads.concurrency {
         for name in args.ops.iter().map(|o| o.name()) {
             let med = report::median(
                 rows.iter()
@@ -410,9 +417,9 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
         config: json!({
             "shape": shape, "cluster": args.cluster, "nodes": args.nodes,
             "page_bytes": page_bytes, "segments_per_page": shape.segments_per_page(),
-            "batch_size": args.batch_size, "concurrencies": args.concurrencies, "ops": args.ops,
-            "duration": args.duration, "warmup": args.warmup, "rounds": args.rounds,
-            "working_set_pages": requests * args.batch_size as u64,
+            "batch_size": args.batch_size(), "concurrencies": args.load.threads.concurrency, "ops": args.ops,
+            "duration": args.run.secs, "warmup": args.warmup, "rounds": args.run.rounds,
+            "working_set_pages": requests * args.load.batch,
             "reader_pool_mib": args.reader_pool_mib,
         }),
         summary: serde_json::Value::Object(summary),

@@ -25,6 +25,15 @@ pub struct LoadArgs {
     #[arg(long, visible_alias = "batch-size", default_value_t = 32)]
     pub batch: u64,
     /// Caller threads, one row each.
+    #[command(flatten)]
+    pub threads: Threads,
+}
+
+/// Caller threads, one row (or step) each: alone in subcommands whose calls have a shape of
+/// their own (`drive`, whose request size its reader processes must agree on).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Threads {
+    /// Caller threads, one row each.
     #[arg(
         long,
         visible_alias = "concurrencies",

@@ -21,13 +21,13 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    /// `run.rounds` × `load.concurrency` cells of rows of `page_bytes`-byte pages,
+    /// `run.rounds` × `load.threads.concurrency` cells of rows of `page_bytes`-byte pages,
     /// `load.batch` per call; an empty thread list is an error.
     pub fn new(label: &str, run: &RunArgs, load: &LoadArgs, page_bytes: u64) -> Result<Sweep> {
         Sweep::of(
             label,
             run.rounds,
-            &load.concurrency,
+            &load.threads.concurrency,
             page_bytes,
             load.batch,
             run.secs,

@@ -63,6 +63,9 @@ pub struct DriveCommon {
 
 /// Options of `drive`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("rounds", |a| a.default_value("2")))]
+#[command(mut_arg("secs", |a| a.default_value("1")))]
+#[command(mut_arg("concurrency", |a| a.default_value("1,2")))]
 pub struct DriveArgs {
     /// Shared options.
     #[command(flatten)]
@@ -70,18 +73,16 @@ pub struct DriveArgs {
     /// Reader processes.
     #[arg(long, default_value_t = 2)]
     pub processes: usize,
-    /// Caller threads per reader process, one step each.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
-    pub concurrencies: Vec<u64>,
-    /// Seconds measured per step.
-    #[arg(long, default_value_t = 1.0)]
-    pub duration: f64,
+    /// Caller threads per reader process, one step each (the shared flag).
+    #[command(flatten)]
+    pub threads: crate::load::rows::Threads,
     /// Seconds of warm-up per step.
     #[arg(long, default_value_t = 0.2)]
     pub warmup: f64,
-    /// Interleaved rounds.
-    #[arg(long, default_value_t = 2)]
-    pub rounds: u64,
+    /// Interleaved rounds, seconds measured per step and the JSON output (the shared run
+    /// flags).
+    #[command(flatten)]
+    pub run: crate::load::rows::RunArgs,
     /// Join this cluster (whose owner runs `drive --owner-only`) instead of starting an owner.
     #[arg(long)]
     pub discovery_addr: Option<String>,
@@ -96,9 +97,6 @@ pub struct DriveArgs {
     /// The owner's discovery port (0: any free port).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Write the report here as JSON.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
 }
 
 fn requests(c: &DriveCommon) -> u64 {
@@ -287,8 +285,8 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         drop(pool);
         return Ok(None);
     }
-    if args.processes == 0 || args.concurrencies.is_empty() {
-        bail!("--processes and --concurrencies must be positive");
+    if args.processes == 0 || args.threads.concurrency.is_empty() {
+        bail!("--processes and --concurrency must be positive");
     }
     // The owner: a child process, unless we join a cluster that has one.
     let mut owner = None;
@@ -330,7 +328,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         let mut flags = vec!["drive-reader".to_string(), "--index".into(), i.to_string()];
         flags.extend(["--seed".into(), seed.clone(), "--host".into(), host.clone()]);
         flags.extend(["--warmup".into(), args.warmup.to_string()]);
-        flags.extend(["--duration".into(), args.duration.to_string()]);
+        flags.extend(["--duration".into(), args.run.secs.to_string()]);
         flags.extend(common_flags(c));
         readers.push(ChildProc::spawn(format!("reader {host}"), &flags)?);
     }
@@ -342,17 +340,17 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     let page = c.shape.page_bytes();
     let tokens = c.shape.tokens_per_page as f64;
-    let step_wait = Duration::from_secs_f64(args.warmup + args.duration + 60.0);
+    let step_wait = Duration::from_secs_f64(args.warmup + args.run.secs + 60.0);
     let mut rows = Vec::new();
     let (mut wrong, mut staged, mut rdma_bytes) = (0u64, 0u64, 0u64);
     // Per step: directory requests the readers sent over the network, per call.
     let mut rpcs_per_call: Vec<(u64, f64)> = Vec::new();
     let mut progress = crate::load::progress::Progress::new(
         "drive",
-        (args.rounds as usize) * args.concurrencies.len(),
+        (args.run.rounds as usize) * args.threads.concurrency.len(),
     );
-    for round in 0..args.rounds {
-        for &threads in &args.concurrencies {
+    for round in 0..args.run.rounds {
+        for &threads in &args.threads.concurrency {
             for r in readers.iter_mut() {
                 r.send(&format!("GO {threads}"))?;
             }
@@ -441,7 +439,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
         bail!("{wrong} pages read back with another page's stamp");
     }
     let mut summary = serde_json::Map::new();
-    for &t in &args.concurrencies {
+    for &t in &args.threads.concurrency {
         let c_all = t * args.processes as u64;
         let med = report::median(
             rows.iter()
@@ -453,7 +451,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     if c.op == Op::Get && stream_addr.is_some() {
         // The two-process get against a one-way stream over as many connections.
-        for &t in &args.concurrencies {
+        for &t in &args.threads.concurrency {
             let c_all = t * args.processes as u64;
             let gb = |name: &str| {
                 report::median(
@@ -479,7 +477,7 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     }
     // Whether the readers' lookups were answered by their own shards (0) or crossed the
     // network: what tells a reader's two speeds apart.
-    for &t in &args.concurrencies {
+    for &t in &args.threads.concurrency {
         let c_all = t * args.processes as u64;
         let per = report::median(
             rpcs_per_call
@@ -503,8 +501,8 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
             "shape": c.shape, "cluster": c.cluster, "op": c.op, "processes": args.processes,
             "owner": if args.discovery_addr.is_some() { "external" } else { "child process" },
             "page_bytes": page, "segments_per_page": c.shape.segments_per_page(),
-            "batch_size": c.batch_size, "threads_per_process": args.concurrencies,
-            "duration": args.duration, "warmup": args.warmup, "rounds": args.rounds,
+            "batch_size": c.batch_size, "threads_per_process": args.threads.concurrency,
+            "duration": args.run.secs, "warmup": args.warmup, "rounds": args.run.rounds,
             "working_set_pages": requests(c) * c.batch_size as u64,
             "destination": if c.gpu { "gpu" } else { "host" },
         }),
