@@ -10,6 +10,7 @@ use peercache_pool::{Pool, PoolConfig, PublishScratch, Published};
 use peercache_wire::PageKey;
 
 use crate::load::rawtcp::prefaulted;
+use crate::load::sweep::Rounds;
 use crate::report::{self, Host, Report, Row};
 
 /// Options of the `disk` subcommand.
@@ -58,7 +59,8 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
         ..PoolConfig::new((page + 4096) * n + (64 << 20))
     })?;
     let mut rows = Vec::new();
-    for round in 0..args.rounds {
+    Rounds::new("disk", args.rounds).run(&mut rows, |cell| {
+        let round = cell.round;
         // Plain sequential file write of the same bytes.
         let path = tmp.path().join(format!("plain-{round}"));
         let t0 = Instant::now();
@@ -68,7 +70,7 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
                 f.write_all(&src[i * page..(i + 1) * page])?;
             }
         }
-        rows.push(row(
+        cell.push(row(
             "file-write",
             args.page_bytes,
             n as u64,
@@ -100,7 +102,7 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
             }
         }
         tier.flush();
-        rows.push(row(
+        cell.push(row(
             "write-through",
             args.page_bytes,
             n as u64,
@@ -118,7 +120,7 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
                 f.read_exact(&mut buf)?;
             }
         }
-        rows.push(row(
+        cell.push(row(
             "file-read",
             args.page_bytes,
             n as u64,
@@ -140,7 +142,7 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
                 .filter(|p| matches!(p, Published::Failed(_)))
                 .count() as u64;
         }
-        rows.push(row(
+        cell.push(row(
             "promote",
             args.page_bytes,
             n as u64,
@@ -157,7 +159,8 @@ pub fn run(args: &DiskArgs) -> Result<Report> {
             "disk: round {round} done ({dropped} queue-full waits, load {:.2})",
             report::load_1m()
         );
-    }
+        Ok(())
+    })?;
     let ratio = |a: &str, b: &str| report::ratio_of_medians(&rows, a, b, args.page_bytes);
     Ok(Report {
         bench: "disk".into(),

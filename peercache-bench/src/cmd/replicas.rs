@@ -17,7 +17,7 @@ use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
 
 use crate::load::rawtcp;
-use crate::load::runner::{Timing, run_row};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report};
 
 /// Options of `replicas`.
@@ -70,9 +70,16 @@ fn settle(nodes: &[Store]) -> Result<()> {
 pub fn run(args: &ReplicaArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
     let batch = args.batch as usize;
-    let timing = Timing {
-        warmup: Duration::from_millis(100),
-        measure: Duration::from_secs_f64(args.run.secs),
+    // Three readers hit the hot keys; one reads the disk-only pages.
+    let sweep = |label: &str, threads: u64| {
+        Sweep::of(
+            label,
+            args.run.rounds,
+            &[threads],
+            args.page_bytes,
+            args.batch,
+            args.run.secs,
+        )
     };
     let src = rawtcp::prefaulted(page * batch, 41);
     let mut rows = Vec::new();
@@ -95,29 +102,20 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
         crate::load::workload::publish(&owner, &keys, &src, page, batch)?;
         clusters.push((if on { "on" } else { "off" }, nodes, keys));
     }
-    let mut progress = crate::load::progress::Progress::new("replicas", args.run.rounds as usize);
-    for round in 0..args.run.rounds {
+    sweep("replicas: hot keys", 3)?.run(&mut rows, |cell| {
         for (variant, nodes, keys) in &clusters {
-            rows.push(run_row(
-                &format!("hot-get/{variant}"),
-                args.page_bytes,
-                args.batch,
-                3,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::get_caller(
-                        nodes[1 + t].clone(),
-                        keys.clone(),
-                        page,
-                        batch,
-                        t as u64 * 7,
-                    )
-                },
-            ));
+            cell.row(&format!("hot-get/{variant}"), |t| {
+                crate::load::workload::get_caller(
+                    nodes[1 + t].clone(),
+                    keys.clone(),
+                    page,
+                    batch,
+                    t as u64 * 7,
+                )
+            });
         }
-        progress.step(&format!("hot keys, round {round}"));
-    }
+        Ok(())
+    })?;
     let served_by_owner: Vec<u64> = clusters
         .iter()
         .map(|(_, nodes, _)| {
@@ -150,25 +148,13 @@ pub fn run(args: &ReplicaArgs) -> Result<Report> {
     crate::load::workload::publish(&owner, &cold, &src, page, batch)?;
     owner.flush_disk();
     owner.flush_evictions(Duration::from_secs(10));
-    for round in 0..args.run.rounds {
-        rows.push(run_row(
-            "get-disk-only",
-            args.page_bytes,
-            args.batch,
-            1,
-            round,
-            &timing,
-            |_| {
-                crate::load::workload::get_caller(
-                    reader.clone(),
-                    cold.clone(),
-                    page,
-                    batch,
-                    round * 97,
-                )
-            },
-        ));
-    }
+    sweep("replicas: disk-only pages", 1)?.run(&mut rows, |cell| {
+        let round = cell.round;
+        cell.row("get-disk-only", |_| {
+            crate::load::workload::get_caller(reader.clone(), cold.clone(), page, batch, round * 97)
+        });
+        Ok(())
+    })?;
     reader.shutdown();
     owner.shutdown();
 

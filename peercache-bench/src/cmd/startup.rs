@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd::main_job::{start_node_cold, start_node_with};
+use crate::load::sweep::Rounds;
 use crate::report::{Host, Report, Row};
 
 /// Options of the `startup` subcommand.
@@ -37,6 +38,28 @@ struct Round {
     memset: f64,
 }
 
+impl Round {
+    /// The round's rows for a pool of `gib` GiB: first read (seconds as `max_us`), pool
+    /// ready and the memset beside it (seconds, and GB/s).
+    fn rows(&self, gib: u64, round: u64) -> [Row; 3] {
+        let row = |what: &str, secs: f64, rate: bool| Row {
+            max_us: secs * 1e6,
+            gb_per_s: if rate {
+                gib as f64 * 1.073_741_824 / secs
+            } else {
+                0.0
+            },
+            round,
+            ..Row::empty(&format!("startup/{what}/{gib}g"))
+        };
+        [
+            row("first-read", self.first_read, false),
+            row("pool-ready", self.ready, true),
+            row("memset", self.memset, true),
+        ]
+    }
+}
+
 /// Runs the `startup` subcommand.
 pub fn run(args: &StartupArgs) -> Result<Report> {
     ensure!(args.pool_gib >= 1, "--pool-gib must be at least 1");
@@ -58,7 +81,9 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
     // Unmeasured: the host's page cache is reclaimed once here, not by the first measured run.
     memset_seconds(bytes, threads, args.host_local)?;
     let mut rounds = Vec::new();
-    for round in 0..args.run.rounds {
+    let mut rows = Vec::new();
+    Rounds::new("startup", args.run.rounds).run(&mut rows, |cell| {
+        let round = cell.round;
         // Alternate which goes first, so neither always pays for reclaiming the page cache.
         let memset_first = round % 2 == 1;
         let early = if memset_first {
@@ -106,30 +131,18 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
              memset {memset:.2} s",
             args.pool_gib
         );
-        rounds.push(Round {
+        let r = Round {
             first_read,
             ready,
             memset,
-        });
-    }
+        };
+        for row in r.rows(args.pool_gib, round) {
+            cell.push(row);
+        }
+        rounds.push(r);
+        Ok(())
+    })?;
     reader.shutdown();
-    let mut rows = Vec::new();
-    let gib = args.pool_gib as f64;
-    for (i, r) in rounds.iter().enumerate() {
-        let round = i as u64;
-        let mut first = Row::empty(&format!("startup/first-read/{}g", args.pool_gib));
-        first.max_us = r.first_read * 1e6;
-        first.round = round;
-        let mut ready = Row::empty(&format!("startup/pool-ready/{}g", args.pool_gib));
-        ready.max_us = r.ready * 1e6;
-        ready.gb_per_s = gib * 1.073_741_824 / r.ready;
-        ready.round = round;
-        let mut memset = Row::empty(&format!("startup/memset/{}g", args.pool_gib));
-        memset.max_us = r.memset * 1e6;
-        memset.gb_per_s = gib * 1.073_741_824 / r.memset;
-        memset.round = round;
-        rows.extend([first, ready, memset]);
-    }
     let median = |f: &dyn Fn(&Round) -> f64| {
         let mut v: Vec<f64> = rounds.iter().map(f).collect();
         v.sort_by(f64::total_cmp);

@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::load::runner::{CallOutcome, Timing, run_row};
 use crate::load::sglang::{self, Checks, HostPool, ShapeArgs};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report, Row};
 
 /// Deployment mode of the measured cluster.
@@ -292,93 +293,68 @@ pub fn run(args: &ThroughputArgs) -> Result<Report> {
     };
     back_up_working_set(&mut owner_pools)?;
 
-    let timing = Timing {
-        warmup: Duration::from_secs_f64(args.warmup),
-        measure: Duration::from_secs_f64(args.run.secs),
-    };
+    let mut sweep = Sweep::new("throughput", &args.run, &args.load, page_bytes)?;
+    sweep.timing.warmup = Duration::from_secs_f64(args.warmup);
     let tokens = shape.tokens_per_page as f64;
     let checks = Arc::new(Checks::default());
     let next_backup = Arc::new(AtomicU64::new(1 << 40));
     let mut rows: Vec<Row> = Vec::new();
     // One registered host pool per caller thread, registered once, dropped after shutdown.
-    let max_c = *args
-        .load
-        .threads
-        .concurrency
-        .iter()
-        .max()
-        .context("no concurrency")? as usize;
-    let mut reader_pools: Vec<Arc<HostPool>> = Vec::with_capacity(max_c);
-    for _ in 0..max_c {
+    let mut reader_pools: Vec<Arc<HostPool>> = Vec::with_capacity(sweep.max_threads());
+    for _ in 0..sweep.max_threads() {
         let pool = Arc::new(HostPool::new(shape, args.batch_size()));
         // SAFETY: the reader is shut down before `reader_pools` is dropped.
         unsafe { pool.register(&reader) }?;
         reader_pools.push(pool);
     }
     let staged0 = reader.stats().staged_reads;
-    let mut progress = crate::load::progress::Progress::new(
-        "throughput",
-        (args.run.rounds as usize) * args.load.threads.concurrency.len(),
-    );
-    for round in 0..args.run.rounds {
-        for &c in &args.load.threads.concurrency {
-            for &op in &args.ops {
-                let kind = match op {
-                    Op::Prefetch => sglang::ReadKind::Prefetch,
-                    Op::Get => sglang::ReadKind::Get,
-                    Op::Exists => sglang::ReadKind::Exists,
-                    Op::Backup => {
-                        rows.push(backup_row(
-                            &reader,
-                            shape,
-                            args,
-                            c,
-                            round,
-                            &timing,
-                            &next_backup,
-                        ));
-                        continue;
-                    }
-                };
-                let mut row = run_row(
-                    op.name(),
-                    page_bytes,
-                    args.load.batch,
-                    c,
-                    round,
-                    &timing,
-                    |t| {
-                        // SAFETY: pool `t` is registered with the reader and used by this
-                        // caller only; it outlives the reader (dropped after shutdown).
-                        unsafe {
-                            sglang::read_caller(
-                                kind,
-                                reader.clone(),
-                                reader_pools[t].clone(),
-                                set.clone(),
-                                t as u64 * 7919 + round * 31,
-                                checks.clone(),
-                            )
-                        }
-                    },
-                );
-                row.tokens_per_s = row.pages_per_s * tokens;
-                if op == Op::Exists {
-                    row.gb_per_s = 0.0; // no payload moves
+    sweep.run(&mut rows, |cell| {
+        let round = cell.round;
+        for &op in &args.ops {
+            let kind = match op {
+                Op::Prefetch => sglang::ReadKind::Prefetch,
+                Op::Get => sglang::ReadKind::Get,
+                Op::Exists => sglang::ReadKind::Exists,
+                Op::Backup => {
+                    let row = backup_row(
+                        &reader,
+                        shape,
+                        args,
+                        cell.threads,
+                        round,
+                        cell.timing(),
+                        &next_backup,
+                    );
+                    cell.push(row);
+                    continue;
                 }
-                rows.push(row);
+            };
+            let row = cell.row(op.name(), |t| {
+                // SAFETY: pool `t` is registered with the reader and used by this caller
+                // only; it outlives the reader (dropped after shutdown).
+                unsafe {
+                    sglang::read_caller(
+                        kind,
+                        reader.clone(),
+                        reader_pools[t].clone(),
+                        set.clone(),
+                        t as u64 * 7919 + round * 31,
+                        checks.clone(),
+                    )
+                }
+            });
+            row.tokens_per_s = row.pages_per_s * tokens;
+            if op == Op::Exists {
+                row.gb_per_s = 0.0; // no payload moves
             }
-            if args.cluster.mode == BenchMode::Slotmap && args.ops.contains(&Op::Backup) {
-                // Slotmap overwrites the oldest way of a full bucket: the backup row's fresh
-                // pages displaced part of the working set. Restore it (not measured).
-                back_up_working_set(&mut owner_pools)?;
-            }
-            progress.step(&format!(
-                "round {round}, {c} thread(s) (load {:.2})",
-                report::load_1m()
-            ));
         }
-    }
+        if args.cluster.mode == BenchMode::Slotmap && args.ops.contains(&Op::Backup) {
+            // Slotmap overwrites the oldest way of a full bucket: the backup row's fresh pages
+            // displaced part of the working set. Restore it (not measured).
+            back_up_working_set(&mut owner_pools)?;
+        }
+        Ok(())
+    })?;
     let staged = reader.stats().staged_reads - staged0;
     let wrong = checks.wrong.load(Ordering::Relaxed);
     reader.shutdown();
