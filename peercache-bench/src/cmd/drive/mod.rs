@@ -22,6 +22,7 @@ use crate::cmd::throughput::{ClusterArgs, Op, owner_pool_bytes, start_node};
 use crate::load::child::ChildProc;
 use crate::load::runner::{RowCounts, fold_row};
 use crate::load::sglang::{self, HostPool, ShapeArgs};
+use crate::load::sweep::Sweep;
 use crate::report::{self, Host, Report};
 pub use reader::{ReaderArgs, reader};
 use reader::{StepResult, StreamResult};
@@ -345,94 +346,95 @@ pub fn run(args: &DriveArgs) -> Result<Option<Report>> {
     let (mut wrong, mut staged, mut rdma_bytes) = (0u64, 0u64, 0u64);
     // Per step: directory requests the readers sent over the network, per call.
     let mut rpcs_per_call: Vec<(u64, f64)> = Vec::new();
-    let mut progress = crate::load::progress::Progress::new(
+    // One step per (round, threads per reader): every reader process measures with that many
+    // threads, and the step's row is their merged counts.
+    let sweep = Sweep::of(
         "drive",
-        (args.run.rounds as usize) * args.threads.concurrency.len(),
-    );
-    for round in 0..args.run.rounds {
-        for &threads in &args.threads.concurrency {
-            for r in readers.iter_mut() {
-                r.send(&format!("GO {threads}"))?;
-            }
-            let mut merged = RowCounts {
-                hist: crate::report::hist::new(),
-                pages: 0,
-                misses: 0,
-                errors: 0,
-                elapsed: Duration::ZERO,
-            };
-            let mut step_rpcs = 0u64;
-            for r in &readers {
-                let l = r.line(step_wait)?;
-                let s: StepResult = serde_json::from_str(&l)
-                    .with_context(|| format!("{}: bad step line {l:?}", r.name))?;
-                step_rpcs += s.directory_rpcs;
-                for (v, n) in s.hist {
-                    merged.hist.record_n(v.clamp(1, 60_000_000), n)?;
-                }
-                merged.pages += s.pages;
-                merged.misses += s.misses;
-                merged.errors += s.errors;
-                merged.elapsed = merged.elapsed.max(Duration::from_secs_f64(s.secs));
-                wrong += s.wrong;
-                staged += s.staged;
-                rdma_bytes += s.rdma_bytes;
-            }
-            let mut row = fold_row(
-                &format!("drive-{}", c.op.name()),
-                page,
-                c.batch_size as u64,
-                threads * args.processes as u64,
-                round,
-                &merged,
-            );
-            row.tokens_per_s = row.pages_per_s * tokens;
-            let calls = (merged.pages + merged.misses).div_ceil(c.batch_size.max(1) as u64);
-            rpcs_per_call.push((
-                threads * args.processes as u64,
-                step_rpcs as f64 / calls.max(1) as f64,
-            ));
-            if c.op == Op::Exists {
-                row.gb_per_s = 0.0; // no payload moves
-            }
-            rows.push(row);
-            // `--op get`: the one-way streams over as many connections, right after: hot (a
-            // 1 MiB buffer each side), then the working set (the owner's pages' worth of memory
-            // sent, each connection received into a ring the size of a caller's host pool).
-            if let (Op::Get, Some((hot, ws))) = (c.op, &stream_addr) {
-                let pool_bytes = c.batch_size * page as usize;
-                for (prefix, addr, ring) in [
-                    ("raw-tcp/stream", hot, 1usize << 20),
-                    ("raw-tcp/stream-ws", ws, pool_bytes),
-                ] {
-                    for r in readers.iter_mut() {
-                        r.send(&format!("STREAM {threads} {addr} {ring}"))?;
-                    }
-                    let (mut bytes, mut secs) = (0u64, 0f64);
-                    for r in &readers {
-                        let l = r.line(step_wait)?;
-                        let s: StreamResult = serde_json::from_str(&l)
-                            .with_context(|| format!("{}: bad stream line {l:?}", r.name))?;
-                        bytes += s.bytes;
-                        secs = secs.max(s.secs);
-                    }
-                    let c_all = threads * args.processes as u64;
-                    let mut row = crate::report::Row::empty(&format!("{prefix}-x{c_all}"));
-                    row.page_bytes = page;
-                    row.concurrency = c_all;
-                    row.round = round;
-                    row.pages_per_s = bytes as f64 / page as f64 / secs.max(1e-9);
-                    row.gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9;
-                    rows.push(row);
-                }
-            }
-            progress.step(&format!(
-                "round {round}, {} process(es) × {threads} thread(s) (load {:.2})",
-                args.processes,
-                report::load_1m()
-            ));
+        args.run.rounds,
+        &args.threads.concurrency,
+        page,
+        c.batch_size as u64,
+        args.run.secs,
+    )?;
+    sweep.run(&mut rows, |cell| {
+        let (round, threads) = (cell.round, cell.threads);
+        for r in readers.iter_mut() {
+            r.send(&format!("GO {threads}"))?;
         }
-    }
+        let mut merged = RowCounts {
+            hist: crate::report::hist::new(),
+            pages: 0,
+            misses: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+        };
+        let mut step_rpcs = 0u64;
+        for r in &readers {
+            let l = r.line(step_wait)?;
+            let s: StepResult = serde_json::from_str(&l)
+                .with_context(|| format!("{}: bad step line {l:?}", r.name))?;
+            step_rpcs += s.directory_rpcs;
+            for (v, n) in s.hist {
+                merged.hist.record_n(v.clamp(1, 60_000_000), n)?;
+            }
+            merged.pages += s.pages;
+            merged.misses += s.misses;
+            merged.errors += s.errors;
+            merged.elapsed = merged.elapsed.max(Duration::from_secs_f64(s.secs));
+            wrong += s.wrong;
+            staged += s.staged;
+            rdma_bytes += s.rdma_bytes;
+        }
+        let mut row = fold_row(
+            &format!("drive-{}", c.op.name()),
+            page,
+            c.batch_size as u64,
+            threads * args.processes as u64,
+            round,
+            &merged,
+        );
+        row.tokens_per_s = row.pages_per_s * tokens;
+        let calls = (merged.pages + merged.misses).div_ceil(c.batch_size.max(1) as u64);
+        rpcs_per_call.push((
+            threads * args.processes as u64,
+            step_rpcs as f64 / calls.max(1) as f64,
+        ));
+        if c.op == Op::Exists {
+            row.gb_per_s = 0.0; // no payload moves
+        }
+        cell.push(row);
+        // `--op get`: the one-way streams over as many connections, right after: hot (a
+        // 1 MiB buffer each side), then the working set (the owner's pages' worth of memory
+        // sent, each connection received into a ring the size of a caller's host pool).
+        if let (Op::Get, Some((hot, ws))) = (c.op, &stream_addr) {
+            let pool_bytes = c.batch_size * page as usize;
+            for (prefix, addr, ring) in [
+                ("raw-tcp/stream", hot, 1usize << 20),
+                ("raw-tcp/stream-ws", ws, pool_bytes),
+            ] {
+                for r in readers.iter_mut() {
+                    r.send(&format!("STREAM {threads} {addr} {ring}"))?;
+                }
+                let (mut bytes, mut secs) = (0u64, 0f64);
+                for r in &readers {
+                    let l = r.line(step_wait)?;
+                    let s: StreamResult = serde_json::from_str(&l)
+                        .with_context(|| format!("{}: bad stream line {l:?}", r.name))?;
+                    bytes += s.bytes;
+                    secs = secs.max(s.secs);
+                }
+                let c_all = threads * args.processes as u64;
+                let mut row = crate::report::Row::empty(&format!("{prefix}-x{c_all}"));
+                row.page_bytes = page;
+                row.concurrency = c_all;
+                row.round = round;
+                row.pages_per_s = bytes as f64 / page as f64 / secs.max(1e-9);
+                row.gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9;
+                cell.push(row);
+            }
+        }
+        Ok(())
+    })?;
     drop(readers);
     drop(owner);
     if wrong > 0 {
