@@ -288,10 +288,12 @@ impl Store {
             }
         }
         let pkeys = self.page_keys(keys);
-        Ok(self
-            .inner
-            .write_wing()
-            .set_impl_valid(&pkeys, segs, counts, Some(valid_lens)))
+        Ok(self.inner.write_wing().write(crate::node::write::Writes {
+            keys: &pkeys,
+            slices: segs,
+            counts,
+            valid_lens: Some(valid_lens),
+        }))
     }
 
     /// [`Store::batch_set_partial_segments`] on raw segments.

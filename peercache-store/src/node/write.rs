@@ -12,7 +12,7 @@ use crate::modes::central::writer::StorageWriter;
 use crate::modes::slot::SlotIo;
 use crate::node::home::PageHome;
 
-/// Where a write goes, by mode, role and write policy (decided once per call).
+/// Where a write goes, by mode and write policy (decided once per call).
 pub(crate) enum WriteRoute<'a> {
     /// Slot mode: the slot regions.
     Slots(SlotIo<'a>),
@@ -25,6 +25,16 @@ pub(crate) enum WriteRoute<'a> {
         also_local: bool,
         fallback_local: bool,
     },
+}
+
+/// One write call's pages: their keys, their segments back to back, how many segments each
+/// page has, and — for pages shorter than the bytes they were given — each valid length.
+#[derive(Clone, Copy)]
+pub(crate) struct Writes<'a> {
+    pub(crate) keys: &'a [PageKey],
+    pub(crate) slices: &'a [&'a [u8]],
+    pub(crate) counts: &'a [usize],
+    pub(crate) valid_lens: Option<&'a [u32]>,
 }
 
 /// The write wing's view of the node: the pool it publishes into, the directory it names the
@@ -50,7 +60,12 @@ impl WriteWing<'_> {
         StoreError::refuse_if_stopping(self.stopping)?;
         crate::read::dest::check_counts(keys.len(), slices.len(), counts)?;
         let t0 = std::time::Instant::now();
-        let r = self.set_impl(keys, slices, counts);
+        let r = self.write(Writes {
+            keys,
+            slices,
+            counts,
+            valid_lens: None,
+        });
         self.home
             .metrics
             .write_latency
@@ -58,52 +73,39 @@ impl WriteWing<'_> {
         Ok(r)
     }
 
-    pub(crate) fn set_impl(
-        &self,
-        keys: &[PageKey],
-        slices: &[&[u8]],
-        counts: &[usize],
-    ) -> Vec<bool> {
-        self.set_impl_valid(keys, slices, counts, None)
-    }
-
-    /// Routes a write by mode and write policy: the local pool (p2p), storage servers
-    /// (centralized; hybrid `storage`), or both (hybrid `both`).
-    pub(crate) fn set_impl_valid(
-        &self,
-        keys: &[PageKey],
-        slices: &[&[u8]],
-        counts: &[usize],
-        valid_lens: Option<&[u32]>,
-    ) -> Vec<bool> {
+    /// Routes a write by mode and write policy: the local pool (p2p, a storage server), storage
+    /// servers (centralized; hybrid `storage`), or both (hybrid `both`).
+    pub(crate) fn write(&self, w: Writes<'_>) -> Vec<bool> {
         let (writer, also_local, fallback_local) = match &self.route {
-            WriteRoute::Slots(slots) => return slots.set(keys, slices, counts),
-            WriteRoute::Local => return self.set_local(keys, slices, counts, valid_lens),
+            WriteRoute::Slots(slots) => return slots.set(w.keys, w.slices, w.counts),
+            WriteRoute::Local => return self.write_local(w),
             WriteRoute::Storage {
                 writer,
                 also_local,
                 fallback_local,
             } => (writer, *also_local, *fallback_local),
         };
-        match writer.write(keys, slices, counts, valid_lens) {
+        match writer.write(w.keys, w.slices, w.counts, w.valid_lens) {
             Some(stored) if also_local => {
-                let local = self.set_local(keys, slices, counts, valid_lens);
+                let local = self.write_local(w);
                 stored.iter().zip(local).map(|(s, l)| *s || l).collect()
             }
             Some(stored) => stored,
             // No storage server registered: hybrid falls back to the local pool.
-            None if fallback_local => self.set_local(keys, slices, counts, valid_lens),
-            None => vec![false; keys.len()],
+            None if fallback_local => self.write_local(w),
+            None => vec![false; w.keys.len()],
         }
     }
 
-    pub(crate) fn set_local(
-        &self,
-        keys: &[PageKey],
-        slices: &[&[u8]],
-        counts: &[usize],
-        valid_lens: Option<&[u32]>,
-    ) -> Vec<bool> {
+    /// Publishes into this node's pool and names the pages in the directory; a page the
+    /// directory did not take is withdrawn again.
+    pub(crate) fn write_local(&self, w: Writes<'_>) -> Vec<bool> {
+        let Writes {
+            keys,
+            slices,
+            counts,
+            valid_lens,
+        } = w;
         let m = &self.home.metrics;
         m.write_requests.add(1);
         let mut pages = Vec::with_capacity(keys.len());
