@@ -116,8 +116,8 @@ impl Core {
         }
     }
 
-    /// The write wing, with what it needs of the node and the route this node's mode, role
-    /// and write policy give a write.
+    /// The write wing, with what it needs of the node and the route this node's mode (a
+    /// storage server is one) and write policy give a write.
     pub(crate) fn write_wing(&self) -> crate::node::write::WriteWing<'_> {
         use crate::config::WritePolicy;
         use crate::modes::state::ModeState;
