@@ -391,6 +391,12 @@ impl Pool {
         }
     }
 
+    /// Slab size in bytes: no page spans two slabs, so a registration of whole slabs holds
+    /// every page it touches.
+    pub fn slab_bytes(&self) -> u64 {
+        self.max_payload + HEADER_LEN as u64
+    }
+
     /// Region base (register this with the transport).
     pub fn base(&self) -> *mut u8 {
         self.map.ptr()

@@ -78,6 +78,12 @@ pub mod rdma {
         /// Times a peer was left on TCP for a while because its RDMA setup (region table or every
         /// queue-pair connect) failed.
         pub const PEERS_UNAVAILABLE: &str = "peercache_rdma_peers_unavailable_total";
+        /// Bytes of this node's regions registered with the NIC so far (a region registered
+        /// in chunks counts the chunks done).
+        pub const REGISTERED_BYTES: &str = "peercache_rdma_registered_bytes";
+        /// Bytes of this node's regions still waiting for their chunks to be registered in
+        /// the background (0 once every region is registered whole).
+        pub const REGISTERING_BYTES: &str = "peercache_rdma_registering_bytes";
     }
 
     /// The RDMA series of PeerCache 0.8.4, kept under their old names and types (gauges) so
@@ -236,6 +242,9 @@ pub(crate) struct RdmaCounters {
     /// Lazily registered regions held right now.
     pub(crate) lazy_mrs: metrics::Gauge,
     pub(crate) unavailable: Tally,
+    /// Bytes registered with the NIC; bytes still to register in the background.
+    pub(crate) registered: metrics::Gauge,
+    pub(crate) registering: metrics::Gauge,
 }
 
 impl RdmaCounters {
@@ -253,6 +262,8 @@ impl RdmaCounters {
             lazy_hits: tally(rdma::LAZY_HITS),
             lazy_mrs: metrics::gauge!(rdma::compat::LAZY_LOCAL_MRS),
             unavailable: tally(rdma::PEERS_UNAVAILABLE),
+            registered: metrics::gauge!(rdma::REGISTERED_BYTES),
+            registering: metrics::gauge!(rdma::REGISTERING_BYTES),
         }
     }
 }

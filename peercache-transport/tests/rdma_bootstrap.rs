@@ -9,9 +9,12 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use peercache_transport::rdma::RdmaError;
-use peercache_transport::rdma::bootstrap::{self, BootstrapError, QpInfo, Responder};
+use peercache_transport::rdma::bootstrap::{
+    self, BootstrapError, BootstrapRequest, ChunkedRegion, QpInfo, RegionTable, Responder,
+};
 use peercache_wire::auth::Auth;
-use peercache_wire::handshake::{Acceptor, Plane};
+use peercache_wire::envelope;
+use peercache_wire::handshake::{self, Acceptor, Hello, Plane};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
 mod common;
@@ -79,20 +82,34 @@ fn server(secret: Option<&[u8]>) -> (SocketAddr, Arc<SoftResponder>) {
             let Ok(s) = s else { break };
             let (a, r) = (acceptor.clone(), r.clone());
             std::thread::spawn(move || {
-                let table = || {
-                    vec![bootstrap::RegionRkeys {
+                let table = || bootstrap::RegionTables {
+                    whole: vec![bootstrap::RegionRkeys {
                         key: 7,
                         base: 0x1000,
                         len: 4096,
                         rkeys: vec![11, 12],
                         writable: false,
-                    }]
+                    }],
+                    chunked: vec![chunked()],
                 };
                 let _ = bootstrap::serve(s, &a, &*r, &table, Duration::from_secs(2));
             });
         }
     });
     (addr, responder)
+}
+
+/// A region of three 8 KiB chunks, two of them registered so far.
+fn chunked() -> ChunkedRegion {
+    ChunkedRegion {
+        key: 8,
+        base: 0x10_0000,
+        len: 3 * 8192,
+        chunk: 8192,
+        chunks: 3,
+        rkeys: vec![vec![21, 22], vec![23, 24]],
+        writable: false,
+    }
 }
 
 fn client_info(rail: u8) -> QpInfo {
@@ -149,10 +166,46 @@ fn members_can_list_the_regions_with_their_rkeys_and_strangers_cannot() {
     let (addr, _r) = server(Some(SECRET));
     let auth = Auth::from_secret(SECRET).unwrap();
     let t = bootstrap::fetch_regions(addr, None, &auth, Duration::from_secs(2)).unwrap();
-    assert_eq!(t.len(), 1);
-    assert_eq!((t[0].key, t[0].rkeys.clone()), (7, vec![11, 12]));
+    assert_eq!(t.whole.len(), 1);
+    assert_eq!(
+        (t.whole[0].key, t.whole[0].rkeys.clone()),
+        (7, vec![11, 12])
+    );
+    assert_eq!(
+        t.chunked,
+        vec![chunked()],
+        "a client that reads chunks gets them"
+    );
     let e = bootstrap::fetch_regions(addr, None, &Auth::none(), Duration::from_secs(2));
     assert!(e.is_err());
+}
+
+/// A client of an earlier release asks for the table without saying it reads chunks: it gets
+/// the whole regions and no chunked one, which it would take for a region one chunk long.
+#[test]
+fn a_client_that_does_not_read_chunks_gets_no_chunked_region() {
+    let (addr, _r) = server(Some(SECRET));
+    let auth = Auth::from_secret(SECRET).unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let hello = Hello {
+        min_version: envelope::MIN_WIRE_VERSION,
+        max_version: envelope::WIRE_VERSION,
+        plane: Plane::RdmaBootstrap,
+        node: None,
+        incarnation: Incarnation(0),
+        features: 0,
+    };
+    handshake::client_sync(&mut s, &hello, &auth, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let req = envelope::encode(&BootstrapRequest::Regions, &[]).unwrap();
+    peercache_wire::frame::write_frame(&mut s, &req).unwrap();
+    let mut buf = Vec::new();
+    peercache_wire::frame::read_frame(&mut s, 64 << 10, &mut buf).unwrap();
+    let env = envelope::Envelope::parse(&buf).unwrap();
+    let table = env.decode::<RegionTable>().unwrap();
+    assert_eq!(table.regions.len(), 1);
+    assert_eq!(table.regions[0].key, 7);
+    assert_eq!(env.extensions().count(), 0, "no chunked regions sent");
 }
 
 #[test]

@@ -213,3 +213,69 @@ fn writes_go_one_sided_only_when_both_sides_enable_rdma_writes() {
     drop((th, th2));
     drop((target, t2));
 }
+
+/// A region longer than the registration chunk is registered in chunks (the first before
+/// `register` returns, the rest on a thread): once they are all in, every page of every chunk
+/// is read one-sided with its chunk's keys, byte-exact; an op across two chunks (no single
+/// registration covers it) goes over TCP, byte-exact too; dropping the region deregisters
+/// every chunk.
+#[test]
+fn a_region_registered_in_chunks_is_read_one_sided_chunk_by_chunk() {
+    const CHUNK: u64 = 64 << 10;
+    let fabric = Fabric::new();
+    let opts = Soft {
+        chunk: CHUNK,
+        ..Soft::default()
+    };
+    let (owner, path) = common::soft_transport_and_path(&fabric, opts);
+    let reader = rdma_transport(&fabric);
+    let src = region(&owner, 16 * CHUNK as usize, Access::RemoteRead, 5);
+    common::wait_for(
+        std::time::Duration::from_secs(10),
+        "every chunk registered",
+        || {
+            let (done, all) = path.registration();
+            done == all
+        },
+    );
+    assert_eq!(path.registration(), (16 * CHUNK, 16 * CHUNK));
+    let mut dst = region(&reader, 16 * CHUNK as usize, Access::LocalOnly, 6);
+    let mut b = Batch::new();
+    for i in 0..16u64 {
+        // The middle 4 KiB of each chunk.
+        let at = i * CHUNK + CHUNK / 2;
+        b.push(remote(&src.h, at, 4096), &[seg(&dst.h, at, 4096)]);
+    }
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    for i in 0..16usize {
+        let at = i * CHUNK as usize + CHUNK as usize / 2;
+        assert_eq!(
+            &dst.mem[at..at + 4096],
+            &src.mem[at..at + 4096],
+            "chunk {i}"
+        );
+    }
+    let s = reader.stats();
+    assert_eq!((s.rdma_read_ops, s.rdma_fallbacks), (16, 0), "{s:?}");
+    assert_eq!(
+        owner.stats().served_ops,
+        0,
+        "the owner's CPU served no byte"
+    );
+
+    // Across the boundary of chunks 2 and 3: no rkey covers it, so TCP carries it.
+    dst.mem.fill(0);
+    let at = 3 * CHUNK - 2048;
+    let mut b = Batch::new();
+    b.push(remote(&src.h, at, 4096), &[seg(&dst.h, at, 4096)]);
+    let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    let at = at as usize;
+    assert_eq!(&dst.mem[at..at + 4096], &src.mem[at..at + 4096]);
+    assert_eq!(reader.stats().rdma_fallbacks, 1);
+    assert_eq!(owner.stats().served_ops, 1, "served over TCP");
+
+    drop(src);
+    assert_eq!(path.registration(), (0, 0), "every chunk deregistered");
+}

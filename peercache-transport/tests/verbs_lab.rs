@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
+use peercache_transport::rdma::path::{PathOptions, RdmaPath, RdmaPlane};
 use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
 use peercache_transport::{Access, Batch, OpError, RemoteRange, Transport, TransportConfig};
 use peercache_wire::NodeId;
@@ -59,9 +59,20 @@ fn open_verbs(name: &str, sq_depth: u32, max_sge: u32) -> SidewayVerbs {
 
 /// A transport on `addr` whose RDMA path runs on the lab's device.
 fn verbs_transport(addr: IpAddr, name: &str, rdma_writes: bool) -> Transport {
+    verbs_transport_with(addr, name, rdma_writes, PathOptions::default()).0
+}
+
+/// [`verbs_transport`] with the path's `options`, and the path (its registrations).
+fn verbs_transport_with(
+    addr: IpAddr,
+    name: &str,
+    rdma_writes: bool,
+    options: PathOptions,
+) -> (Transport, Arc<RdmaPath<SidewayVerbs>>) {
     let node = NodeId::new(name).unwrap();
     let verbs = open_verbs(name, 128, 16);
-    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, Some(node.clone()), auth(), DEADLINE);
+    let path = RdmaPath::with_options(verbs, Some(node.clone()), auth(), DEADLINE, options);
+    let plane: Arc<dyn RdmaPlane> = path.clone();
     let cfg = TransportConfig {
         bind: SocketAddr::new(addr, 0),
         op_timeout: DEADLINE,
@@ -70,7 +81,10 @@ fn verbs_transport(addr: IpAddr, name: &str, rdma_writes: bool) -> Transport {
         host_local: false,
         ..TransportConfig::default()
     };
-    Transport::start_with_rdma(cfg, Some(node), Some(path)).unwrap()
+    (
+        Transport::start_with_rdma(cfg, Some(node), Some(plane)).unwrap(),
+        path,
+    )
 }
 
 #[test]
@@ -446,4 +460,85 @@ fn lazily_registered_memory_is_cached_and_a_remapped_buffer_is_registered_afresh
         "LAB-RESULT {{\"lazy_mr_cache\":\"ok\",\"stale_registration_landed_in_new_mapping\":{stale_landed}}}"
     );
     unsafe { libc::munmap(p, LEN) };
+}
+
+/// A region of 256 chunks: `register` returns once the first chunk is registered, and a peer
+/// reads that chunk over verbs while the rest are still being registered; a chunk not
+/// registered when the peer fetched the table is read over TCP meanwhile; once every chunk is
+/// in, a page of each is read one-sided with its chunk's rkey. Every page byte-exact.
+#[test]
+#[ignore = "needs an RDMA device: runs in the soft-RoCE lab (scripts/rdma-verbs.sh)"]
+fn a_region_in_chunks_serves_its_first_chunk_over_verbs_while_the_rest_register() {
+    const CHUNK: u64 = 512 << 10;
+    const CHUNKS: u64 = 256;
+    const PAGE: u32 = 64 << 10;
+    let (_, _, addrs) = lab();
+    let options = PathOptions {
+        register_chunk: CHUNK,
+        ..PathOptions::default()
+    };
+    let (owner, path) = verbs_transport_with(addrs[0], "chunk-owner", false, options);
+    let reader = verbs_transport(addrs[1], "chunk-reader", false);
+    let src = region(&owner, (CHUNK * CHUNKS) as usize, Access::RemoteRead, 12);
+    let (done, all) = path.registration();
+    assert_eq!(all, CHUNK * CHUNKS);
+    assert!(
+        done < all,
+        "register returned with {done} of {all} bytes registered: the rest are in the background"
+    );
+    let mut dst = region(&reader, (CHUNK * CHUNKS) as usize, Access::LocalOnly, 13);
+    let page_of = |chunk: u64| chunk * CHUNK + CHUNK / 2;
+    let read = |chunks: &[u64]| {
+        let mut b = Batch::new();
+        for &c in chunks {
+            b.push(
+                remote(&src.h, page_of(c), PAGE),
+                &[seg(&dst.h, page_of(c), PAGE)],
+            );
+        }
+        let r = reader.read_batch(owner.local_endpoint(), &b).unwrap();
+        assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    };
+
+    // The first chunk, at once: over verbs.
+    read(&[0]);
+    let s = reader.stats();
+    assert_eq!((s.rdma_read_ops, s.rdma_fallbacks), (1, 0), "{s:?}");
+    let in_background = path.registration().0 < all;
+    // The last chunk, right away: over TCP if the table did not have it yet, else over verbs.
+    read(&[CHUNKS - 1]);
+
+    wait_for(Duration::from_secs(120), "every chunk registered", || {
+        let (done, all) = path.registration();
+        done == all
+    });
+    // The reader fetches the table again (at most every 200 ms) until it has every chunk.
+    wait_for(DEADLINE, "the last chunk read over verbs", || {
+        let before = reader.stats().rdma_read_ops;
+        read(&[CHUNKS - 1]);
+        reader.stats().rdma_read_ops > before
+    });
+    dst.mem.fill(0);
+    let every: Vec<u64> = (0..CHUNKS).collect();
+    let before = reader.stats();
+    read(&every);
+    let after = reader.stats();
+    assert_eq!(
+        after.rdma_read_ops - before.rdma_read_ops,
+        CHUNKS,
+        "{after:?}"
+    );
+    assert_eq!(after.rdma_fallbacks, before.rdma_fallbacks);
+    for c in 0..CHUNKS {
+        let at = page_of(c) as usize;
+        assert!(
+            dst.mem[at..at + PAGE as usize] == src.mem[at..at + PAGE as usize],
+            "chunk {c} differs"
+        );
+    }
+    drop(src);
+    assert_eq!(path.registration(), (0, 0), "every chunk deregistered");
+    println!(
+        "LAB-RESULT {{\"chunked_registration\":\"ok\",\"chunks\":{CHUNKS},\"first_read_while_registering\":{in_background}}}"
+    );
 }

@@ -85,3 +85,79 @@ impl Message for RegionTable {
     const KIND: u16 = 0x0404;
     const NAME: &'static str = "RegionTable";
 }
+
+/// Extension tag of a [`BootstrapRequest::Regions`] from a client that reads chunked regions:
+/// the server then lists them in a [`TAG_CHUNKED_REGIONS`] extension of its [`RegionTable`].
+/// Not critical: a server of an earlier release ignores it and sends its one table.
+pub const TAG_READS_CHUNKS: u16 = 0x0001;
+
+/// Extension tag of a [`RegionTable`] carrying its [`ChunkedRegions`]. Sent only to a client
+/// that asked with [`TAG_READS_CHUNKS`]; a client of an earlier release gets a table without
+/// the chunked regions (and reads them over TCP), never one chunk of a region as the whole.
+pub const TAG_CHUNKED_REGIONS: u16 = 0x0002;
+
+/// A region registered with the NIC in chunks of `chunk` bytes: chunk `i` covers
+/// `[base + i * chunk, min(base + (i + 1) * chunk, base + len))` and has its own remote keys.
+/// Chunks are registered in order from the first, so those with keys are a prefix.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkedRegion {
+    /// The transport's region key (what locations name).
+    pub key: u64,
+    /// Start address.
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Chunk length in bytes (the last chunk may be shorter).
+    pub chunk: u64,
+    /// Chunks in all, once every one is registered.
+    pub chunks: u32,
+    /// Remote keys of the chunks registered so far, first chunk first; one key per rail each.
+    pub rkeys: Vec<Vec<u32>>,
+    /// Whether peers may write it.
+    pub writable: bool,
+}
+
+impl ChunkedRegion {
+    /// Whether every chunk is registered (the table will not grow).
+    pub fn complete(&self) -> bool {
+        self.rkeys.len() as u64 >= u64::from(self.chunks)
+    }
+
+    /// The index of the chunk holding all of `[addr, addr + len)`, when its keys are known;
+    /// `None` outside the region, across a chunk boundary, or in a chunk not registered yet.
+    ///
+    /// ```
+    /// use peercache_wire::qp::ChunkedRegion;
+    /// let r = ChunkedRegion {
+    ///     key: 1, base: 0x1000, len: 300, chunk: 100, chunks: 3,
+    ///     rkeys: vec![vec![7], vec![8]], writable: false,
+    /// };
+    /// assert_eq!(r.chunk_of(0x1000 + 150, 50), Some(1));
+    /// assert_eq!(r.chunk_of(0x1000 + 90, 20), None, "spans two chunks");
+    /// assert_eq!(r.chunk_of(0x1000 + 250, 10), None, "chunk 2 is not registered yet");
+    /// assert!(!r.complete());
+    /// ```
+    pub fn chunk_of(&self, addr: u64, len: u64) -> Option<usize> {
+        if self.chunk == 0 || addr < self.base {
+            return None;
+        }
+        let off = addr - self.base;
+        let end = off.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        let i = off / self.chunk;
+        let chunk_end = (i + 1).saturating_mul(self.chunk);
+        if end > chunk_end || i >= self.rkeys.len() as u64 {
+            return None;
+        }
+        Some(i as usize)
+    }
+}
+
+/// The chunked regions of a [`RegionTable`], in its [`TAG_CHUNKED_REGIONS`] extension.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkedRegions {
+    /// The regions.
+    pub regions: Vec<ChunkedRegion>,
+}

@@ -155,6 +155,11 @@ settings! {
     /// Connections (channels) per peer.
     max_channels_per_peer: usize = 16;
         shown "`16`", example "4", parse |k, v| p::ranged(k, v, 1, 1024);
+    /// RDMA registration chunk: a pool longer than this is registered with the NIC in chunks
+    /// (rounded up to whole slabs), the first at start and the rest in the background (0: one
+    /// registration).
+    rdma_register_chunk: u64 = 1 << 30;
+        shown "`1gb`", example "256mb", parse |k, v| p::sized(k, v, 0, u64::MAX);
     /// Pool bytes per host, divided by `tp_size`.
     global_segment_size: u64 = 4 << 30;
         shown "`4gb`", example "512mb", parse |k, v| p::sized(k, v, 1 << 20, u64::MAX);

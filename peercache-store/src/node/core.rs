@@ -72,10 +72,7 @@ impl Core {
     /// What names this node's copies in the directory.
     pub(crate) fn stamp(&self) -> Stamp<'_> {
         Stamp {
-            me: &self.id.me,
-            incarnation: self.id.incarnation,
-            data_endpoint: self.id.data,
-            pool_key: self.id.pool_key,
+            id: &self.id,
             pool_base: self.pool.base() as u64,
         }
     }
@@ -200,11 +197,11 @@ impl Core {
 
     /// The storage server's side of centralized writes, with what it needs of the node.
     pub(crate) fn storage_owner(&self) -> crate::modes::central::owner::StorageOwner<'_> {
-        crate::modes::central::owner::StorageOwner {
-            home: self.home(),
-            table: self.mode.storage_server().map(|s| &*s.reservations),
-            reservation_timeout: self.cfg.reservation_timeout,
-        }
+        crate::modes::central::owner::StorageOwner::of(
+            self.home(),
+            &self.mode,
+            self.cfg.reservation_timeout,
+        )
     }
 
     /// The writer's side of centralized writes to `st`'s storage servers.

@@ -70,14 +70,36 @@ pub(super) fn open_disk(
     }
 }
 
-/// The RDMA path for `cfg`'s backend, or None (logged) when it cannot open.
+/// The RDMA registration chunk for a pool of `slab`-byte slabs: `want` rounded up to whole
+/// slabs and 4 KiB pages, so no page spans two registrations (0: one registration).
+pub(super) fn register_chunk(want: u64, slab: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    if want == 0 || slab == 0 {
+        return 0;
+    }
+    let unit = slab / gcd(slab, 4096) * 4096;
+    want.div_ceil(unit)
+        .checked_mul(unit)
+        .unwrap_or(want / unit * unit)
+}
+
+/// The RDMA path for `cfg`'s backend, or None (logged) when it cannot open. Remote-readable
+/// regions longer than the registration chunk (rounded to whole `slab`s) are registered in
+/// chunks.
 pub(super) fn rdma_plane(
     cfg: &PeerCacheConfig,
     me: &NodeId,
     auth: &peercache_wire::auth::Auth,
+    slab: u64,
 ) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
-    use peercache_transport::rdma::path::RdmaPath;
+    use peercache_transport::rdma::path::{PathOptions, RdmaPath};
     let timeout = cfg.op_timeout();
+    let options = PathOptions {
+        max_channels: cfg.max_channels_per_peer,
+        register_chunk: register_chunk(cfg.rdma_register_chunk, slab),
+    };
     match cfg.rdma_backend {
         crate::RdmaBackend::Soft => {
             use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
@@ -90,15 +112,15 @@ pub(super) fn rdma_plane(
                 auth: auth.clone(),
                 timeout,
             });
-            Some(RdmaPath::with_channel_limit(
+            Some(RdmaPath::with_options(
                 verbs,
                 Some(me.clone()),
                 auth.clone(),
                 timeout,
-                cfg.max_channels_per_peer,
+                options,
             ))
         }
-        crate::RdmaBackend::Verbs => verbs_plane(cfg, me, auth),
+        crate::RdmaBackend::Verbs => verbs_plane(cfg, me, auth, options),
     }
 }
 
@@ -107,6 +129,7 @@ pub(super) fn verbs_plane(
     cfg: &PeerCacheConfig,
     me: &NodeId,
     auth: &peercache_wire::auth::Auth,
+    options: peercache_transport::rdma::path::PathOptions,
 ) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
     use peercache_transport::rdma::verbs::{SidewayVerbs, VerbsConfig};
     let vc = VerbsConfig {
@@ -120,15 +143,13 @@ pub(super) fn verbs_plane(
         bootstrap_timeout: cfg.op_timeout(),
     };
     match SidewayVerbs::open(vc) {
-        Ok(v) => Some(
-            peercache_transport::rdma::path::RdmaPath::with_channel_limit(
-                v,
-                Some(me.clone()),
-                auth.clone(),
-                cfg.op_timeout(),
-                cfg.max_channels_per_peer,
-            ),
-        ),
+        Ok(v) => Some(peercache_transport::rdma::path::RdmaPath::with_options(
+            v,
+            Some(me.clone()),
+            auth.clone(),
+            cfg.op_timeout(),
+            options,
+        )),
         Err(why) => {
             tracing::warn!("protocol=rdma requested but {why}; using the TCP transport");
             None
@@ -141,6 +162,7 @@ pub(super) fn verbs_plane(
     _cfg: &PeerCacheConfig,
     _me: &NodeId,
     _auth: &peercache_wire::auth::Auth,
+    _options: peercache_transport::rdma::path::PathOptions,
 ) -> Option<Arc<dyn peercache_transport::rdma::path::RdmaPlane>> {
     None
 }
@@ -170,5 +192,30 @@ pub(super) fn advertise(bound: SocketAddr, host: IpAddr, explicit: bool) -> Sock
         SocketAddr::new(host, bound.port())
     } else {
         bound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::register_chunk;
+
+    #[test]
+    fn the_registration_chunk_is_whole_slabs_and_whole_pages() {
+        assert_eq!(register_chunk(0, 64 << 20), 0, "0: one registration");
+        assert_eq!(register_chunk(1 << 30, 64 << 20), 1 << 30);
+        assert_eq!(
+            register_chunk(100 << 20, 64 << 20),
+            128 << 20,
+            "up to whole slabs"
+        );
+        // A slab that is not a multiple of 4 KiB: whole slabs that are also whole pages.
+        let c = register_chunk(1 << 20, 6144);
+        assert_eq!((c % 6144, c % 4096), (0, 0));
+        assert!(c >= 1 << 20);
+        assert_eq!(
+            register_chunk(u64::MAX, 64 << 20) % (64 << 20),
+            0,
+            "no overflow"
+        );
     }
 }

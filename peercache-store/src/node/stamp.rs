@@ -1,18 +1,13 @@
 //! [`Stamp`]: what names this node's copies in the directory, borrowed from the node for the
 //! parts that publish or re-publish its pages.
 
-use std::net::SocketAddr;
+use super::identity::Identity;
 
-use peercache_wire::{Incarnation, NodeId};
-
-/// What names this node's copies in the directory: its id and life, its data endpoint and
-/// its pool's region.
+/// What names this node's copies in the directory: its identity (id, life, data endpoint,
+/// pool region key) and where its pool is mapped.
 #[derive(Clone, Copy)]
 pub(crate) struct Stamp<'a> {
-    pub(crate) me: &'a NodeId,
-    pub(crate) incarnation: Incarnation,
-    pub(crate) data_endpoint: SocketAddr,
-    pub(crate) pool_key: u64,
+    pub(crate) id: &'a Identity,
     pub(crate) pool_base: u64,
 }
 
@@ -59,11 +54,11 @@ impl Stamp<'_> {
     /// (not resident, retained) of no length yet.
     pub(crate) fn on_disk(&self) -> peercache_directory::Location {
         peercache_directory::Location {
-            node: self.me.clone(),
-            incarnation: self.incarnation,
+            node: self.id.me.clone(),
+            incarnation: self.id.incarnation,
             rails: smallvec::smallvec![peercache_directory::Rail {
-                endpoint: self.data_endpoint,
-                region: self.pool_key,
+                endpoint: self.id.data,
+                region: self.id.pool_key,
             }],
             addr: 0,
             len: 0,

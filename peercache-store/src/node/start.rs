@@ -260,7 +260,7 @@ fn build(
         e => StoreError::Pool(e),
     })?);
     let rdma = if transport_why.starts_with("rdma") {
-        rdma_plane(&cfg, &me, &auth)
+        rdma_plane(&cfg, &me, &auth, pool.slab_bytes())
     } else {
         None
     };

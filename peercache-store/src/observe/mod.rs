@@ -281,6 +281,8 @@ pub(crate) fn cluster_view(inner: &Arc<Core>) -> serde_json::Value {
             "timeouts": r.timeouts, "channel_discards": r.channel_discards,
             "post_failures": r.post_failures, "lease_failures": r.lease_failures, "table_fetches": r.table_fetches,
             "peers_unavailable": r.peers_unavailable,
+            // Bytes registered with the NIC, and still waiting for their chunk (`rdma_register_chunk`).
+            "registered_bytes": r.registered_bytes, "registering_bytes": r.registering_bytes,
             // Peers read over TCP for now, and why (a failed region-table fetch or QP connect).
             "peers_on_tcp": inner.transport.rdma_peers_on_tcp().iter().map(|p| serde_json::json!({
                 "peer": p.peer.to_string(), "why": p.why, "retry_in_s": p.retry_in.as_secs_f64(),

@@ -35,14 +35,7 @@ impl MembershipSync<'_> {
     /// Releases a storage server's reservations whose writer did not commit in time (left,
     /// or gave up); nothing on other nodes.
     pub(crate) fn reap_reservations(&self) {
-        if let Some(server) = self.mode.storage_server() {
-            StorageOwner {
-                home: self.home,
-                table: Some(&server.reservations),
-                reservation_timeout: self.reservation_timeout,
-            }
-            .reap_reservations();
-        }
+        StorageOwner::of(self.home, self.mode, self.reservation_timeout).reap_reservations();
     }
 
     /// Counts and logs each member's refused slotmap layout once per announcement.

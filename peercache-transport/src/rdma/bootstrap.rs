@@ -21,12 +21,30 @@ use std::time::{Duration, Instant};
 
 use peercache_wire::auth::Auth;
 use peercache_wire::envelope;
+use peercache_wire::envelope::{Envelope, Extension};
 use peercache_wire::handshake::{self, Acceptor, Hello, Plane};
-pub use peercache_wire::qp::{BootstrapRequest, QpInfo, QpReply, RegionRkeys, RegionTable};
+pub use peercache_wire::qp::{
+    BootstrapRequest, ChunkedRegion, ChunkedRegions, QpInfo, QpReply, RegionRkeys, RegionTable,
+};
+use peercache_wire::qp::{TAG_CHUNKED_REGIONS, TAG_READS_CHUNKS};
 use peercache_wire::{Incarnation, NodeId, WireError};
 
-/// Largest bootstrap frame (a region table of a few hundred regions fits).
+/// Largest bootstrap request, and largest reply a client of an earlier release reads (a region
+/// table of a few hundred whole regions fits).
 const MAX_FRAME: usize = 64 << 10;
+/// Largest reply this client reads: a table with chunked regions (a 1 TiB pool in 1 GiB chunks
+/// on four rails is about 20 KiB; this leaves room for many such regions).
+const MAX_REPLY: usize = 4 << 20;
+
+/// Every region a node lets peers target over RDMA: those registered whole, and those
+/// registered in chunks (sent only to clients that read them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionTables {
+    /// Regions registered in one piece.
+    pub whole: Vec<RegionRkeys>,
+    /// Regions registered in chunks, with the keys of the chunks registered so far.
+    pub chunked: Vec<ChunkedRegion>,
+}
 
 /// Errors of the bootstrap.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +119,14 @@ pub fn connect(
 ) -> Result<Bootstrapped, BootstrapError> {
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&peer, timeout).map_err(WireError::Io)?;
-    let buf = exchange(&mut s, node, auth, &BootstrapRequest::Qp(*local), deadline)?;
+    let buf = exchange(
+        &mut s,
+        node,
+        auth,
+        &BootstrapRequest::Qp(*local),
+        &[],
+        deadline,
+    )?;
     match envelope::decode::<QpReply>(&buf)? {
         QpReply::Accept(remote) => {
             validate(&remote, usize::from(local.rail) + 1)?;
@@ -121,17 +146,35 @@ pub fn connect(
     }
 }
 
-/// Client: the regions `peer` lets members target over RDMA, with their per-rail rkeys.
+/// Client: the regions `peer` lets members target over RDMA, with their per-rail rkeys —
+/// chunked regions included (a peer of an earlier release has none to send).
 pub fn fetch_regions(
     peer: SocketAddr,
     node: Option<NodeId>,
     auth: &Auth,
     timeout: Duration,
-) -> Result<Vec<RegionRkeys>, BootstrapError> {
+) -> Result<RegionTables, BootstrapError> {
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&peer, timeout).map_err(WireError::Io)?;
-    let buf = exchange(&mut s, node, auth, &BootstrapRequest::Regions, deadline)?;
-    Ok(envelope::decode::<RegionTable>(&buf)?.regions)
+    let asks = [Extension {
+        tag: TAG_READS_CHUNKS,
+        data: Vec::new(),
+    }];
+    let buf = exchange(
+        &mut s,
+        node,
+        auth,
+        &BootstrapRequest::Regions,
+        &asks,
+        deadline,
+    )?;
+    let env = Envelope::parse(&buf)?;
+    let whole = env.decode::<RegionTable>()?.regions;
+    let chunked = env
+        .extension_value::<ChunkedRegions>(TAG_CHUNKED_REGIONS)?
+        .unwrap_or_default()
+        .regions;
+    Ok(RegionTables { whole, chunked })
 }
 
 /// Handshake on the bootstrap plane, one request, one reply frame (returned), all by
@@ -141,6 +184,7 @@ fn exchange(
     node: Option<NodeId>,
     auth: &Auth,
     req: &BootstrapRequest,
+    extensions: &[Extension],
     deadline: Instant,
 ) -> Result<Vec<u8>, BootstrapError> {
     s.set_nodelay(true).map_err(WireError::Io)?;
@@ -155,11 +199,11 @@ fn exchange(
     handshake::client_sync(s, &hello, auth, left(deadline)?)?;
     s.set_write_timeout(Some(left(deadline)?))
         .map_err(WireError::Io)?;
-    peercache_wire::frame::write_frame(s, &envelope::encode(req, &[])?)?;
+    peercache_wire::frame::write_frame(s, &envelope::encode(req, extensions)?)?;
     s.set_read_timeout(Some(left(deadline)?))
         .map_err(WireError::Io)?;
     let mut buf = Vec::with_capacity(256);
-    peercache_wire::frame::read_frame(s, MAX_FRAME, &mut buf)?;
+    peercache_wire::frame::read_frame(s, MAX_REPLY, &mut buf)?;
     s.set_read_timeout(None).map_err(WireError::Io)?;
     s.set_write_timeout(None).map_err(WireError::Io)?;
     Ok(buf)
@@ -179,7 +223,7 @@ pub fn serve<R: Responder>(
     mut s: TcpStream,
     acceptor: &Acceptor,
     responder: &R,
-    regions: &dyn Fn() -> Vec<RegionRkeys>,
+    regions: &dyn Fn() -> RegionTables,
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
     let hello = handshake::server_sync(&mut s, acceptor, timeout)?.hello;
@@ -199,7 +243,7 @@ pub fn serve<R: Responder>(
 pub fn serve_request<R: Responder + ?Sized>(
     s: TcpStream,
     responder: &R,
-    regions: &dyn Fn() -> Vec<RegionRkeys>,
+    regions: &dyn Fn() -> RegionTables,
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
     let Some((mut s, held)) = accept_request(s, responder, regions, timeout)? else {
@@ -217,20 +261,33 @@ pub fn serve_request<R: Responder + ?Sized>(
 /// as long as the client keeps the socket open (EOF, a reset, or any byte from the client —
 /// it never sends more — ends it; keepalive notices a client host that vanished). `None`
 /// when the request needed no holding (the region table, or a refusal sent with its reason).
+/// The table lists chunked regions only to a client that asked for them
+/// ([`TAG_READS_CHUNKS`]): one of an earlier release would take a chunk for the whole region.
 pub fn accept_request<R: Responder + ?Sized>(
     mut s: TcpStream,
     responder: &R,
-    regions: &dyn Fn() -> Vec<RegionRkeys>,
+    regions: &dyn Fn() -> RegionTables,
     timeout: Duration,
 ) -> Result<Option<(TcpStream, R::Held)>, BootstrapError> {
     s.set_read_timeout(Some(timeout)).map_err(WireError::Io)?;
     s.set_write_timeout(Some(timeout)).map_err(WireError::Io)?;
     let mut buf = Vec::with_capacity(128);
     peercache_wire::frame::read_frame(&mut s, MAX_FRAME, &mut buf)?;
-    let remote = match envelope::decode::<BootstrapRequest>(&buf)? {
+    let env = Envelope::parse(&buf)?;
+    let remote = match env.decode::<BootstrapRequest>()? {
         BootstrapRequest::Regions => {
-            let table = RegionTable { regions: regions() };
-            peercache_wire::frame::write_frame(&mut s, &envelope::encode(&table, &[])?)?;
+            let tables = regions();
+            let mut ext = Vec::new();
+            if env.extension(TAG_READS_CHUNKS)?.is_some() {
+                let chunked = ChunkedRegions {
+                    regions: tables.chunked,
+                };
+                ext.push(Extension::of(TAG_CHUNKED_REGIONS, &chunked)?);
+            }
+            let table = RegionTable {
+                regions: tables.whole,
+            };
+            peercache_wire::frame::write_frame(&mut s, &envelope::encode(&table, &ext)?)?;
             return Ok(None);
         }
         BootstrapRequest::Qp(remote) => remote,

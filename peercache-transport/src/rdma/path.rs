@@ -11,8 +11,9 @@ use super::RdmaError;
 use super::holder::Holder;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -20,7 +21,7 @@ use peercache_wire::NodeId;
 use peercache_wire::auth::Auth;
 use smallvec::SmallVec;
 
-use super::bootstrap::{self, RegionRkeys, Responder};
+use super::bootstrap::{self, ChunkedRegion, RegionRkeys, RegionTables, Responder};
 use super::engine::{Engine, EngineOp, LocalSge, MAX_RAILS, RdmaOp, RdmaOpError, Verbs};
 use super::mr_cache::{self, MrCache, Pin};
 use crate::{Access, Batch, OpError, OpResults, RegionKey};
@@ -156,6 +157,10 @@ pub struct RdmaStats {
     pub drain_timeouts: u64,
     /// Times a peer was left on TCP because its RDMA setup failed.
     pub peers_unavailable: u64,
+    /// Bytes of this node's regions registered with the NIC so far.
+    pub registered_bytes: u64,
+    /// Bytes of this node's regions whose chunks are still to be registered (0 when done).
+    pub registering_bytes: u64,
 }
 
 /// Metric names of the RDMA path.
@@ -163,17 +168,104 @@ pub use crate::metrics::rdma as metric;
 
 use crate::metrics::RdmaCounters;
 
+/// A region of this node's as the NIC knows it: registered whole (one chunk of its full
+/// length) or in chunks, of which those registered so far are a prefix.
 struct LocalRegion {
     base: u64,
     len: u64,
     access: Access,
-    keys: RailKeys,
+    /// Chunk length (the region's length when registered whole).
+    chunk: u64,
+    /// Chunks in all.
+    chunks: u32,
+    /// Keys of the chunks registered so far, first chunk first.
+    keys: Vec<RailKeys>,
+    /// The thread registering the remaining chunks, while it runs.
+    filler: Option<Filler>,
+}
+
+impl LocalRegion {
+    /// The local keys of the registered chunk holding all of `[addr, addr + len)`.
+    fn lkeys(&self, addr: u64, len: u64) -> Option<[u32; MAX_RAILS]> {
+        if !crate::validate::contains(self.base, self.len, addr, len) {
+            return None;
+        }
+        let off = addr - self.base;
+        let i = off / self.chunk;
+        if off + len > (i + 1).saturating_mul(self.chunk) {
+            return None;
+        }
+        self.keys.get(i as usize).map(|k| k.lkeys)
+    }
+
+    /// Bytes of the region registered so far.
+    fn registered_bytes(&self) -> u64 {
+        (self.keys.len() as u64)
+            .saturating_mul(self.chunk)
+            .min(self.len)
+    }
+}
+
+/// The background registration of a region's remaining chunks.
+struct Filler {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Filler {
+    /// Stops it after the chunk it is registering and waits for it.
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// A peer's region table as this node reads it: every region in the chunked form (one
+/// registered whole is a single chunk of its full length).
+struct RemoteTable {
+    regions: HashMap<u64, ChunkedRegion>,
+    fetched: Instant,
+}
+
+impl RemoteTable {
+    fn new(t: RegionTables) -> Self {
+        let whole = t.whole.into_iter().map(|r: RegionRkeys| ChunkedRegion {
+            key: r.key,
+            base: r.base,
+            len: r.len,
+            chunk: r.len.max(1),
+            chunks: 1,
+            rkeys: vec![r.rkeys],
+            writable: r.writable,
+        });
+        RemoteTable {
+            regions: whole.chain(t.chunked).map(|r| (r.key, r)).collect(),
+            fetched: Instant::now(),
+        }
+    }
+
+    /// Whether an op of `batch` targets a chunk of a region the peer was still registering
+    /// when this table was fetched (a newer table may have its keys).
+    fn awaits_chunks(&self, batch: &Batch) -> bool {
+        batch.ops().iter().any(|o| {
+            self.regions.get(&o.remote.region.0).is_some_and(|r| {
+                !r.complete()
+                    && crate::validate::contains(
+                        r.base,
+                        r.len,
+                        o.remote.addr,
+                        u64::from(o.remote.len),
+                    )
+                    && r.chunk_of(o.remote.addr, u64::from(o.remote.len)).is_none()
+            })
+        })
+    }
 }
 
 /// A peer's RDMA state.
 enum Peer {
-    /// Its region table, by region key.
-    Ready(HashMap<u64, RegionRkeys>),
+    /// Its region table.
+    Ready(Arc<RemoteTable>),
     /// No RDMA there (or the fetch failed); retry after `until`. `why` says what failed.
     Unavailable { until: Instant, why: String },
 }
@@ -193,8 +285,44 @@ pub struct PeerOnTcp {
 /// How long a peer without RDMA is left on TCP before asking again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// How often a peer's table is fetched again while a batch targets chunks it was still
+/// registering (those batches go over TCP meanwhile).
+const CHUNK_REFRESH: Duration = Duration::from_millis(200);
+
+/// The default registration chunk: a region longer than this is registered with the NIC in
+/// chunks of this size, the first before `register` returns and the rest in the background.
+pub const DEFAULT_REGISTER_CHUNK: u64 = 1 << 30;
+
+/// Settings of an [`RdmaPath`] beyond its verbs, identity and deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathOptions {
+    /// Queue pairs per (peer, rail), idle or in use (`max_channels_per_peer`); a batch that
+    /// finds them all busy waits within its deadline.
+    pub max_channels: usize,
+    /// Registration chunk in bytes (`rdma_register_chunk`): a longer region that peers may
+    /// target is registered in chunks this long, the first at once and the rest on a
+    /// background thread, so no single registration pins more and peers read the first chunks
+    /// while later ones register. An op across two chunks goes over TCP, so a caller picks a
+    /// multiple of its page layout (the store: whole pool slabs). Local-only regions are
+    /// registered whole. 0 registers every region whole. Rounded up to whole 4 KiB pages.
+    pub register_chunk: u64,
+}
+
+impl Default for PathOptions {
+    fn default() -> Self {
+        PathOptions {
+            max_channels: 16,
+            register_chunk: DEFAULT_REGISTER_CHUNK,
+        }
+    }
+}
+
 /// The RDMA path over a verbs backend `V`.
 pub struct RdmaPath<V: Verbs + Registrar + Responder> {
+    /// This path, for the threads that register chunks in the background.
+    me: Weak<Self>,
+    /// Registration chunk in bytes (0: whole regions).
+    chunk: u64,
     engine: Engine<V>,
     local: RwLock<HashMap<u64, LocalRegion>>,
     peers: Mutex<HashMap<SocketAddr, Peer>>,
@@ -221,7 +349,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
     /// A path over `verbs`; bootstrap exchanges and batches are bounded by `timeout`; at most
     /// 16 queue pairs per (peer, rail) (the `max_channels_per_peer` default).
     pub fn new(verbs: V, node: Option<NodeId>, auth: Auth, timeout: Duration) -> Arc<Self> {
-        Self::with_channel_limit(verbs, node, auth, timeout, 16)
+        Self::with_options(verbs, node, auth, timeout, PathOptions::default())
     }
 
     /// [`RdmaPath::new`] with at most `max_channels` queue pairs per (peer, rail), idle or in
@@ -234,11 +362,30 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         timeout: Duration,
         max_channels: usize,
     ) -> Arc<Self> {
+        let options = PathOptions {
+            max_channels,
+            ..PathOptions::default()
+        };
+        Self::with_options(verbs, node, auth, timeout, options)
+    }
+
+    /// A path over `verbs` with `options` (queue pairs per peer, registration chunk).
+    pub fn with_options(
+        verbs: V,
+        node: Option<NodeId>,
+        auth: Auth,
+        timeout: Duration,
+        options: PathOptions,
+    ) -> Arc<Self> {
         metrics::gauge!(crate::metrics::rdma::compat::RAILS)
             .set(Verbs::rails(&verbs).min(MAX_RAILS) as f64);
-        Arc::new(RdmaPath {
+        const PAGE: u64 = 4096;
+        Arc::new_cyclic(|me| {
+            RdmaPath {
+            me: me.clone(),
+            chunk: options.register_chunk.div_ceil(PAGE) * PAGE,
             // At most 4 idle queue pairs kept per (peer, rail).
-            engine: Engine::with_channel_limit(verbs, 4, max_channels),
+            engine: Engine::with_channel_limit(verbs, 4, options.max_channels),
             // Peers' queue pairs on this host, held by one thread for all of them.
             holder: Holder::start()
                 .map_err(|e| tracing::warn!(error = %e, "rdma: no queue-pair holder thread; each peer queue pair holds a thread"))
@@ -250,6 +397,7 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             timeout,
             counters: RdmaCounters::register(),
             mrs: Mutex::new(MrCache::new(mr_cache::MAX_ENTRIES, mr_cache::MAX_BYTES)),
+        }
         })
     }
 
@@ -271,24 +419,57 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         self.holder.as_ref().map_or(0, Holder::held)
     }
 
-    fn table(&self) -> Vec<RegionRkeys> {
+    /// The regions peers may target, with the keys registered so far.
+    fn table(&self) -> RegionTables {
         let rails = Verbs::rails(self.engine.verbs()).min(MAX_RAILS);
-        self.local
-            .read()
-            .iter()
-            .filter(|(_, r)| r.access != Access::LocalOnly)
-            .map(|(k, r)| RegionRkeys {
-                key: *k,
-                base: r.base,
-                len: r.len,
-                rkeys: r.keys.rkeys[..rails].to_vec(),
-                writable: r.access == Access::RemoteReadWrite,
-            })
-            .collect()
+        let mut t = RegionTables::default();
+        for (k, r) in self.local.read().iter() {
+            if r.access == Access::LocalOnly {
+                continue;
+            }
+            let writable = r.access == Access::RemoteReadWrite;
+            if r.chunks == 1 {
+                t.whole.extend(r.keys.first().map(|keys| RegionRkeys {
+                    key: *k,
+                    base: r.base,
+                    len: r.len,
+                    rkeys: keys.rkeys[..rails].to_vec(),
+                    writable,
+                }));
+            } else {
+                t.chunked.push(ChunkedRegion {
+                    key: *k,
+                    base: r.base,
+                    len: r.len,
+                    chunk: r.chunk,
+                    chunks: r.chunks,
+                    rkeys: r.keys.iter().map(|k| k.rkeys[..rails].to_vec()).collect(),
+                    writable,
+                });
+            }
+        }
+        t
+    }
+
+    /// Bytes of this node's regions registered with the NIC so far, and in all (they differ
+    /// while chunks are registered in the background).
+    pub fn registration(&self) -> (u64, u64) {
+        self.local.read().values().fold((0, 0), |(done, all), r| {
+            (done + r.registered_bytes(), all + r.len)
+        })
+    }
+
+    /// Sets the registration gauges from the regions as they are now.
+    fn publish_registration(&self) {
+        let (done, all) = self.registration();
+        self.counters.registered.set(done as f64);
+        self.counters
+            .registering
+            .set(all.saturating_sub(done) as f64);
     }
 
     /// The peer's region table, fetching it when unknown (or when `refresh`).
-    fn peer_regions(&self, peer: SocketAddr, refresh: bool) -> Option<HashMap<u64, RegionRkeys>> {
+    fn peer_regions(&self, peer: SocketAddr, refresh: bool) -> Option<Arc<RemoteTable>> {
         {
             let peers = self.peers.lock();
             match peers.get(&peer) {
@@ -299,9 +480,8 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         }
         self.counters.table_fetches.add(1);
         match bootstrap::fetch_regions(peer, self.node.clone(), &self.auth, self.timeout) {
-            Ok(regions) => {
-                let t: HashMap<u64, RegionRkeys> =
-                    regions.into_iter().map(|r| (r.key, r)).collect();
+            Ok(tables) => {
+                let t = Arc::new(RemoteTable::new(tables));
                 self.peers.lock().insert(peer, Peer::Ready(t.clone()));
                 Some(t)
             }
@@ -329,30 +509,31 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         );
     }
 
-    /// Engine ops for `batch`, or None when some op cannot go over RDMA.
+    /// Engine ops for the ops of `batch` numbered `idx`, or None when one cannot go over
+    /// RDMA (a chunk the peer had not registered, an op across two chunks, local memory no
+    /// registration covers).
     fn build(
         &self,
         batch: &Batch,
-        remote: &HashMap<u64, RegionRkeys>,
+        idx: &[usize],
+        remote: &RemoteTable,
         kind: RdmaOp,
         lazy: &LazyRegs<'_, V>,
     ) -> Option<Vec<EngineOp>> {
         let local = self.local.read();
-        let mut ops = Vec::with_capacity(batch.len());
-        for op in batch.ops() {
-            let r = remote.get(&op.remote.region.0)?;
+        let mut ops = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let op = &batch.ops()[i];
+            let r = remote.regions.get(&op.remote.region.0)?;
+            let c = r.chunk_of(op.remote.addr, u64::from(op.remote.len))?;
             let mut rkeys: SmallVec<[u32; 2]> = SmallVec::new();
-            rkeys.extend(r.rkeys.iter().copied());
+            rkeys.extend(r.rkeys[c].iter().copied());
             let mut segs: SmallVec<[LocalSge; 4]> = SmallVec::new();
             for s in batch.op_segments(op) {
                 let lkeys = if s.region == RegionKey::UNREGISTERED && batch.allows_unregistered() {
                     lazy.keys_for(s.addr, u64::from(s.len))?
                 } else {
-                    let l = local.get(&s.region.0)?;
-                    if !crate::validate::contains(l.base, l.len, s.addr, u64::from(s.len)) {
-                        return None;
-                    }
-                    l.keys.lkeys
+                    local.get(&s.region.0)?.lkeys(s.addr, u64::from(s.len))?
                 };
                 segs.push(LocalSge {
                     addr: s.addr,
@@ -461,12 +642,13 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         let Some(mut remote) = self.peer_regions(peer, false) else {
             return fallback();
         };
-        if batch
+        let unknown = batch
             .ops()
             .iter()
-            .any(|o| !remote.contains_key(&o.remote.region.0))
-        {
-            // A region registered after our last fetch (or the peer restarted): ask again.
+            .any(|o| !remote.regions.contains_key(&o.remote.region.0));
+        // A region registered after our last fetch (or the peer restarted), or a chunk the
+        // peer was still registering then (asked again at most every `CHUNK_REFRESH`).
+        if unknown || (remote.fetched.elapsed() >= CHUNK_REFRESH && remote.awaits_chunks(batch)) {
             match self.peer_regions(peer, true) {
                 Some(t) => remote = t,
                 None => return fallback(),
@@ -475,28 +657,29 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         // A write needs every target registered remote-writable on the peer's NIC; otherwise
         // the TCP server (and its guard) decides.
         if kind == RdmaOp::Write
-            && batch
-                .ops()
-                .iter()
-                .any(|o| !remote.get(&o.remote.region.0).is_some_and(|r| r.writable))
+            && batch.ops().iter().any(|o| {
+                !remote
+                    .regions
+                    .get(&o.remote.region.0)
+                    .is_some_and(|r| r.writable)
+            })
         {
             return fallback();
         }
         // Ops the peer's table rejects fail here with the TCP server's typed errors; the rest
         // go over RDMA.
         let mut results: OpResults = (0..batch.len())
-            .map(|i| check_op(batch, i, &remote))
+            .map(|i| check_op(batch, i, &remote.regions))
             .collect();
         // Caller memory outside registered regions: covered by cached registrations or
         // registered now (pinned until the engine has drained every request that targets it).
         let Some(lazy) = self.lazy_register(batch) else {
             return fallback();
         };
-        let Some(all) = self.build(batch, &remote, kind, &lazy) else {
+        let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
+        let Some(ops) = self.build(batch, &idx, &remote, kind, &lazy) else {
             return fallback();
         };
-        let idx: Vec<usize> = (0..batch.len()).filter(|&i| results[i].is_ok()).collect();
-        let ops: Vec<EngineOp> = idx.iter().map(|&i| all[i].clone()).collect();
         let done = self.engine.execute(&peer.to_string(), &ops, self.timeout);
         if !done.is_empty() && done.iter().all(|r| *r == Err(RdmaOpError::Post)) {
             // No queue pair could be connected: leave this peer on TCP for a while.
@@ -529,6 +712,69 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             self.counters.read_bytes.add(ok_bytes);
         }
         Some(results)
+    }
+}
+
+/// The registration of one region's chunks after the first, in order, on its own thread.
+struct Fill<V: Verbs + Registrar + Responder> {
+    path: Weak<RdmaPath<V>>,
+    key: u64,
+    base: u64,
+    len: u64,
+    chunk: u64,
+    access: Access,
+    stop: Arc<AtomicBool>,
+}
+
+impl<V: Verbs + Registrar + Responder> Fill<V> {
+    fn run(self) {
+        let started = Instant::now();
+        let mut at = self.base + self.chunk;
+        let end = self.base + self.len;
+        while at < end {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(path) = self.path.upgrade() else {
+                return;
+            };
+            let n = self.chunk.min(end - at);
+            let verbs = path.engine.verbs();
+            // SAFETY: `[at, at + n)` lies within the region the transport registered, whose
+            // memory stays valid until `RdmaPlane::deregister`; that stops this thread and
+            // waits for it before it removes the region and returns.
+            let keys = match unsafe {
+                Registrar::register(verbs, at as *mut u8, n as usize, self.access)
+            } {
+                Ok(keys) => keys,
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e, offset = at - self.base,
+                        "rdma: registering a chunk failed; the rest of this region is read over TCP"
+                    );
+                    return;
+                }
+            };
+            let kept = match path.local.write().get_mut(&self.key) {
+                Some(r) => {
+                    r.keys.push(keys.clone());
+                    true
+                }
+                None => false,
+            };
+            if !kept {
+                Registrar::deregister(verbs, &keys);
+                return;
+            }
+            path.publish_registration();
+            at += n;
+        }
+        tracing::info!(
+            bytes = self.len,
+            chunk = self.chunk,
+            secs = started.elapsed().as_secs_f64(),
+            "rdma: region registered in chunks"
+        );
     }
 }
 
@@ -581,7 +827,7 @@ fn page_range(addr: u64, len: u64) -> Option<(u64, u64)> {
 
 /// The per-op checks the TCP server would make, done here against the peer's table (the NIC
 /// would only say "remote access error").
-fn check_op(batch: &Batch, i: usize, remote: &HashMap<u64, RegionRkeys>) -> Result<(), OpError> {
+fn check_op(batch: &Batch, i: usize, remote: &HashMap<u64, ChunkedRegion>) -> Result<(), OpError> {
     let op = &batch.ops()[i];
     let key = op.remote.region;
     let r = remote.get(&key.0).ok_or(OpError::UnknownRegion(key))?;
@@ -589,7 +835,7 @@ fn check_op(batch: &Batch, i: usize, remote: &HashMap<u64, RegionRkeys>) -> Resu
     crate::validate::segments_add_up(batch, op)
 }
 
-impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
+impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
     unsafe fn register(
         &self,
         key: RegionKey,
@@ -597,17 +843,57 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
         len: usize,
         access: Access,
     ) -> Result<(), RdmaError> {
-        // SAFETY: forwarded from the caller.
-        let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, len, access) }?;
+        let (base, total) = (ptr as u64, len as u64);
+        // Memory only this node targets is registered whole: its segments may lie anywhere,
+        // and one across two registrations could not be carried.
+        let chunk = if self.chunk == 0 || total <= self.chunk || access == Access::LocalOnly {
+            total.max(1)
+        } else {
+            self.chunk
+        };
+        let chunks = u32::try_from(total.div_ceil(chunk).max(1))
+            .map_err(|_| RdmaError::Unsupported("a region of more than 2^32 chunks"))?;
+        let first = chunk.min(total) as usize;
+        // SAFETY: forwarded from the caller; the first chunk lies within `ptr..ptr+len`.
+        let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, first, access) }?;
+        let filler = (chunks > 1).then(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let job = Fill {
+                path: self.me.clone(),
+                key: key.0,
+                base,
+                len: total,
+                chunk,
+                access,
+                stop: stop.clone(),
+            };
+            std::thread::Builder::new()
+                .name("rdma-register".into())
+                .spawn(move || job.run())
+                .map(|thread| Filler { stop, thread })
+        });
+        let filler = match filler {
+            Some(Err(e)) => {
+                // No thread: the first chunk alone goes over RDMA, the rest over TCP.
+                tracing::warn!(error = %e, "rdma: no thread to register the region's other chunks");
+                None
+            }
+            Some(Ok(f)) => Some(f),
+            None => None,
+        };
         self.local.write().insert(
             key.0,
             LocalRegion {
-                base: ptr as u64,
-                len: len as u64,
+                base,
+                len: total,
                 access,
-                keys,
+                chunk,
+                chunks,
+                keys: vec![keys],
+                filler,
             },
         );
+        self.publish_registration();
         Ok(())
     }
 
@@ -619,22 +905,40 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
     ) -> Result<(), RdmaError> {
         // SAFETY: forwarded from the caller.
         let keys = unsafe { Registrar::register_device(self.engine.verbs(), mem, access) }?;
+        let len = mem.len() as u64;
         self.local.write().insert(
             key.0,
             LocalRegion {
                 base: mem.base(),
-                len: mem.len() as u64,
+                len,
                 access,
-                keys,
+                chunk: len.max(1),
+                chunks: 1,
+                keys: vec![keys],
+                filler: None,
             },
         );
+        self.publish_registration();
         Ok(())
     }
 
     fn deregister(&self, key: RegionKey) {
+        // Stop the background registration first (outside the lock it takes per chunk): no
+        // chunk is registered after this returns.
+        let filler = self
+            .local
+            .write()
+            .get_mut(&key.0)
+            .and_then(|r| r.filler.take());
+        if let Some(f) = filler {
+            f.stop();
+        }
         let removed = self.local.write().remove(&key.0);
         if let Some(r) = removed {
-            Registrar::deregister(self.engine.verbs(), &r.keys);
+            for k in &r.keys {
+                Registrar::deregister(self.engine.verbs(), k);
+            }
+            self.publish_registration();
             // The caller may free the region's memory now: no lazy registration outlives it.
             self.forget_local(r.base, r.len);
         }
@@ -680,7 +984,10 @@ impl<V: Verbs + Registrar + Responder> RdmaPlane for RdmaPath<V> {
 
     fn stats(&self) -> RdmaStats {
         let (c, e) = (&self.counters, &self.engine.counters);
+        let (registered, all) = self.registration();
         RdmaStats {
+            registered_bytes: registered,
+            registering_bytes: all.saturating_sub(registered),
             read_ops: c.read_ops.get(),
             read_bytes: c.read_bytes.get(),
             op_errors: c.op_errors.get(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use peercache_transport::rdma::path::{RdmaPath, RdmaPlane};
+use peercache_transport::rdma::path::{PathOptions, RdmaPath, RdmaPlane};
 use peercache_transport::rdma::soft::{Fabric, SoftBootstrap, SoftVerbs};
 use peercache_transport::{Access, RegionHandle, RemoteRange, Segment, Transport, TransportConfig};
 use peercache_wire::auth::Auth;
@@ -42,11 +42,21 @@ pub(crate) struct Soft {
     pub(crate) rdma_writes: bool,
     /// Emulated implicit on-demand paging.
     pub(crate) odp: bool,
+    /// `PathOptions::register_chunk` (0: the default).
+    pub(crate) chunk: u64,
 }
 
 /// A transport whose RDMA path runs on the software `fabric` (two rails; queue pairs
 /// bootstrapped over the peer's real data port, authenticated with [`SECRET`]).
 pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> Transport {
+    soft_transport_and_path(fabric, opts).0
+}
+
+/// [`soft_transport`], and its RDMA path (its registrations).
+pub(crate) fn soft_transport_and_path(
+    fabric: &Arc<Fabric>,
+    opts: Soft,
+) -> (Transport, Arc<RdmaPath<SoftVerbs>>) {
     let mut verbs = SoftVerbs::new(fabric.clone(), 2, 4, 16);
     if opts.odp {
         verbs = verbs.with_implicit_odp();
@@ -56,12 +66,20 @@ pub(crate) fn soft_transport(fabric: &Arc<Fabric>, opts: Soft) -> Transport {
         auth: auth(),
         timeout: Duration::from_secs(2),
     });
-    let path: Arc<dyn RdmaPlane> = RdmaPath::new(verbs, None, auth(), Duration::from_secs(2));
+    let mut options = PathOptions::default();
+    if opts.chunk > 0 {
+        options.register_chunk = opts.chunk;
+    }
+    let path = RdmaPath::with_options(verbs, None, auth(), Duration::from_secs(2), options);
     let cfg = TransportConfig {
         rdma_writes: opts.rdma_writes,
         ..cfg()
     };
-    Transport::start_with_rdma(cfg, None, Some(path)).unwrap()
+    let plane: Arc<dyn RdmaPlane> = path.clone();
+    (
+        Transport::start_with_rdma(cfg, None, Some(plane)).unwrap(),
+        path,
+    )
 }
 
 /// A registered test buffer: its handle and the bytes behind it (filled with [`pattern`]).

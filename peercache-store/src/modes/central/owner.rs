@@ -22,7 +22,21 @@ pub(crate) struct StorageOwner<'a> {
     pub(crate) reservation_timeout: f64,
 }
 
-impl StorageOwner<'_> {
+impl<'a> StorageOwner<'a> {
+    /// The storage server's side of `mode` (its reservations when `mode` is a storage server;
+    /// otherwise every request is refused) over the node's `home`.
+    pub(crate) fn of(
+        home: PageHome<'a>,
+        mode: &'a crate::modes::state::ModeState,
+        reservation_timeout: f64,
+    ) -> Self {
+        StorageOwner {
+            home,
+            table: mode.storage_server().map(|s| &*s.reservations),
+            reservation_timeout,
+        }
+    }
+
     /// Releases reservations whose writer did not commit in time.
     pub(crate) fn reap_reservations(&self) -> usize {
         let Some(table) = self.table else {
@@ -94,7 +108,7 @@ impl StorageOwner<'_> {
                         Ok(token) => PrepareOutcome::Slot {
                             token,
                             addr: res.payload_addr,
-                            region: self.home.stamp.pool_key,
+                            region: self.home.stamp.id.pool_key,
                         },
                         Err(e) => {
                             unheld.push(res);
