@@ -25,7 +25,7 @@ for t in ib_read_bw ib_write_bw; do
   awk -v t=$t '$1 == 131072 { printf "LAB-RESULT {\"tool\":\"%s\",\"bytes\":131072,\"avg_MBps\":%s}\n", t, $4 }' /tmp/$t.client
 done
 
-step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, a peer killed mid-batch, the path MTU, over kernel verbs"
+step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, a peer killed mid-batch, the path MTU, a region registered in chunks, over kernel verbs"
 # The newest build of a crate's verbs_lab test binary (older ones may linger in a warm target
 # directory): the one whose tests name $1.
 lab_tests() {
@@ -36,7 +36,7 @@ lab_tests() {
   echo "no verbs_lab test binary with $1: run scripts/rdma-verbs.sh" >&2
   exit 1
 }
-timeout 300 "$(lab_tests one_sided_reads_and_writes)" --ignored --test-threads=1
+timeout 300 "$(lab_tests one_sided_reads_and_writes)" --ignored --test-threads=1 --nocapture
 
 step "store in one process over kernel verbs: a node joining after publish, a racing reader"
 timeout 300 "$(lab_tests joins_after_publish)" --ignored --test-threads=1 --nocapture

@@ -6,6 +6,7 @@
 #![cfg(feature = "etcd")]
 
 mod common;
+use common::wait_until;
 
 use std::time::{Duration, Instant};
 
@@ -24,14 +25,6 @@ fn etcd_node(n: u8, etcd: &EtcdServer, prefix: &str) -> Store {
             "heartbeat_interval": 0.3, "member_ttl": 2.0,
         }),
     ))
-}
-
-fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
-    let until = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < until, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn pages(seed: u64, n: usize, len: usize) -> (Vec<String>, Vec<Vec<u8>>) {

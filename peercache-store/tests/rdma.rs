@@ -107,3 +107,40 @@ fn storage_writes_go_one_sided_with_rdma_writes_and_read_back_verified() {
         n.shutdown();
     }
 }
+
+/// A pool longer than `rdma_register_chunk` is registered with the NIC in chunks (whole
+/// slabs): `/cluster` counts the registered bytes up to the whole pool, and a peer then reads
+/// every page one-sided, verified, wherever in the pool it landed.
+#[test]
+fn a_pool_registered_in_chunks_serves_every_page_one_sided() {
+    let extra = json!({"cluster_secret": SECRET, "global_segment_size": "64mb",
+                       "rdma_register_chunk": "4mb"});
+    let (a, b, c) = common::soft_rdma_and_tcp(210, extra);
+    let rdma = |s: &peercache_store::Store, k: &str| s.cluster_view()["rdma"][k].as_u64();
+    common::wait_until(
+        "every chunk of the pool registered",
+        std::time::Duration::from_secs(10),
+        || rdma(&a, "registering_bytes") == Some(0),
+    );
+    assert!(
+        rdma(&a, "registered_bytes").unwrap() >= 60 << 20,
+        "{}",
+        a.cluster_view()
+    );
+    // 120 pages of 256 KiB: about half the pool's slabs, so they span many chunks.
+    const N: usize = 120;
+    let len = 256 << 10;
+    let keys: Vec<String> = (0..N).map(|i| format!("rdma-chunked-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..N).map(|i| page(500 + i as u64, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    let (got, out) = get(&b, &keys, len);
+    assert!(got.iter().all(|&x| x), "{got:?}");
+    assert_eq!(out, pages);
+    let st = b.stats();
+    assert!(st.rdma_read_bytes >= (N * len) as u64, "{st:?}");
+    assert_eq!((st.rdma_fallbacks, st.verify_rejects), (0, 0), "{st:?}");
+    for n in [a, b, c] {
+        n.shutdown();
+    }
+}

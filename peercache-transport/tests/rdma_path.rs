@@ -278,4 +278,9 @@ fn a_region_registered_in_chunks_is_read_one_sided_chunk_by_chunk() {
 
     drop(src);
     assert_eq!(path.registration(), (0, 0), "every chunk deregistered");
+
+    // Dropped while its chunks may still be registering: the thread stops, and nothing stays.
+    let gone = region(&owner, 64 * CHUNK as usize, Access::RemoteRead, 7);
+    drop(gone);
+    assert_eq!(path.registration(), (0, 0));
 }

@@ -174,6 +174,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
                 "pool_ready_bytes": view.as_ref().map(|v| v["pool"]["ready_bytes"].clone()),
                 "pool_ready": view.as_ref().map(|v| v["pool"]["ready"].clone()),
                 "disk_recovering": view.as_ref().map(|v| v["disk"]["recovering"].clone()),
+                "rdma_registered_bytes": view.as_ref().map(|v| v["rdma"]["registered_bytes"].clone()),
+                "rdma_registering_bytes": view.as_ref().map(|v| v["rdma"]["registering_bytes"].clone()),
                 "shard_entries": view.as_ref().map(|v| v["shard_entries"].clone()),
                 "verify_rejects": view.as_ref().map(|v| v["pool"]["verify_rejects"].clone()),
             })
@@ -204,6 +206,18 @@ pub fn run(args: StatusArgs) -> Result<()> {
         let pool = match (r["pool_ready_bytes"].as_u64(), r["pool_capacity"].as_u64()) {
             (Some(ready), Some(c)) if c > 0 && warming => {
                 format!("{pool} (warm {:.0}%)", 100.0 * ready as f64 / c as f64)
+            }
+            _ => pool,
+        };
+        // A pool still being registered with the NIC in chunks says how much peers can read
+        // over RDMA yet (the rest they read over TCP).
+        let pool = match (
+            r["rdma_registered_bytes"].as_u64(),
+            r["rdma_registering_bytes"].as_u64(),
+        ) {
+            (Some(done), Some(left)) if left > 0 => {
+                let pct = 100.0 * done as f64 / (done + left) as f64;
+                format!("{pool} (rdma reg {pct:.0}%)")
             }
             _ => pool,
         };

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::net::TcpListener;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use peercache_store::{PeerCacheConfig, Store};
 use serde_json::json;
@@ -306,4 +306,13 @@ pub(crate) fn soft_rdma_and_tcp(n: u8, extra: serde_json::Value) -> (Store, Stor
     let c = node(n + 2, n, port, with(json!("tcp")));
     settle(&[&a, &b, &c]);
     (a, b, c)
+}
+
+/// Polls `cond` until it holds; fails the test naming `what` after `within`.
+pub(crate) fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
+    let until = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < until, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -856,7 +856,21 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
         let first = chunk.min(total) as usize;
         // SAFETY: forwarded from the caller; the first chunk lies within `ptr..ptr+len`.
         let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, first, access) }?;
-        let filler = (chunks > 1).then(|| {
+        // The region goes in first: the thread adds each chunk to it (and one it cannot find
+        // was deregistered meanwhile).
+        self.local.write().insert(
+            key.0,
+            LocalRegion {
+                base,
+                len: total,
+                access,
+                chunk,
+                chunks,
+                keys: vec![keys],
+                filler: None,
+            },
+        );
+        if chunks > 1 {
             let stop = Arc::new(AtomicBool::new(false));
             let job = Fill {
                 path: self.me.clone(),
@@ -867,32 +881,24 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
                 access,
                 stop: stop.clone(),
             };
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("rdma-register".into())
-                .spawn(move || job.run())
-                .map(|thread| Filler { stop, thread })
-        });
-        let filler = match filler {
-            Some(Err(e)) => {
+                .spawn(move || job.run());
+            match spawned {
+                // The handle that could deregister the region does not exist yet: the region
+                // is still there.
+                Ok(thread) => {
+                    if let Some(r) = self.local.write().get_mut(&key.0) {
+                        r.filler = Some(Filler { stop, thread });
+                    }
+                }
                 // No thread: the first chunk alone goes over RDMA, the rest over TCP.
-                tracing::warn!(error = %e, "rdma: no thread to register the region's other chunks");
-                None
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "rdma: no thread to register the region's other chunks"
+                ),
             }
-            Some(Ok(f)) => Some(f),
-            None => None,
-        };
-        self.local.write().insert(
-            key.0,
-            LocalRegion {
-                base,
-                len: total,
-                access,
-                chunk,
-                chunks,
-                keys: vec![keys],
-                filler,
-            },
-        );
+        }
         self.publish_registration();
         Ok(())
     }
