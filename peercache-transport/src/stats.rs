@@ -56,6 +56,9 @@ pub struct TransportStats {
     pub local_attaches: u64,
     /// Peers whose shared regions this node has mapped now.
     pub local_peers: u64,
+    /// Bytes of peers' shared regions mapped into this process ahead of reads, so a copy
+    /// out of them takes no page fault.
+    pub local_populated_bytes: u64,
     /// Peers attached to this node's shared regions now.
     pub local_leases: u64,
 }

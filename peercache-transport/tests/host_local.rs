@@ -67,6 +67,10 @@ impl SharedMem {
     fn bytes(&mut self) -> &mut [u8] {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
+    fn ptr_bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
 }
 
 impl Drop for SharedMem {
@@ -401,4 +405,53 @@ fn only_sealed_files_and_authenticated_peers_share() {
     assert_eq!(stranger.stats().local_attaches, 0);
     assert!(dst.iter().all(|x| *x == 0));
     assert_eq!(owner.stats().local_leases, 0);
+}
+
+/// Minor page faults of the calling thread so far.
+fn thread_minor_faults() -> i64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+    u.ru_minflt
+}
+
+/// Once attached, the reader maps every page of the owner's shared region in behind the
+/// reads (`MADV_POPULATE_READ`): a copy of pages never read before then takes no page fault.
+#[test]
+fn a_same_host_view_is_mapped_in_ahead_so_a_read_takes_no_page_fault() {
+    let Pair {
+        d,
+        h,
+        owner,
+        reader,
+        mut dst,
+        mem,
+    } = pair([9, 10], 11);
+    // One page over TCP starts the attach.
+    attach(&reader, owner.local_endpoint(), &reads(&h, &d, 1, PAGE));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while reader.stats().local_populated_bytes < LEN as u64 {
+        assert!(
+            std::time::Instant::now() < until,
+            "view not populated: {:?}",
+            reader.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // Every page of the destination is written once first: only the source could fault.
+    dst.fill(1);
+    let b = reads(&h, &d, (LEN / PAGE as usize) as u64, PAGE);
+    let before = thread_minor_faults();
+    read_ok(&reader, owner.local_endpoint(), &b);
+    let faults = thread_minor_faults() - before;
+    assert!(
+        dst == mem.ptr_bytes(),
+        "the pages read are the pages written"
+    );
+    assert_eq!(reader.stats().local_read_ops, LEN as u64 / u64::from(PAGE));
+    // Mapped lazily, the same read faults 17 times here (once per 64 KiB, the kernel's
+    // fault-around), and once per 4 KiB page without fault-around.
+    assert!(
+        faults < 4,
+        "{faults} page faults reading 1 MiB from the view"
+    );
 }

@@ -119,6 +119,7 @@ impl crate::path::DataPath for LocalPath {
 
     fn add_stats(&self, s: &mut crate::TransportStats) {
         s.local_peers = self.client.attached() as u64;
+        s.local_populated_bytes = self.client.populated_bytes();
         s.local_leases = self.server.lease_count() as u64;
     }
 
