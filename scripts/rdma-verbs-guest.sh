@@ -53,12 +53,25 @@ node() {  # $1 = address, $2 = name, then extra --set flags
     --set log_level=warn "$@" 2>"/tmp/$name.err" &
   pids+=($!)
 }
-node "$A1" node-1
+# node-1's 128 MiB pool is registered with the NIC in 16 MiB chunks (8), the first at start.
+node "$A1" node-1 --set rdma_register_chunk=16mb
 deadline=$((SECONDS + 120))
 until $BIN/peercache-node status --discovery-addr "$META" --timeout 2 >/dev/null 2>&1; do
   if [ $SECONDS -ge $deadline ]; then echo "node-1 did not start" >&2; cat /tmp/node-1.err >&2; exit 1; fi
   sleep 0.5
 done
+python3 - "$A1" <<'PY'
+import json, sys, time, urllib.request
+deadline = time.time() + 120
+while True:
+    r = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}:32200/cluster", timeout=10))["rdma"]
+    if r["registering_bytes"] == 0:
+        break
+    assert time.time() < deadline, f"node-1's pool not registered: {r}"
+    time.sleep(0.2)
+print(f'LAB-RESULT {{"node_1_pool_registered_in_chunks_bytes":{r["registered_bytes"]}}}')
+assert r["registered_bytes"] >= 128 << 20, r
+PY
 node "$A2" node-2
 node "$A3" node-3
 $BIN/peercache-node drive --discovery-addr "$META" --members 3 --wait 120 --timeout 60 \
