@@ -224,6 +224,8 @@ impl Filler {
 /// registered whole is a single chunk of its full length).
 struct RemoteTable {
     regions: HashMap<u64, ChunkedRegion>,
+    /// Some region had chunks still to register when the table was fetched.
+    incomplete: bool,
     fetched: Instant,
 }
 
@@ -238,27 +240,32 @@ impl RemoteTable {
             rkeys: vec![r.rkeys],
             writable: r.writable,
         });
+        let regions: HashMap<u64, ChunkedRegion> =
+            whole.chain(t.chunked).map(|r| (r.key, r)).collect();
         RemoteTable {
-            regions: whole.chain(t.chunked).map(|r| (r.key, r)).collect(),
+            incomplete: regions.values().any(|r| !r.complete()),
+            regions,
             fetched: Instant::now(),
         }
     }
 
     /// Whether an op of `batch` targets a chunk of a region the peer was still registering
-    /// when this table was fetched (a newer table may have its keys).
+    /// when this table was fetched (a newer table may have its keys). Free once the peer's
+    /// regions were all complete: no op is looked at.
     fn awaits_chunks(&self, batch: &Batch) -> bool {
-        batch.ops().iter().any(|o| {
-            self.regions.get(&o.remote.region.0).is_some_and(|r| {
-                !r.complete()
-                    && crate::validate::contains(
-                        r.base,
-                        r.len,
-                        o.remote.addr,
-                        u64::from(o.remote.len),
-                    )
-                    && r.chunk_of(o.remote.addr, u64::from(o.remote.len)).is_none()
+        self.incomplete
+            && batch.ops().iter().any(|o| {
+                self.regions.get(&o.remote.region.0).is_some_and(|r| {
+                    !r.complete()
+                        && crate::validate::contains(
+                            r.base,
+                            r.len,
+                            o.remote.addr,
+                            u64::from(o.remote.len),
+                        )
+                        && r.chunk_of(o.remote.addr, u64::from(o.remote.len)).is_none()
+                })
             })
-        })
     }
 }
 
@@ -380,16 +387,21 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
         metrics::gauge!(crate::metrics::rdma::compat::RAILS)
             .set(Verbs::rails(&verbs).min(MAX_RAILS) as f64);
         const PAGE: u64 = 4096;
-        Arc::new_cyclic(|me| {
-            RdmaPath {
+        // Peers' queue pairs on this host, held by one thread for all of them.
+        let holder = Holder::start()
+            .map_err(|e| {
+                tracing::warn!(
+                    error = %e,
+                    "rdma: no queue-pair holder thread; each peer queue pair holds a thread"
+                )
+            })
+            .ok();
+        Arc::new_cyclic(|me| RdmaPath {
             me: me.clone(),
             chunk: options.register_chunk.div_ceil(PAGE) * PAGE,
             // At most 4 idle queue pairs kept per (peer, rail).
             engine: Engine::with_channel_limit(verbs, 4, options.max_channels),
-            // Peers' queue pairs on this host, held by one thread for all of them.
-            holder: Holder::start()
-                .map_err(|e| tracing::warn!(error = %e, "rdma: no queue-pair holder thread; each peer queue pair holds a thread"))
-                .ok(),
+            holder,
             local: RwLock::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             node,
@@ -397,7 +409,6 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             timeout,
             counters: RdmaCounters::register(),
             mrs: Mutex::new(MrCache::new(mr_cache::MAX_ENTRIES, mr_cache::MAX_BYTES)),
-        }
         })
     }
 
@@ -648,7 +659,11 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
             .any(|o| !remote.regions.contains_key(&o.remote.region.0));
         // A region registered after our last fetch (or the peer restarted), or a chunk the
         // peer was still registering then (asked again at most every `CHUNK_REFRESH`).
-        if unknown || (remote.fetched.elapsed() >= CHUNK_REFRESH && remote.awaits_chunks(batch)) {
+        if unknown
+            || (remote.incomplete
+                && remote.fetched.elapsed() >= CHUNK_REFRESH
+                && remote.awaits_chunks(batch))
+        {
             match self.peer_regions(peer, true) {
                 Some(t) => remote = t,
                 None => return fallback(),
