@@ -138,21 +138,36 @@ impl ChunkedRegion {
     /// assert!(!r.complete());
     /// ```
     pub fn chunk_of(&self, addr: u64, len: u64) -> Option<usize> {
-        if self.chunk == 0 || addr < self.base {
-            return None;
-        }
-        let off = addr - self.base;
-        let end = off.checked_add(len)?;
-        if end > self.len {
-            return None;
-        }
-        let i = off / self.chunk;
-        let chunk_end = (i + 1).saturating_mul(self.chunk);
-        if end > chunk_end || i >= self.rkeys.len() as u64 {
-            return None;
-        }
-        Some(i as usize)
+        chunk_index(self.base, self.len, self.chunk, self.rkeys.len(), addr, len)
     }
+}
+
+/// The index of the chunk holding all of `[addr, addr + len)` in a region of `region_len`
+/// bytes at `base` cut into chunks of `chunk` bytes, of which the first `ready` are usable;
+/// `None` outside the region, across a chunk boundary or beyond the ready ones. The one rule
+/// both ends of a chunked registration apply (the owner to its local keys, a reader to the
+/// table).
+pub fn chunk_index(
+    base: u64,
+    region_len: u64,
+    chunk: u64,
+    ready: usize,
+    addr: u64,
+    len: u64,
+) -> Option<usize> {
+    if chunk == 0 || addr < base {
+        return None;
+    }
+    let off = addr - base;
+    let end = off.checked_add(len)?;
+    if end > region_len {
+        return None;
+    }
+    let i = off / chunk;
+    if end > (i + 1).saturating_mul(chunk) || i >= ready as u64 {
+        return None;
+    }
+    Some(i as usize)
 }
 
 /// The chunked regions of a [`RegionTable`], in its [`TAG_CHUNKED_REGIONS`] extension.

@@ -187,15 +187,9 @@ struct LocalRegion {
 impl LocalRegion {
     /// The local keys of the registered chunk holding all of `[addr, addr + len)`.
     fn lkeys(&self, addr: u64, len: u64) -> Option<[u32; MAX_RAILS]> {
-        if !crate::validate::contains(self.base, self.len, addr, len) {
-            return None;
-        }
-        let off = addr - self.base;
-        let i = off / self.chunk;
-        if off + len > (i + 1).saturating_mul(self.chunk) {
-            return None;
-        }
-        self.keys.get(i as usize).map(|k| k.lkeys)
+        let ready = self.keys.len();
+        let i = peercache_wire::qp::chunk_index(self.base, self.len, self.chunk, ready, addr, len)?;
+        Some(self.keys[i].lkeys)
     }
 
     /// Bytes of the region registered so far.
