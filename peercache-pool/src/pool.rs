@@ -379,6 +379,23 @@ impl Pool {
         self.readiness()
     }
 
+    /// Waits at most `timeout` until every byte of `[offset, offset + len)` of the pool's
+    /// mapping is faulted in; true when it is. Bytes past the last whole slab (never used) and
+    /// a pool with nothing left to warm always are. The RDMA registration of a warming pool
+    /// waits on this, so pinning never first-touches pool memory itself.
+    pub fn wait_resident(&self, offset: u64, len: u64, timeout: std::time::Duration) -> bool {
+        let Some(w) = &self.warm else {
+            return true;
+        };
+        let slab = self.slab_bytes();
+        let end = offset.saturating_add(len).min(self.slab_total);
+        if offset >= end {
+            return true;
+        }
+        let (lo, hi) = (offset / slab, end.div_ceil(slab));
+        w.wait_faulted(lo as u32, hi as u32, timeout)
+    }
+
     /// How much of the pool's memory is faulted in and usable.
     pub fn readiness(&self) -> Readiness {
         let ready = self

@@ -33,6 +33,15 @@ struct Shared {
     map: Arc<Mapping>,
     slab: usize,
     ranges: Vec<Range>,
+    /// First slab this warmer faults (those before it were faulted before it started).
+    first: u32,
+    /// Last slab + 1.
+    end: u32,
+    /// One bit per slab of `[first, end)`, set once it is faulted in.
+    faulted: Box<[AtomicU64]>,
+    /// Slabs faulted so far; waiters for a slab's bit wait on `advanced` under it.
+    done: Mutex<u64>,
+    advanced: Condvar,
     /// Slabs faulted in and not yet taken by the pool.
     queue: Mutex<Vec<u32>>,
     /// Set when `queue` may be non-empty: the pool's write path checks this one atomic.
@@ -98,6 +107,13 @@ impl Warmer {
             map,
             slab,
             ranges,
+            first,
+            end,
+            faulted: (0..(end - first).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            done: Mutex::new(0),
+            advanced: Condvar::new(),
             queue: Mutex::new(Vec::with_capacity((end - first) as usize)),
             pending: AtomicBool::new(false),
             ready_bytes: AtomicU64::new(ready_before),
@@ -149,6 +165,28 @@ impl Warmer {
         self.shared.ready_bytes.load(Ordering::Acquire)
     }
 
+    /// Waits at most `timeout` until slabs `[lo, hi)` are faulted in (those outside the
+    /// warmer's range always are); true when they are.
+    pub(crate) fn wait_faulted(&self, lo: u32, hi: u32, timeout: Duration) -> bool {
+        let sh = &*self.shared;
+        let (lo, hi) = (lo.max(sh.first), hi.min(sh.end));
+        if lo >= hi || sh.all_faulted(lo, hi) {
+            return true;
+        }
+        let deadline = Instant::now() + timeout;
+        let mut done = sh.done.lock();
+        loop {
+            // Checked under `done`, which a faulting thread takes after setting its bit: no
+            // wake-up is lost between the check and the wait.
+            if sh.all_faulted(lo, hi) {
+                return true;
+            }
+            if sh.advanced.wait_until(&mut done, deadline).timed_out() {
+                return sh.all_faulted(lo, hi);
+            }
+        }
+    }
+
     /// Waits until every warming thread has ended or `timeout` passed.
     pub(crate) fn wait(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
@@ -196,6 +234,7 @@ impl Shared {
                 q.push(s);
                 self.pending.store(true, Ordering::Release);
             }
+            self.mark_faulted(s);
             let ready = self
                 .ready_bytes
                 .fetch_add(self.slab as u64, Ordering::AcqRel)
@@ -204,6 +243,22 @@ impl Shared {
             self.progress(ready);
         }
         self.thread_ended();
+    }
+
+    /// Sets slab `s`'s bit and wakes whoever waits for slabs.
+    fn mark_faulted(&self, s: u32) {
+        let i = (s - self.first) as usize;
+        self.faulted[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
+        *self.done.lock() += 1;
+        self.advanced.notify_all();
+    }
+
+    /// Whether every slab of `[lo, hi)` (within the warmer's range) is faulted in.
+    fn all_faulted(&self, lo: u32, hi: u32) -> bool {
+        (lo..hi).all(|s| {
+            let i = (s - self.first) as usize;
+            self.faulted[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+        })
     }
 
     /// Counts one thread out; the last one logs the total and wakes the waiters.

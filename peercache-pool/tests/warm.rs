@@ -220,3 +220,51 @@ fn dropping_a_pool_that_is_still_warming_returns_at_once() {
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     }
 }
+
+/// Whether every 4 KiB page of `[ptr, ptr + len)` is resident.
+fn all_resident(ptr: *const u8, len: usize) -> bool {
+    let mut v = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: `v` holds one byte per 4 KiB page of the range, which lies inside a live
+    // mapping (the caller's pool).
+    let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, v.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    v.iter().all(|b| b & 1 == 1)
+}
+
+#[test]
+fn a_range_the_pool_calls_resident_is_in_memory_while_the_rest_still_warms() {
+    // One thread warms 640 MiB of shared memory in 2 MiB slabs; the first 128 MiB are
+    // faulted before `with_alloc` returns.
+    let pool = Pool::with_alloc(
+        PoolConfig {
+            slab_bytes: 2 << 20,
+            fault_threads: 1,
+            ..PoolConfig::new(640 << 20)
+        },
+        &MemfdAlloc::default(),
+    )
+    .unwrap();
+    let slab = 2u64 << 20;
+    assert!(
+        pool.wait_resident(0, 64 << 20, Duration::ZERO),
+        "the part faulted at start is resident at once"
+    );
+    assert!(
+        pool.wait_resident(900 << 20, 4096, Duration::ZERO),
+        "past the slabs"
+    );
+    assert!(pool.wait_resident(0, 0, Duration::ZERO), "an empty range");
+    // Every slab, in the order a registration takes them: each is in memory the moment the
+    // pool says so (whether or not the rest of the pool is warm yet).
+    let total = pool.readiness().total_bytes;
+    let mut early = 0;
+    for off in (0..total).step_by(32 * slab as usize) {
+        assert!(pool.wait_resident(off, 32 * slab, Duration::from_secs(120)));
+        // SAFETY: `off + 32 slabs` lies within the pool's mapping.
+        let at = unsafe { pool.base().add(off as usize) };
+        assert!(all_resident(at, 32 * slab as usize), "at {off}");
+        early += usize::from(!pool.readiness().is_ready());
+    }
+    assert!(early > 0, "some range was ready before the whole pool");
+    assert!(pool.wait_ready(Duration::from_secs(120)).is_ready());
+}

@@ -44,7 +44,7 @@ pub use config::TransportConfig;
 pub use device::{DeviceMemory, peermem_loaded};
 pub use error::{OpError, TransportError};
 pub use handle::RegionHandle;
-pub use region::{Access, RegionKey, WriteGuard};
+pub use region::{Access, RegionKey, RegionOptions, Residency, WriteGuard};
 pub use stats::{PeerStats, TransportStats};
 pub use transport::Transport;
 

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 
-use crate::{Access, Batch, OpResults, RegionKey, TransportError, TransportStats};
+use crate::{Batch, OpResults, RegionKey, TransportError, TransportStats};
 
 /// What a path answers for one batch: `None` = not mine, ask the next path.
 pub(crate) type Carried = Option<Result<OpResults, TransportError>>;
@@ -30,9 +30,9 @@ pub(crate) trait DataPath: Send + Sync + std::fmt::Debug {
         let _ = (peer, outcome);
     }
 
-    /// A region was registered under `key` (`guarded`: its inbound writes are checked by a
-    /// write guard); returns whether this path holds it too (it is then told
-    /// [`DataPath::deregister`] before the memory may go).
+    /// A region was registered under `key` as `opts` say (a guarded one has its inbound
+    /// writes checked by a write guard); returns whether this path holds it too (it is then
+    /// told [`DataPath::deregister`] before the memory may go).
     ///
     /// # Safety
     /// `ptr..ptr+len` stays valid until [`DataPath::deregister`] is called for `key`.
@@ -41,10 +41,9 @@ pub(crate) trait DataPath: Send + Sync + std::fmt::Debug {
         key: RegionKey,
         ptr: *mut u8,
         len: usize,
-        access: Access,
-        guarded: bool,
+        opts: &crate::RegionOptions,
     ) -> bool {
-        let _ = (key, ptr, len, access, guarded);
+        let _ = (key, ptr, len, opts);
         false
     }
 

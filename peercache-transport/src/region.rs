@@ -58,6 +58,75 @@ pub trait WriteGuard: Send + Sync + std::fmt::Debug {
     ) -> bool;
 }
 
+/// Says when a region's memory is resident (faulted in by its owner). A pool that warms in the
+/// background hands one to [`Transport::register_with`](crate::Transport::register_with): the
+/// RDMA path then registers a chunk with the NIC only once the pool's own threads faulted it in,
+/// so pinning never first-touches memory from the registering thread (which would place it on
+/// that thread's NUMA node and fault it twice over).
+pub trait Residency: Send + Sync {
+    /// Waits at most `timeout` until every byte of `[offset, offset + len)` of the region is
+    /// resident; true when it is.
+    fn wait_resident(&self, offset: u64, len: u64, timeout: std::time::Duration) -> bool;
+}
+
+/// How a region is registered: its access, a write guard, and when its memory is resident.
+///
+/// ```
+/// use peercache_transport::{Access, RegionOptions};
+///
+/// let o = RegionOptions::new(Access::RemoteRead);
+/// assert_eq!(o.access(), Access::RemoteRead);
+/// ```
+#[derive(Clone)]
+pub struct RegionOptions {
+    pub(crate) access: Access,
+    pub(crate) guard: Option<Arc<dyn WriteGuard>>,
+    pub(crate) resident: Option<Arc<dyn Residency>>,
+}
+
+impl RegionOptions {
+    /// A region with `access`, resident now, with no write guard.
+    pub fn new(access: Access) -> Self {
+        RegionOptions {
+            access,
+            guard: None,
+            resident: None,
+        }
+    }
+
+    /// A [`Access::RemoteReadWrite`] region whose every inbound write `guard` checks (e.g.
+    /// only ranges the writing node reserved).
+    pub fn guarded(guard: Arc<dyn WriteGuard>) -> Self {
+        RegionOptions {
+            access: Access::RemoteReadWrite,
+            guard: Some(guard),
+            resident: None,
+        }
+    }
+
+    /// Memory that becomes resident over time: the RDMA path registers each chunk of it once
+    /// `resident` says it is in (local-only regions are registered whole at once regardless).
+    pub fn resident_when(mut self, resident: Arc<dyn Residency>) -> Self {
+        self.resident = Some(resident);
+        self
+    }
+
+    /// The access peers get.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+}
+
+impl std::fmt::Debug for RegionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionOptions")
+            .field("access", &self.access)
+            .field("guarded", &self.guard.is_some())
+            .field("resident_when", &self.resident.is_some())
+            .finish()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Region {
     pub(crate) base: u64,

@@ -163,19 +163,8 @@ impl Transport {
         len: usize,
         access: Access,
     ) -> Result<RegionHandle, TransportError> {
-        let key = self
-            .table
-            .insert(ptr as u64, len as u64, access, None, false)?;
-        // SAFETY: forwarded from the caller (the handle deregisters before the memory goes).
-        let paths = unsafe { self.register_on_paths(key, ptr, len, access, false) };
-        Ok(RegionHandle {
-            table: self.table.clone(),
-            key,
-            base: ptr as u64,
-            len: len as u64,
-            access,
-            paths,
-        })
+        // SAFETY: forwarded from the caller.
+        unsafe { self.register_with(ptr, len, crate::RegionOptions::new(access)) }
     }
 
     /// Registers `len` bytes at `ptr` as [`Access::RemoteReadWrite`], with every inbound write
@@ -189,12 +178,28 @@ impl Transport {
         len: usize,
         guard: Arc<dyn crate::WriteGuard>,
     ) -> Result<RegionHandle, TransportError> {
-        let access = Access::RemoteReadWrite;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.register_with(ptr, len, crate::RegionOptions::guarded(guard)) }
+    }
+
+    /// Registers `len` bytes at `ptr` as `opts` say: its access, a write guard, and (for
+    /// memory that is still being faulted in) when each part of it is resident, so the RDMA
+    /// path registers a chunk with the NIC only once its owner faulted it in.
+    ///
+    /// # Safety
+    /// As [`Transport::register`].
+    pub unsafe fn register_with(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        opts: crate::RegionOptions,
+    ) -> Result<RegionHandle, TransportError> {
+        let access = opts.access;
         let key = self
             .table
-            .insert(ptr as u64, len as u64, access, Some(guard), false)?;
-        // SAFETY: forwarded from the caller.
-        let paths = unsafe { self.register_on_paths(key, ptr, len, access, true) };
+            .insert(ptr as u64, len as u64, access, opts.guard.clone(), false)?;
+        // SAFETY: forwarded from the caller (the handle deregisters before the memory goes).
+        let paths = unsafe { self.register_on_paths(key, ptr, len, &opts) };
         Ok(RegionHandle {
             table: self.table.clone(),
             key,
@@ -296,13 +301,12 @@ impl Transport {
         key: crate::RegionKey,
         ptr: *mut u8,
         len: usize,
-        access: Access,
-        guarded: bool,
+        opts: &crate::RegionOptions,
     ) -> Vec<Arc<dyn DataPath>> {
         self.paths
             .iter()
             // SAFETY: forwarded from the caller.
-            .filter(|p| unsafe { p.register(key, ptr, len, access, guarded) })
+            .filter(|p| unsafe { p.register(key, ptr, len, opts) })
             .cloned()
             .collect()
     }

@@ -284,3 +284,103 @@ fn a_region_registered_in_chunks_is_read_one_sided_chunk_by_chunk() {
     drop(gone);
     assert_eq!(path.registration(), (0, 0));
 }
+
+/// Memory resident up to a mark the test moves, as a warming pool reports it.
+#[derive(Default)]
+struct Warming {
+    mark: parking_lot::Mutex<u64>,
+    moved: parking_lot::Condvar,
+}
+
+impl Warming {
+    fn resident_up_to(&self, bytes: u64) {
+        *self.mark.lock() = bytes;
+        self.moved.notify_all();
+    }
+}
+
+impl peercache_transport::Residency for Warming {
+    fn wait_resident(&self, offset: u64, len: u64, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut mark = self.mark.lock();
+        while *mark < offset + len {
+            if self.moved.wait_until(&mut mark, deadline).timed_out() {
+                return *mark >= offset + len;
+            }
+        }
+        true
+    }
+}
+
+#[test]
+fn a_region_still_warming_registers_each_chunk_only_once_its_memory_is_in() {
+    use peercache_transport::RegionOptions;
+    use std::time::{Duration, Instant};
+    const CHUNK: u64 = 64 << 10;
+    let fabric = Fabric::new();
+    let opts = Soft {
+        chunk: CHUNK,
+        ..Soft::default()
+    };
+    let (owner, path) = common::soft_transport_and_path(&fabric, opts);
+    let reader = rdma_transport(&fabric);
+    let warming = Arc::new(Warming::default());
+    let mut mem = common::pattern(8, 8 * CHUNK as usize);
+    let resident: Arc<dyn peercache_transport::Residency> = warming.clone();
+    let options = RegionOptions::new(Access::RemoteRead).resident_when(resident);
+    let src = unsafe { owner.register_with(mem.as_mut_ptr(), mem.len(), options) }.unwrap();
+    assert_eq!(
+        path.registration(),
+        (0, 8 * CHUNK),
+        "nothing is registered before its memory is in, not even the first chunk"
+    );
+    let mut dst = region(&reader, 8 * CHUNK as usize, Access::LocalOnly, 9);
+    let read_chunk = |dst: &mut Region, i: u64| {
+        let at = i * CHUNK + 4096;
+        let mut b = Batch::new();
+        b.push(remote(&src, at, 4096), &[seg(&dst.h, at, 4096)]);
+        assert_eq!(
+            reader.read_batch(owner.local_endpoint(), &b).unwrap(),
+            vec![Ok(())]
+        );
+        let at = at as usize;
+        assert_eq!(&dst.mem[at..at + 4096], &mem[at..at + 4096], "chunk {i}");
+    };
+    // Nothing registered: the read goes over TCP, byte-exact.
+    read_chunk(&mut dst, 0);
+    assert_eq!(reader.stats().rdma_read_ops, 0);
+    assert_eq!(reader.stats().rdma_fallbacks, 1);
+
+    // Three chunks in: exactly those are registered, the thread waits for the fourth.
+    warming.resident_up_to(3 * CHUNK);
+    common::wait_for(Duration::from_secs(10), "three chunks registered", || {
+        path.registration().0 >= 3 * CHUNK
+    });
+    assert_eq!(path.registration(), (3 * CHUNK, 8 * CHUNK));
+    // The reader fetches the table again (at most every 200 ms while it waits for chunks)
+    // and then reads a registered chunk one-sided.
+    common::wait_for(Duration::from_secs(10), "chunk 1 read over RDMA", || {
+        read_chunk(&mut dst, 1);
+        reader.stats().rdma_read_ops > 0
+    });
+    // A chunk not in yet still goes over TCP.
+    let before = reader.stats().rdma_fallbacks;
+    read_chunk(&mut dst, 5);
+    assert_eq!(reader.stats().rdma_fallbacks, before + 1);
+
+    warming.resident_up_to(8 * CHUNK);
+    common::wait_for(Duration::from_secs(10), "every chunk registered", || {
+        path.registration().0 == 8 * CHUNK
+    });
+    drop(src);
+    assert_eq!(path.registration(), (0, 0));
+
+    // A region whose memory never comes in: dropping it stops the waiting thread promptly.
+    let never: Arc<dyn peercache_transport::Residency> = Arc::new(Warming::default());
+    let options = RegionOptions::new(Access::RemoteRead).resident_when(never);
+    let h = unsafe { owner.register_with(mem.as_mut_ptr(), mem.len(), options) }.unwrap();
+    let t = Instant::now();
+    drop(h);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(path.registration(), (0, 0));
+}

@@ -70,6 +70,18 @@ pub(super) fn open_disk(
     }
 }
 
+/// The pool's warming as the transport sees it: a registration chunk of the pool goes to the
+/// NIC only once the pool's own threads (pinned per NUMA node) faulted it in.
+pub(super) struct PoolResidency(pub(super) std::sync::Weak<peercache_pool::Pool>);
+
+impl peercache_transport::Residency for PoolResidency {
+    fn wait_resident(&self, offset: u64, len: u64, timeout: std::time::Duration) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|p| p.wait_resident(offset, len, timeout))
+    }
+}
+
 /// The RDMA registration chunk for a pool of `slab`-byte slabs: `want` rounded up to whole
 /// slabs and 4 KiB pages, so no page spans two registrations (0: one registration).
 pub(super) fn register_chunk(want: u64, slab: u64) -> u64 {

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use peercache_directory::{DirectoryClient, DirectoryService};
 use peercache_discovery::{DiscoveryServer, Hosting, Membership, NodeInfo, Source};
 use peercache_pool::{Pool, PoolConfig};
-use peercache_transport::{Access, Transport};
+use peercache_transport::{Access, RegionOptions, Transport};
 use peercache_wire::envelope::Message;
 use peercache_wire::handshake::{Hello, Plane};
 use peercache_wire::rpc::{self, Reply, RpcClient, RpcError, RpcServer, ServerConfig};
@@ -31,7 +31,7 @@ use crate::observe::series::Handles;
 use crate::tasks::evict::EvictionBatcher;
 
 use crate::node::setup::{
-    advertise, bind_addr, open_disk, rank_port, rdma_plane, resolve_local_host,
+    PoolResidency, advertise, bind_addr, open_disk, rank_port, rdma_plane, resolve_local_host,
 };
 
 /// Starts a node: checks `cfg`, picks the transport, derives the node id, and builds the node
@@ -286,19 +286,17 @@ fn build(
             crate::modes::storage_view::Reservations::default(),
         ))
     });
-    let pool_region = match &reservations {
-        // SAFETY: the pool's mapping outlives the registration: `Core` drops `pool_region`
-        // (explicitly in shutdown, and by field order) before `pool`.
-        Some(r) => unsafe {
-            transport.register_guarded(
-                pool.base(),
-                pool.len(),
-                Arc::new(crate::modes::storage_view::ReservationGuard(r.clone())),
-            )
-        }?,
-        // SAFETY: as above.
-        None => unsafe { transport.register(pool.base(), pool.len(), Access::RemoteRead) }?,
+    let region = match &reservations {
+        Some(r) => RegionOptions::guarded(Arc::new(crate::modes::storage_view::ReservationGuard(
+            r.clone(),
+        ))),
+        None => RegionOptions::new(Access::RemoteRead),
     };
+    // The pool warms in the background: each RDMA registration chunk waits for its slabs.
+    let region = region.resident_when(Arc::new(PoolResidency(Arc::downgrade(&pool))));
+    // SAFETY: the pool's mapping outlives the registration: `Core` drops `pool_region`
+    // (explicitly in shutdown, and by field order) before `pool`.
+    let pool_region = unsafe { transport.register_with(pool.base(), pool.len(), region) }?;
     if let Some(fd) = pool.shared_fd() {
         transport.share(&pool_region, fd, 0)?;
     }

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use super::bootstrap::{self, ChunkedRegion, RegionRkeys, RegionTables, Responder};
 use super::engine::{Engine, EngineOp, LocalSge, MAX_RAILS, RdmaOp, RdmaOpError, Verbs};
 use super::mr_cache::{self, MrCache, Pin};
-use crate::{Access, Batch, OpError, OpResults, RegionKey};
+use crate::{Access, Batch, OpError, OpResults, RegionKey, Residency};
 
 /// Keys of one registration on every rail.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +73,8 @@ pub trait Registrar: Send + Sync {
 
 /// What the TCP transport needs from an RDMA path (object-safe).
 pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
-    /// Registers a region the transport just registered under `key`.
+    /// Registers a region the transport just registered under `key`. With `resident`, a
+    /// chunk is registered only once that says its memory is in.
     ///
     /// # Safety
     /// As [`Registrar::register`]; the transport calls [`RdmaPlane::deregister`] before the
@@ -84,6 +85,7 @@ pub trait RdmaPlane: Send + Sync + std::fmt::Debug {
         ptr: *mut u8,
         len: usize,
         access: Access,
+        resident: Option<Arc<dyn Residency>>,
     ) -> Result<(), RdmaError>;
     /// Registers device memory the transport just registered under `key` (GPUDirect).
     ///
@@ -433,7 +435,9 @@ impl<V: Verbs + Registrar + Responder> RdmaPath<V> {
                 continue;
             }
             let writable = r.access == Access::RemoteReadWrite;
-            if r.chunks == 1 {
+            // A region of one chunk not registered yet goes out in the chunked form (no
+            // chunk ready), so a reader asks again instead of taking it for unknown.
+            if r.chunks == 1 && !r.keys.is_empty() {
                 t.whole.extend(r.keys.first().map(|keys| RegionRkeys {
                     key: *k,
                     base: r.base,
@@ -731,23 +735,46 @@ struct Fill<V: Verbs + Registrar + Responder> {
     base: u64,
     len: u64,
     chunk: u64,
+    /// Chunks registered before the thread started.
+    from: u32,
     access: Access,
+    /// When set, a chunk is registered only once its memory is in.
+    resident: Option<Arc<dyn Residency>>,
     stop: Arc<AtomicBool>,
 }
 
+/// How long the registering thread waits for a chunk's memory before it looks at its stop
+/// flag again (bounds how long dropping a region that is still warming waits).
+const RESIDENT_STEP: Duration = Duration::from_millis(50);
+
 impl<V: Verbs + Registrar + Responder> Fill<V> {
+    /// Waits until `[at, at + n)` is resident; false when told to stop first.
+    fn wait_resident(&self, at: u64, n: u64) -> bool {
+        let Some(r) = &self.resident else {
+            return true;
+        };
+        // Pinning memory nobody touched yet would fault it in from this thread (on this
+        // thread's NUMA node, and before the pool's own thread faults it again).
+        while !r.wait_resident(at - self.base, n, RESIDENT_STEP) {
+            if self.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+        }
+        true
+    }
+
     fn run(self) {
         let started = Instant::now();
-        let mut at = self.base + self.chunk;
+        let mut at = self.base + u64::from(self.from) * self.chunk;
         let end = self.base + self.len;
         while at < end {
-            if self.stop.load(Ordering::Relaxed) {
+            let n = self.chunk.min(end - at);
+            if self.stop.load(Ordering::Relaxed) || !self.wait_resident(at, n) {
                 return;
             }
             let Some(path) = self.path.upgrade() else {
                 return;
             };
-            let n = self.chunk.min(end - at);
             let verbs = path.engine.verbs();
             // SAFETY: `[at, at + n)` lies within the region the transport registered, whose
             // memory stays valid until `RdmaPlane::deregister`; that stops this thread and
@@ -851,11 +878,13 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
         ptr: *mut u8,
         len: usize,
         access: Access,
+        resident: Option<Arc<dyn Residency>>,
     ) -> Result<(), RdmaError> {
         let (base, total) = (ptr as u64, len as u64);
         // Memory only this node targets is registered whole: its segments may lie anywhere,
         // and one across two registrations could not be carried.
-        let chunk = if self.chunk == 0 || total <= self.chunk || access == Access::LocalOnly {
+        let local = access == Access::LocalOnly;
+        let chunk = if self.chunk == 0 || total <= self.chunk || local {
             total.max(1)
         } else {
             self.chunk
@@ -863,8 +892,19 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
         let chunks = u32::try_from(total.div_ceil(chunk).max(1))
             .map_err(|_| RdmaError::Unsupported("a region of more than 2^32 chunks"))?;
         let first = chunk.min(total) as usize;
-        // SAFETY: forwarded from the caller; the first chunk lies within `ptr..ptr+len`.
-        let keys = unsafe { Registrar::register(self.engine.verbs(), ptr, first, access) }?;
+        let resident = resident.filter(|_| !local);
+        // The first chunk is registered here when its memory is in (so a NIC that refuses keeps
+        // the region off RDMA at once); otherwise the thread registers it as it comes in.
+        let now = resident
+            .as_ref()
+            .is_none_or(|r| r.wait_resident(0, first as u64, Duration::ZERO));
+        let keys = if now {
+            // SAFETY: forwarded from the caller; the first chunk lies within `ptr..ptr+len`.
+            vec![unsafe { Registrar::register(self.engine.verbs(), ptr, first, access) }?]
+        } else {
+            Vec::new()
+        };
+        let registered = keys.len() as u32;
         // The region goes in first: the thread adds each chunk to it (and one it cannot find
         // was deregistered meanwhile).
         self.local.write().insert(
@@ -875,11 +915,11 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
                 access,
                 chunk,
                 chunks,
-                keys: vec![keys],
+                keys,
                 filler: None,
             },
         );
-        if chunks > 1 {
+        if chunks > registered {
             let stop = Arc::new(AtomicBool::new(false));
             let job = Fill {
                 path: self.me.clone(),
@@ -887,7 +927,9 @@ impl<V: Verbs + Registrar + Responder + 'static> RdmaPlane for RdmaPath<V> {
                 base,
                 len: total,
                 chunk,
+                from: registered,
                 access,
+                resident,
                 stop: stop.clone(),
             };
             let spawned = std::thread::Builder::new()

@@ -53,12 +53,14 @@ impl DataPath for RdmaRoute {
         key: RegionKey,
         ptr: *mut u8,
         len: usize,
-        access: Access,
-        guarded: bool,
+        opts: &crate::RegionOptions,
     ) -> bool {
-        let on_nic = self.on_nic(access, guarded);
+        let on_nic = self.on_nic(opts.access, opts.guard.is_some());
         // SAFETY: forwarded from the caller.
-        match unsafe { self.plane.register(key, ptr, len, on_nic) } {
+        match unsafe {
+            self.plane
+                .register(key, ptr, len, on_nic, opts.resident.clone())
+        } {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, len, "RDMA registration failed; region served over TCP only");
