@@ -6,7 +6,7 @@
 ``peercache.vllm.PeerCacheConnector`` a vLLM KV connector. ``peercache.Node`` is the Rust node
 underneath; ``peercache.Client`` talks to a running node's client API (``client_enabled``) from
 a process that does not run a node. ``peercache.page_hash(key)`` is the block hash a node's KV
-events (docs/routing.md) carry for a key; ``peercache.read_only_token(secret)`` the token a
+events (docs/operations.md, "KV events"; ``peercache.router`` follows them) carry for a key; ``peercache.read_only_token(secret)`` the token a
 ``Client`` that may only read proves instead of the secret.
 
 Errors: a bad argument raises ``ValueError``; a failure of the cluster raises a

@@ -22,6 +22,8 @@ zmq = pytest.importorskip("zmq", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 pytest.importorskip("vllm.distributed.kv_events", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
 import peercache  # noqa: E402
+from peercache.core import prefix_runs  # noqa: E402
+from peercache.router import ClusterView, NodeEvents  # noqa: E402
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch  # noqa: E402
 
 from harness import free_port  # noqa: E402
@@ -178,10 +180,15 @@ def test_a_router_following_every_nodes_events_sees_what_the_directory_holds(clu
     nodes, ctx, log_dir = cluster
     a, b, c = nodes
     streams = {n.host: Stream(ctx, n.host, n.events_port, n.replay_port) for n in nodes}
+    # The library's follower beside the test's own (which decodes with vLLM's classes): it is
+    # never told that a node dies.
+    router = ClusterView([NodeEvents(n.host, n.events_port, n.replay_port) for n in nodes],
+                         context=ctx, timeout_s=1.0)
 
     def pump() -> None:
         for s in streams.values():
             s.pump()
+        router.pump()
 
     def view(hosts: Optional[List[str]] = None) -> Set[Copy]:
         return set().union(*(s.copies for h, s in streams.items() if hosts is None or h in hosts))
@@ -201,6 +208,15 @@ def test_a_router_following_every_nodes_events_sees_what_the_directory_holds(clu
     assert {h for h, _, _ in want} == {peercache.page_hash(k) for k in written}
     wait_until("the events to list every page written", lambda: view() == want, 15, pump)
     assert {holder for _, holder, _ in view()} == {n.node_id for n in nodes}
+    wait_until("the router to list every page written", lambda: router.copies() == want, 15, pump)
+    # Its prefix answers are the directory's, and its hint names the writer.
+    for keys in (keys_a[:20], keys_b, keys_a[:5] + keys_b[:5], ["events-never-written"]):
+        assert router.prefix(keys) == prefix_runs(c.client.prefix_locations_json(keys)), keys
+    assert router.hint(keys_a) == {"holder_node": a.node_id}
+    assert router.hint(keys_b[:3]) == {"holder_node": b.node_id}
+    assert router.hint(["events-never-written"]) is None
+    assert router.holders(peercache.page_hash(keys_a[0])) == {a.node_id: "CPU"}
+    assert router.stats.malformed == 0 and router.stats.batches > 0
 
     # b's pool (32 MiB) takes about 500 pages of 64 KiB: 600 more evict its oldest pages, and
     # the evictions reach the directory shards, which tell the routers.
@@ -212,6 +228,8 @@ def test_a_router_following_every_nodes_events_sees_what_the_directory_holds(clu
                lambda: len(truth(c.client, keys_b)) < len(keys_b), 15)
     wait_until("the events to match the directory after evictions",
                lambda: view() == truth(c.client, written), 15, pump)
+    wait_until("the router to match the directory after evictions",
+               lambda: router.copies() == truth(c.client, written), 15, pump)
     assert sum(s.removed for s in streams.values()) > 0
 
     # A late subscriber to a and c: its replay gives it the state the live streams built.
@@ -243,6 +261,12 @@ def test_a_router_following_every_nodes_events_sees_what_the_directory_holds(clu
     wait_until("the events to match the directory without b",
                lambda: view() == truth(c.client, written), 10, pump)
     assert {holder for _, holder, _ in view()} == {a.node_id, c.node_id}
+    # The router finds b's replay port silent, drops b's stream and still agrees.
+    wait_until("the router to match the directory without b",
+               lambda: router.copies() == truth(c.client, written) and not router.is_up(b.host), 10, pump)
+    assert router.stats.down >= 1
+    assert router.prefix(keys_a[:20]) == prefix_runs(c.client.prefix_locations_json(keys_a[:20]))
+    router.close()
     for s in streams.values():
         s.close()
 
