@@ -234,11 +234,12 @@ impl Shared {
                 q.push(s);
                 self.pending.store(true, Ordering::Release);
             }
-            self.mark_faulted(s);
             let ready = self
                 .ready_bytes
                 .fetch_add(self.slab as u64, Ordering::AcqRel)
                 + self.slab as u64;
+            // After the count: whoever sees the slab faulted sees it counted ready too.
+            self.mark_faulted(s);
             self.gauge.set(ready as f64);
             self.progress(ready);
         }

@@ -309,7 +309,7 @@ pub(crate) fn soft_rdma_and_tcp(n: u8, extra: serde_json::Value) -> (Store, Stor
 }
 
 /// Polls `cond` until it holds; fails the test naming `what` after `within`.
-pub(crate) fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
+pub(crate) fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + within;
     while !cond() {
         assert!(Instant::now() < until, "{what}: not within {within:?}");
