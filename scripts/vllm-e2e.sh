@@ -15,3 +15,5 @@ python -c 'import vllm, torch; print(f"vllm {vllm.__version__}, torch {torch.__v
 # The engines use the loopback addresses 127.0.0.10-40 and need no network.
 VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}" \
   pytest -q -p no:cacheprovider peercache-py/tests/vllm "$@"
+# The router example of docs/operations.md (it needs this venv's pyzmq and msgspec).
+python examples/router.py

@@ -617,7 +617,7 @@ impl Client {
     }
 }
 
-/// The block hash KV events carry for `key` (docs/routing.md): its 16-byte page key, big
+/// The block hash KV events carry for `key` (docs/operations.md, "KV events"): its 16-byte page key, big
 /// endian, in the keyspace of `prefix` (a node's `prefix` key; empty: none).
 #[pyfunction]
 #[pyo3(signature = (key, prefix = ""))]

@@ -83,7 +83,9 @@ class _Stream:
 
 
 class ClusterView:
-    """Follows the KV events of every node in ``nodes`` (see the module's doc).
+    """Follows the KV events of every node in ``nodes`` (see the module's doc). Keys given
+    to :meth:`prefix` and :meth:`hint` are hashed in ``keyspace`` (the nodes' ``prefix``
+    setting; empty: none), as ``peercache.page_hash(key, keyspace)``.
 
     Call :meth:`pump` often (each call applies what arrived and returns at once unless a
     replay is due); the answers reflect the batches applied so far. Not thread-safe: one
@@ -97,6 +99,7 @@ class ClusterView:
         timeout_s: float = 2.0,
         quiet_s: float = 0.5,
         retry_s: float = 1.0,
+        keyspace: str = "",
         context: Optional[zmq.Context] = None,
     ) -> None:
         if timeout_s <= 0 or quiet_s <= 0 or retry_s <= 0:
@@ -104,6 +107,7 @@ class ClusterView:
         self._timeout_ms = max(1, int(timeout_s * 1000))
         self._quiet_s = quiet_s
         self._retry_s = retry_s
+        self._keyspace = keyspace
         self._own_ctx = context is None
         self._ctx = zmq.Context() if context is None else context
         self._decoder = msgspec.msgpack.Decoder()
@@ -262,7 +266,7 @@ class ClusterView:
         """Every node holding ``keys[0]``, with the leading run of ``keys`` it holds and the
         in-memory part of that run, longest first (ties by node id) — as a node's
         ``prefix_locations`` answers from the directory."""
-        return self.prefix_of_hashes([_peercache.page_hash(k) for k in keys])
+        return self.prefix_of_hashes([_peercache.page_hash(k, self._keyspace) for k in keys])
 
     def prefix_of_hashes(self, hashes: Sequence[bytes]) -> List[PrefixRun]:
         """:meth:`prefix` of page hashes."""
