@@ -383,4 +383,38 @@ fn a_region_still_warming_registers_each_chunk_only_once_its_memory_is_in() {
     drop(h);
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(path.registration(), (0, 0));
+
+    // A region of one chunk, not in at `register`: the table lists it with no chunk ready (a
+    // reader reads it over TCP, never takes it for unknown), and once it is in, one-sided.
+    let single = Arc::new(Warming::default());
+    let resident: Arc<dyn peercache_transport::Residency> = single.clone();
+    let options = RegionOptions::new(Access::RemoteRead).resident_when(resident);
+    let one = unsafe { owner.register_with(mem.as_mut_ptr(), CHUNK as usize, options) }.unwrap();
+    assert_eq!(path.registration(), (0, CHUNK));
+    let (rdma_before, fallbacks_before) =
+        (reader.stats().rdma_read_ops, reader.stats().rdma_fallbacks);
+    let read_one = |dst: &mut Region| {
+        let mut b = Batch::new();
+        b.push(remote(&one, 8192, 4096), &[seg(&dst.h, 8192, 4096)]);
+        assert_eq!(
+            reader.read_batch(owner.local_endpoint(), &b).unwrap(),
+            vec![Ok(())]
+        );
+        assert_eq!(&dst.mem[8192..12288], &mem[8192..12288]);
+    };
+    read_one(&mut dst);
+    assert_eq!(reader.stats().rdma_read_ops, rdma_before);
+    assert_eq!(reader.stats().rdma_fallbacks, fallbacks_before + 1);
+    single.resident_up_to(CHUNK);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the single chunk read over RDMA",
+        || {
+            read_one(&mut dst);
+            reader.stats().rdma_read_ops > rdma_before
+        },
+    );
+    assert_eq!(path.registration(), (CHUNK, CHUNK));
+    drop(one);
+    assert_eq!(path.registration(), (0, 0));
 }
