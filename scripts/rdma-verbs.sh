@@ -18,7 +18,11 @@ cargo test --release --locked -q -p peercache-store --features rdma --test verbs
 cudart=$(ls "${PEERCACHE_CI_CACHE:-$HOME/.cache/peercache-ci}"/sglang-venv-*/lib/python3*/site-packages/nvidia/cu*/lib/libcudart.so.* 2>/dev/null | head -n1 || true)
 if [ -n "$cudart" ]; then
   out=$(PEERCACHE_CUDART="$cudart" target/release/peercache-bench drive --gpu --protocol rdma 2>&1 || true)
-  echo "$out" | grep '^error: ' | tee /dev/stderr | grep -q 'cudaGetDeviceCount: CUDA error' \
+  # Printed with >&2, not `tee /dev/stderr`: tee opens that path anew and truncates a log file
+  # the run's output is redirected to.
+  err=$(echo "$out" | grep '^error: ' || true)
+  echo "$err" >&2
+  echo "$err" | grep -q 'cudaGetDeviceCount: CUDA error' \
     || { echo "drive --gpu with $cudart: unexpected: $out" >&2; exit 1; }
 elif [ "${CI:-}" = true ]; then
   echo "no libcudart in the SGLang venv (the sglang stage builds it)" >&2; exit 1
