@@ -128,18 +128,7 @@ fn a_pool_registered_in_chunks_serves_every_page_one_sided() {
         a.cluster_view()
     );
     // 120 pages of 256 KiB: about half the pool's slabs, so they span many chunks.
-    const N: usize = 120;
-    let len = 256 << 10;
-    let keys: Vec<String> = (0..N).map(|i| format!("rdma-chunked-{i}")).collect();
-    let pages: Vec<Vec<u8>> = (0..N).map(|i| page(500 + i as u64, len)).collect();
-    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
-    let (got, out) = get(&b, &keys, len);
-    assert!(got.iter().all(|&x| x), "{got:?}");
-    assert_eq!(out, pages);
-    let st = b.stats();
-    assert!(st.rdma_read_bytes >= (N * len) as u64, "{st:?}");
-    assert_eq!((st.rdma_fallbacks, st.verify_rejects), (0, 0), "{st:?}");
+    read_one_sided(&a, &b, "rdma-chunked", 120, 256 << 10, 500);
     for n in [a, b, c] {
         n.shutdown();
     }
@@ -196,19 +185,30 @@ fn a_warming_pool_is_registered_only_as_far_as_it_is_faulted_in() {
     tcp["protocol"] = json!("tcp");
     let c = node(215, 213, port, tcp);
     settle(&[&a, &b, &c]);
-    const N: usize = 64;
-    let len = 1 << 20;
-    let keys: Vec<String> = (0..N).map(|i| format!("rdma-warming-{i}")).collect();
-    let pages: Vec<Vec<u8>> = (0..N).map(|i| page(900 + i as u64, len)).collect();
-    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
-    let (got, out) = get(&b, &keys, len);
-    assert!(got.iter().all(|&x| x), "{got:?}");
-    assert_eq!(out, pages);
-    let st = b.stats();
-    assert!(st.rdma_read_bytes >= (N * len) as u64, "{st:?}");
-    assert_eq!((st.rdma_fallbacks, st.verify_rejects), (0, 0), "{st:?}");
+    read_one_sided(&a, &b, "rdma-warming", 64, 1 << 20, 900);
     for n in [a, b, c] {
         n.shutdown();
     }
+}
+
+/// Writes `n` pages of `len` bytes (`name-<i>`, pattern seeds from `seed`) on `a`; `b` reads
+/// them all back byte-exact, one-sided, with no fallback and no rejected page.
+fn read_one_sided(
+    a: &peercache_store::Store,
+    b: &peercache_store::Store,
+    name: &str,
+    n: usize,
+    len: usize,
+    seed: u64,
+) {
+    let keys: Vec<String> = (0..n).map(|i| format!("{name}-{i}")).collect();
+    let pages: Vec<Vec<u8>> = (0..n).map(|i| page(seed + i as u64, len)).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    assert!(a.batch_set(&keys, &refs).unwrap().iter().all(|&x| x));
+    let (got, out) = get(b, &keys, len);
+    assert!(got.iter().all(|&x| x), "{got:?}");
+    assert_eq!(out, pages);
+    let st = b.stats();
+    assert!(st.rdma_read_bytes >= (n * len) as u64, "{st:?}");
+    assert_eq!((st.rdma_fallbacks, st.verify_rejects), (0, 0), "{st:?}");
 }
