@@ -51,6 +51,88 @@ pub fn read_frame<R: Read>(r: &mut R, max: usize, buf: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
+/// Bytes a [`ReadAhead`] asks the socket for in one read: a small reply arrives, header and
+/// body, in one `recv`.
+pub const READ_AHEAD: usize = 16 << 10;
+
+/// A blocking frame reader that reads ahead: one `recv` fetches the length prefix and as much
+/// of the frame (and of any frame after it) as has arrived, where [`read_frame`] needs one call
+/// for the prefix and one for the body. Bytes past the frame stay buffered for the next call, so
+/// a reader keeps one `ReadAhead` per stream for as long as it reads that stream.
+///
+/// ```
+/// use peercache_wire::frame::{write_frame, ReadAhead};
+///
+/// let mut wire = Vec::new();
+/// write_frame(&mut wire, b"one")?;
+/// write_frame(&mut wire, b"two")?;
+/// let (mut r, mut ahead, mut frame) = (&wire[..], ReadAhead::default(), Vec::new());
+/// ahead.read_frame(&mut r, 16, &mut frame)?;
+/// assert_eq!(frame, b"one");
+/// assert!(ahead.buffered() > 0); // the second frame came in with the first
+/// ahead.read_frame(&mut r, 16, &mut frame)?;
+/// assert_eq!(frame, b"two");
+/// # Ok::<(), peercache_wire::WireError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct ReadAhead {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadAhead {
+    /// Bytes read from the stream and not yet returned in a frame.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Reads one frame of at most `max` bytes into `out` (cleared), as [`read_frame`] does
+    /// and with its errors; a frame over `max` is refused from its prefix, before any of it is
+    /// buffered beyond one read-ahead. After an error the stream is out of step: drop it.
+    pub fn read_frame<R: Read>(
+        &mut self,
+        r: &mut R,
+        max: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WireError> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; READ_AHEAD];
+        }
+        while self.buffered() < 4 {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            match r.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Err(WireError::Closed),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io(e)),
+            }
+        }
+        let hdr = &self.buf[self.start..self.start + 4];
+        let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+        if len > max {
+            return Err(WireError::FrameTooLarge { len, max });
+        }
+        self.start += 4;
+        let have = len.min(self.buffered());
+        out.clear();
+        out.extend_from_slice(&self.buf[self.start..self.start + have]);
+        self.start += have;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+        if have < len {
+            out.resize(len, 0);
+            read_exact_mapped(r, &mut out[have..])?;
+        }
+        Ok(())
+    }
+}
+
 fn read_exact_mapped<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<(), WireError> {
     r.read_exact(buf).map_err(map_io)
 }
@@ -207,5 +289,91 @@ mod tests {
             Err(WireError::FrameTooLarge { .. })
         ));
         assert_eq!(buf.capacity(), 0);
+    }
+
+    /// A reader that hands out at most `step` bytes per read and counts its reads.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+        reads: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.reads += 1;
+            let n = buf.len().min(self.step).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn read_ahead_takes_a_small_frame_in_one_read_and_keeps_the_next() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"first").unwrap();
+        write_frame(&mut wire, b"").unwrap();
+        write_frame(&mut wire, b"third").unwrap();
+        let mut r = Trickle {
+            data: &wire,
+            step: usize::MAX,
+            reads: 0,
+        };
+        let (mut ahead, mut out) = (ReadAhead::default(), Vec::new());
+        ahead.read_frame(&mut r, 16, &mut out).unwrap();
+        assert_eq!((out.as_slice(), r.reads), (&b"first"[..], 1));
+        ahead.read_frame(&mut r, 16, &mut out).unwrap();
+        assert_eq!((out.as_slice(), r.reads), (&b""[..], 1));
+        ahead.read_frame(&mut r, 16, &mut out).unwrap();
+        assert_eq!((out.as_slice(), r.reads), (&b"third"[..], 1));
+        assert_eq!(ahead.buffered(), 0);
+        assert!(matches!(
+            ahead.read_frame(&mut r, 16, &mut out),
+            Err(WireError::Closed)
+        ));
+    }
+
+    #[test]
+    fn read_ahead_reassembles_frames_split_anywhere_and_larger_than_its_buffer() {
+        let big: Vec<u8> = (0..READ_AHEAD * 2 + 7)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"ab").unwrap();
+        write_frame(&mut wire, &big).unwrap();
+        write_frame(&mut wire, b"cde").unwrap();
+        for step in [1, 3, 5, 4096, READ_AHEAD + 1] {
+            let mut r = Trickle {
+                data: &wire,
+                step,
+                reads: 0,
+            };
+            let (mut ahead, mut out) = (ReadAhead::default(), Vec::new());
+            ahead.read_frame(&mut r, big.len(), &mut out).unwrap();
+            assert_eq!(out, b"ab", "step {step}");
+            ahead.read_frame(&mut r, big.len(), &mut out).unwrap();
+            assert!(out == big, "step {step}");
+            ahead.read_frame(&mut r, big.len(), &mut out).unwrap();
+            assert_eq!(out, b"cde", "step {step}");
+        }
+    }
+
+    #[test]
+    fn read_ahead_refuses_an_oversize_frame_from_its_prefix_and_a_cut_stream() {
+        let wire = [0xff, 0xff, 0xff, 0xff, 1, 2];
+        let (mut ahead, mut out) = (ReadAhead::default(), Vec::new());
+        assert!(matches!(
+            ahead.read_frame(&mut &wire[..], DEFAULT_MAX_FRAME, &mut out),
+            Err(WireError::FrameTooLarge { .. })
+        ));
+        assert_eq!(out.capacity(), 0);
+        // The stream ends inside a header, then inside a body.
+        for cut in [&[0u8, 0][..], &[0, 0, 0, 9, 1, 2][..]] {
+            let mut ahead = ReadAhead::default();
+            assert!(matches!(
+                ahead.read_frame(&mut &cut[..], 16, &mut out),
+                Err(WireError::Closed)
+            ));
+        }
     }
 }

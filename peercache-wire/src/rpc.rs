@@ -795,6 +795,7 @@ impl RpcClient {
         Ok(Conn {
             stream: s,
             armed: None,
+            ahead: frame::ReadAhead::default(),
             sealed: accepted.channel.map(|k| SealedConn::new(k.client())),
         })
     }
@@ -814,11 +815,13 @@ fn remaining(deadline: Instant) -> Result<Duration, WireError> {
     }
 }
 
-/// A pooled connection and the socket timeout currently set on it.
+/// A pooled connection, the socket timeout currently set on it and its read-ahead.
 #[derive(Debug)]
 struct Conn {
     stream: TcpStream,
     armed: Option<Duration>,
+    /// Reply bytes read and not yet returned: one `recv` per small reply.
+    ahead: frame::ReadAhead,
     /// Present when the handshake agreed to seal this connection.
     sealed: Option<SealedConn>,
 }
@@ -876,7 +879,8 @@ impl Conn {
     fn recv(&mut self, deadline: Instant, max: usize) -> Result<Vec<u8>, WireError> {
         let mut buf = Vec::new();
         let limit = max + if self.sealed.is_some() { TAG_BYTES } else { 0 };
-        frame::read_frame(&mut self.io(deadline), limit, &mut buf)?;
+        let mut io = frame::Deadlined::new(&self.stream, deadline, &mut self.armed);
+        self.ahead.read_frame(&mut io, limit, &mut buf)?;
         if let Some(sealed) = self.sealed.as_mut() {
             let n = open_frame(&mut sealed.rx, &mut buf)?;
             buf.truncate(n);
