@@ -378,3 +378,49 @@ fn the_main_job_and_the_component_benches_run_briefly() {
     let names = row_names(&v);
     assert_eq!(names, ["raw-tcp", "tcp-read", "tcp-write"]);
 }
+
+#[test]
+fn startup_times_the_first_read_and_with_rdma_the_first_one_sided_read_and_the_registration() {
+    let v = run(&["startup", "--pool-gib", "1", "--rounds", "1"]);
+    assert_eq!(
+        row_names(&v),
+        [
+            "startup/first-read/1g",
+            "startup/pool-ready/1g",
+            "startup/memset/1g"
+        ]
+    );
+    assert!(v["summary"]["rdma"].is_null(), "{v}");
+    // The software fabric in 64 MiB chunks: the read goes one-sided once its chunk is in, and
+    // the whole gibibyte ends up registered.
+    let v = run(&[
+        "startup",
+        "--pool-gib",
+        "1",
+        "--rounds",
+        "1",
+        "--set",
+        "protocol=rdma",
+        "--set",
+        "rdma_backend=soft",
+        "--set",
+        "rdma_register_chunk=64mb",
+    ]);
+    let names = row_names(&v);
+    assert!(
+        names.contains(&"startup/first-rdma-read/1g")
+            && names.contains(&"startup/rdma-registered/1g"),
+        "{names:?}"
+    );
+    let s = &v["summary"];
+    let (first, one_sided, registered) = (
+        s["first_read_s"].as_f64().unwrap(),
+        s["rdma"]["first_one_sided_read_s"].as_f64().unwrap(),
+        s["rdma"]["pool_registered_s"].as_f64().unwrap(),
+    );
+    assert!(
+        0.0 < first && first <= one_sided && one_sided <= registered + 0.01,
+        "{s}"
+    );
+    assert_eq!(v["config"]["set"][0], "protocol=rdma");
+}

@@ -4,6 +4,12 @@
 //! reader, the time until its whole pool is faulted in, and — same run, same cores — a
 //! parallel memset of a fresh mapping of the same size and kind, the floor for faulting it
 //! (first in odd rounds, after the node in even ones).
+//!
+//! With `--set protocol=rdma` (and the RDMA settings: `rdma_backend`, `device_names`,
+//! `gid_index`, `rdma_register_chunk`) two more rows: the time until the reader's read of that
+//! page is served one-sided (its chunk registered with the NIC), and the time until the node's
+//! whole pool is registered (`/cluster` → `rdma.registering_bytes` at 0). On a host with an
+//! RDMA NIC give `--hosts` two addresses on it; loopback only reaches the software fabric.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +32,13 @@ pub struct StartupArgs {
     /// Faulting threads, for the node and the memset alike (0: one per core, at most 16).
     #[arg(long, default_value_t = 0)]
     pub fault_threads: usize,
+    /// The reader's and the node's addresses (an RDMA NIC's addresses to measure verbs).
+    #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = ["127.0.0.1".to_string(), "127.0.0.2".to_string()])]
+    pub hosts: Vec<String>,
+    /// Any node setting for both nodes: `--set key=value`, repeatable (e.g. `protocol=rdma`,
+    /// `rdma_backend=soft`, `rdma_register_chunk=256mb`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Rounds (the seconds option is unused).
     #[command(flatten)]
     pub run: crate::load::rows::RunArgs,
@@ -36,12 +49,14 @@ struct Round {
     first_read: f64,
     ready: f64,
     memset: f64,
+    /// With RDMA: the first read served one-sided, and the whole pool registered.
+    rdma: Option<(f64, f64)>,
 }
 
 impl Round {
     /// The round's rows for a pool of `gib` GiB: first read (seconds as `max_us`), pool
     /// ready and the memset beside it (seconds, and GB/s).
-    fn rows(&self, gib: u64, round: u64) -> [Row; 3] {
+    fn rows(&self, gib: u64, round: u64) -> Vec<Row> {
         let row = |what: &str, secs: f64, rate: bool| Row {
             max_us: secs * 1e6,
             gb_per_s: if rate {
@@ -52,11 +67,16 @@ impl Round {
             round,
             ..Row::empty(&format!("startup/{what}/{gib}g"))
         };
-        [
+        let mut rows = vec![
             row("first-read", self.first_read, false),
             row("pool-ready", self.ready, true),
             row("memset", self.memset, true),
-        ]
+        ];
+        if let Some((one_sided, registered)) = self.rdma {
+            rows.push(row("first-rdma-read", one_sided, false));
+            rows.push(row("rdma-registered", registered, true));
+        }
+        rows
     }
 }
 
@@ -68,15 +88,18 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
         n => n,
     };
     let bytes = (args.pool_gib as usize) << 30;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+    let (reader_host, node_host) = (args.hosts[0].as_str(), args.hosts[1].as_str());
+    let port = std::net::TcpListener::bind((reader_host, 0))?
         .local_addr()?
         .port();
-    let seed = format!("127.0.0.1:{port}");
-    let reader = start_node_with("127.0.0.1", &seed, "64mb", &[]).context("the reader node")?;
-    let sets = [
+    let seed = format!("{reader_host}:{port}");
+    let reader =
+        start_node_with(reader_host, &seed, "64mb", &args.set).context("the reader node")?;
+    let mut sets = vec![
         format!("host_local={}", args.host_local),
         format!("pool_fault_threads={threads}"),
     ];
+    sets.extend(args.set.iter().cloned());
     let page = vec![0x5au8; 64 << 10];
     // Unmeasured: the host's page cache is reclaimed once here, not by the first measured run.
     memset_seconds(bytes, threads, args.host_local)?;
@@ -93,7 +116,7 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
         };
         let key = format!("startup/probe/{round}");
         let t0 = Instant::now();
-        let node = start_node_cold("127.0.0.2", &seed, &format!("{}gb", args.pool_gib), &sets)
+        let node = start_node_cold(node_host, &seed, &format!("{}gb", args.pool_gib), &sets)
             .context("the node under test")?;
         if !node.batch_set(&[&key], &[&page[..]])?.iter().all(|&ok| ok) {
             bail!("the node under test refused its first page");
@@ -117,6 +140,10 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
             "the first page served differs from the one written"
         );
         let first_read = t0.elapsed().as_secs_f64();
+        let rdma = match node.cluster_view()["rdma"].is_object() {
+            false => None,
+            true => Some(rdma_seconds(&reader, &node, &key, &page, t0)?),
+        };
         let ready = node.wait_pool_ready(Duration::from_secs(1800));
         ensure!(ready.is_ready(), "the pool was not warm within 30 minutes");
         let ready = t0.elapsed().as_secs_f64();
@@ -128,13 +155,17 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
         };
         eprintln!(
             "startup: {} GiB: first read served {first_read:.3} s, pool warm {ready:.2} s, \
-             memset {memset:.2} s",
-            args.pool_gib
+             memset {memset:.2} s{}",
+            args.pool_gib,
+            rdma.map_or(String::new(), |(o, r)| format!(
+                ", first one-sided read {o:.3} s, pool registered {r:.2} s"
+            ))
         );
         let r = Round {
             first_read,
             ready,
             memset,
+            rdma,
         };
         for row in r.rows(args.pool_gib, round) {
             cell.push(row);
@@ -150,11 +181,20 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
     };
     let first_read = median(&|r| r.first_read);
     let ratio = median(&|r| r.ready / r.memset);
+    let rdma = rounds.iter().all(|r| r.rdma.is_some()).then(|| {
+        let one_sided = median(&|r| r.rdma.map_or(0.0, |x| x.0));
+        let registered = median(&|r| r.rdma.map_or(0.0, |x| x.1));
+        serde_json::json!({
+            "first_one_sided_read_s": (one_sided * 1000.0).round() / 1000.0,
+            "pool_registered_s": (registered * 100.0).round() / 100.0,
+        })
+    });
     Ok(Report {
         bench: "startup".into(),
         host: Host::detect(),
         config: serde_json::json!({"pool_gib": args.pool_gib, "host_local": args.host_local,
-            "fault_threads": threads, "rounds": args.run.rounds}),
+            "fault_threads": threads, "rounds": args.run.rounds, "hosts": args.hosts,
+            "set": args.set}),
         summary: serde_json::json!({
             "first_read_s": (first_read * 1000.0).round() / 1000.0,
             "pool_ready_s": (median(&|r| r.ready) * 100.0).round() / 100.0,
@@ -162,9 +202,50 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
             // The whole pool warm against a parallel memset of the same size, same run.
             "ready_over_memset": (ratio * 100.0).round() / 100.0,
             "meets_target": first_read <= 1.0 && ratio <= 1.2,
+            // With protocol=rdma: the first read served one-sided, the pool registered whole.
+            "rdma": rdma,
         }),
         results: rows,
     })
+}
+
+/// With RDMA, seconds from `t0` until the reader's read of `key` is served one-sided (its
+/// chunk registered; the page byte-exact) and until the node's whole pool is registered.
+fn rdma_seconds(
+    reader: &peercache_store::Store,
+    node: &peercache_store::Store,
+    key: &str,
+    page: &[u8],
+    t0: Instant,
+) -> Result<(f64, f64)> {
+    let deadline = t0 + Duration::from_secs(1800);
+    let mut got = vec![0u8; page.len()];
+    let one_sided = loop {
+        let before = reader.stats().rdma_read_bytes;
+        got.fill(0);
+        let hit = reader.batch_get(&[key], &mut [&mut got[..]])?[0];
+        ensure!(
+            hit && got == page,
+            "a read of the first page came back wrong or missing"
+        );
+        if reader.stats().rdma_read_bytes > before {
+            break t0.elapsed().as_secs_f64();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no read was served one-sided within 30 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let registering = || node.cluster_view()["rdma"]["registering_bytes"].as_u64();
+    while registering() != Some(0) {
+        ensure!(
+            Instant::now() < deadline,
+            "the pool was not registered within 30 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((one_sided, t0.elapsed().as_secs_f64()))
 }
 
 /// Seconds to map `bytes` fresh (a memory file when `shared`, as the node's host-local pool;
