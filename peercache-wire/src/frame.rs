@@ -51,14 +51,16 @@ pub fn read_frame<R: Read>(r: &mut R, max: usize, buf: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
-/// Bytes a [`ReadAhead`] asks the socket for in one read: a small reply arrives, header and
-/// body, in one `recv`.
-pub const READ_AHEAD: usize = 16 << 10;
+/// Bytes a [`ReadAhead`] asks the socket for in one read (into a buffer on the stack): a small
+/// reply arrives, length prefix and body, in one `recv`.
+pub const READ_AHEAD: usize = 4 << 10;
 
 /// A blocking frame reader that reads ahead: one `recv` fetches the length prefix and as much
-/// of the frame (and of any frame after it) as has arrived, where [`read_frame`] needs one call
-/// for the prefix and one for the body. Bytes past the frame stay buffered for the next call, so
-/// a reader keeps one `ReadAhead` per stream for as long as it reads that stream.
+/// of the frame as has arrived (up to [`READ_AHEAD`] bytes), where [`read_frame`] needs one
+/// call for the prefix and one for the body. The read goes into a buffer on the stack, so an
+/// idle reader holds no memory; bytes that arrived past the frame (a peer that sent two frames
+/// at once) are kept for the next call. Keep one `ReadAhead` per stream for as long as you read
+/// that stream.
 ///
 /// ```
 /// use peercache_wire::frame::{write_frame, ReadAhead};
@@ -76,58 +78,56 @@ pub const READ_AHEAD: usize = 16 << 10;
 /// ```
 #[derive(Debug, Default)]
 pub struct ReadAhead {
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
+    /// Bytes read past the last frame returned, in stream order.
+    left: Vec<u8>,
 }
 
 impl ReadAhead {
     /// Bytes read from the stream and not yet returned in a frame.
     pub fn buffered(&self) -> usize {
-        self.end - self.start
+        self.left.len()
     }
 
     /// Reads one frame of at most `max` bytes into `out` (cleared), as [`read_frame`] does
-    /// and with its errors; a frame over `max` is refused from its prefix, before any of it is
-    /// buffered beyond one read-ahead. After an error the stream is out of step: drop it.
+    /// and with its errors; a frame over `max` is refused from its prefix, before anything is
+    /// sized from it. After an error the stream is out of step: drop it.
     pub fn read_frame<R: Read>(
         &mut self,
         r: &mut R,
         max: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), WireError> {
-        if self.buf.is_empty() {
-            self.buf = vec![0; READ_AHEAD];
-        }
-        while self.buffered() < 4 {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            }
-            match r.read(&mut self.buf[self.end..]) {
+        let mut scratch = [0u8; READ_AHEAD];
+        // Bytes kept from the last call come first; the stream is read only once they are
+        // used up, so the order holds.
+        let mut n = self.left.len().min(READ_AHEAD);
+        scratch[..n].copy_from_slice(&self.left[..n]);
+        self.left.drain(..n);
+        while n < 4 {
+            match r.read(&mut scratch[n..]) {
                 Ok(0) => return Err(WireError::Closed),
-                Ok(n) => self.end += n,
+                Ok(k) => n += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(map_io(e)),
             }
         }
-        let hdr = &self.buf[self.start..self.start + 4];
-        let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+        let len = u32::from_be_bytes([scratch[0], scratch[1], scratch[2], scratch[3]]) as usize;
         if len > max {
             return Err(WireError::FrameTooLarge { len, max });
         }
-        self.start += 4;
-        let have = len.min(self.buffered());
+        let body = &scratch[4..n];
+        let have = len.min(body.len());
         out.clear();
-        out.extend_from_slice(&self.buf[self.start..self.start + have]);
-        self.start += have;
-        if self.start == self.end {
-            (self.start, self.end) = (0, 0);
-        }
-        if have < len {
+        out.extend_from_slice(&body[..have]);
+        if have < body.len() {
+            // Past this frame: the next one's bytes, kept ahead of any still left.
+            self.left.splice(0..0, body[have..].iter().copied());
+        } else if have < len {
             out.resize(len, 0);
-            read_exact_mapped(r, &mut out[have..])?;
+            let from_left = (len - have).min(self.left.len());
+            out[have..have + from_left].copy_from_slice(&self.left[..from_left]);
+            self.left.drain(..from_left);
+            read_exact_mapped(r, &mut out[have + from_left..])?;
         }
         Ok(())
     }

@@ -820,7 +820,7 @@ fn remaining(deadline: Instant) -> Result<Duration, WireError> {
 struct Conn {
     stream: TcpStream,
     armed: Option<Duration>,
-    /// Reply bytes read and not yet returned: one `recv` per small reply.
+    /// Reads each reply with one `recv` when it is small.
     ahead: frame::ReadAhead,
     /// Present when the handshake agreed to seal this connection.
     sealed: Option<SealedConn>,
