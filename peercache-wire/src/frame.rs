@@ -98,11 +98,11 @@ impl ReadAhead {
         out: &mut Vec<u8>,
     ) -> Result<(), WireError> {
         let mut scratch = [0u8; READ_AHEAD];
-        // Bytes kept from the last call come first; the stream is read only once they are
-        // used up, so the order holds.
-        let mut n = self.left.len().min(READ_AHEAD);
-        scratch[..n].copy_from_slice(&self.left[..n]);
-        self.left.drain(..n);
+        // Bytes kept from the last call come first. They are what one read-ahead held past a
+        // frame, so they always fit, and the stream is read only after them: the order holds.
+        let mut n = self.left.len();
+        scratch[..n].copy_from_slice(&self.left);
+        self.left.clear();
         while n < 4 {
             match r.read(&mut scratch[n..]) {
                 Ok(0) => return Err(WireError::Closed),
@@ -120,14 +120,11 @@ impl ReadAhead {
         out.clear();
         out.extend_from_slice(&body[..have]);
         if have < body.len() {
-            // Past this frame: the next one's bytes, kept ahead of any still left.
-            self.left.splice(0..0, body[have..].iter().copied());
+            // Past this frame: the next one's first bytes.
+            self.left.extend_from_slice(&body[have..]);
         } else if have < len {
             out.resize(len, 0);
-            let from_left = (len - have).min(self.left.len());
-            out[have..have + from_left].copy_from_slice(&self.left[..from_left]);
-            self.left.drain(..from_left);
-            read_exact_mapped(r, &mut out[have + from_left..])?;
+            read_exact_mapped(r, &mut out[have..])?;
         }
         Ok(())
     }

@@ -140,9 +140,10 @@ pub fn run(args: &StartupArgs) -> Result<Report> {
             "the first page served differs from the one written"
         );
         let first_read = t0.elapsed().as_secs_f64();
-        let rdma = match node.cluster_view()["rdma"].is_object() {
-            false => None,
-            true => Some(rdma_seconds(&reader, &node, &key, &page, t0)?),
+        let rdma = if node.cluster_view()["rdma"].is_object() {
+            Some(rdma_seconds(&reader, &node, &key, &page, t0)?)
+        } else {
+            None
         };
         let ready = node.wait_pool_ready(Duration::from_secs(1800));
         ensure!(ready.is_ready(), "the pool was not warm within 30 minutes");
