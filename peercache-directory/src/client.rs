@@ -1,6 +1,7 @@
 //! The routing side: sends each key to its shard owners, one request per shard per batch,
 //! shards in parallel, with replicas as the fallback.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use parking_lot::RwLock;
 use peercache_wire::envelope::{self, Extension};
 use peercache_wire::rpc::{self, RpcClient};
 use peercache_wire::{Incarnation, NodeId, PageKey};
+use smallvec::SmallVec;
 
 use crate::DirError;
 use crate::handoff;
-use crate::holding::{Holding, holding_of};
+use crate::holding::{Holding, KeyHolders};
 use crate::location::{Location, Owners};
 use crate::msg::{
     DirReply, DirRequest, EXT_HANDOFF_MORE, EXT_HOLDERS_ONLY, EXT_MOVING, LayoutRuns, Moving,
@@ -314,7 +316,9 @@ impl DirectoryClient {
         rank: usize,
         local_first: bool,
     ) -> Vec<Chunk> {
-        let mut by_node: HashMap<u32, Vec<usize>> = HashMap::new();
+        // (member, item) pairs sorted by member: no hashing, and items keep their order
+        // within a member (they are unique, so the unstable sort cannot reorder them).
+        let mut picked: Vec<(u32, usize)> = Vec::with_capacity(keys.size_hint().0);
         let mut idx = Vec::with_capacity(self.cfg.replicas);
         let me = if local_first {
             view.ring.index_of(&self.me)
@@ -330,14 +334,16 @@ impl DirectoryClient {
                 }
             }
             if let Some(&m) = idx.get(rank) {
-                by_node.entry(m).or_default().push(i);
+                picked.push((m, i));
             }
         }
+        picked.sort_unstable();
+        let max = self.cfg.max_keys_per_request.max(1);
         let mut out = Vec::new();
-        for (m, items) in by_node {
-            let node = view.ring.member(m).clone();
-            for chunk in items.chunks(self.cfg.max_keys_per_request.max(1)) {
-                out.push((node.clone(), chunk.to_vec()));
+        for run in picked.chunk_by(|a, b| a.0 == b.0) {
+            let node = view.ring.member(run[0].0);
+            for chunk in run.chunks(max) {
+                out.push((node.clone(), chunk.iter().map(|&(_, i)| i).collect()));
             }
         }
         out
@@ -554,25 +560,74 @@ impl DirectoryClient {
     /// [`Self::lookup`]; a shard of a release before holders answers with full owners, which
     /// are folded here. A key nobody holds (or whose shards failed) is empty.
     pub fn holders(&self, keys: &[PageKey]) -> Result<Vec<Holding>, DirError> {
-        self.replica_query(
+        self.key_holders(keys)?
+            .into_holdings(keys.len())
+            .map_err(DirError::Wire)
+    }
+
+    /// [`Self::holders`] as one [`KeyHolders`] in `keys`' order: every shard's answer merged
+    /// under one node table, each copy a small index into it — no per-key allocation and no
+    /// node id cloned per copy, the form a prefix query walks. A shard's reply that
+    /// [`KeyHolders::check`] refuses counts as a failed shard (its keys go to the next replica).
+    pub fn key_holders(&self, keys: &[PageKey]) -> Result<KeyHolders, DirError> {
+        /// One key's copies, as indices into the merged node table (inline up to three).
+        type Copies = SmallVec<[u32; 3]>;
+        let table = RefCell::new(Vec::<NodeId>::new());
+        let index_of = |node: &NodeId| -> u32 {
+            let mut t = table.borrow_mut();
+            match t.iter().position(|n| n == node) {
+                Some(i) => i as u32,
+                None => {
+                    t.push(node.clone());
+                    (t.len() - 1) as u32
+                }
+            }
+        };
+        let per_key = self.replica_query(
             keys,
             true,
-            Holding::new(),
+            Copies::new(),
             |items| DirRequest::Lookup(items.iter().map(|&i| keys[i]).collect::<Vec<_>>().into()),
             |reply| match reply {
                 DirReply::Holders(h) => {
                     let n = h.len();
-                    h.into_holdings(n).ok()
+                    h.check(n).ok()?;
+                    let map: SmallVec<[u32; 8]> = h.nodes.iter().map(index_of).collect();
+                    Some(
+                        (0..n)
+                            .map(|i| {
+                                h.copies(i)
+                                    .iter()
+                                    .map(|&c| (map[(c >> 1) as usize] << 1) | (c & 1))
+                                    .collect()
+                            })
+                            .collect(),
+                    )
                 }
                 DirReply::Found(v) => Some(
                     v.iter()
-                        .map(|o| o.as_ref().map(holding_of).unwrap_or_default())
+                        .map(|o| {
+                            o.iter()
+                                .flatten()
+                                .map(|l| (index_of(&l.node) << 1) | u32::from(l.resident))
+                                .collect()
+                        })
                         .collect(),
                 ),
                 _ => None,
             },
             |h| !h.is_empty(),
-        )
+        )?;
+        let mut out = KeyHolders {
+            nodes: table.into_inner(),
+            ends: Vec::with_capacity(keys.len()),
+            copies: Vec::with_capacity(keys.len() * self.cfg.replicas),
+        };
+        for copies in &per_key {
+            out.copies.extend_from_slice(copies);
+            out.ends.push(out.copies.len() as u32);
+        }
+        Ok(out)
     }
 
     /// Presence of each key (memory or disk of a live owner). Within `handoff_grace` of a ring

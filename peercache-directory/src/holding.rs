@@ -6,8 +6,6 @@ use peercache_wire::{NodeId, WireError};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use crate::location::Owners;
-
 /// One key's holders: every node with a live copy, and whether that copy is in memory (`false`:
 /// on its disk tier only). Empty: nobody holds the key.
 pub type Holding = SmallVec<[(NodeId, bool); 3]>;
@@ -74,13 +72,14 @@ impl KeyHolders {
         }
     }
 
-    /// Checks a decoded batch of `keys` keys and splits it into one [`Holding`] per key.
+    /// Checks a decoded batch of `keys` keys: the same number of keys, ends that never go
+    /// backwards and cover every copy, and copies that name nodes of the table. A batch that
+    /// passes can be read with [`Self::copies`] without a bounds failure.
     ///
     /// # Errors
-    /// [`WireError::Malformed`] when the batch has another number of keys, its ends go
-    /// backwards or past the copies, or a copy names a node the table lacks — a reply from a
-    /// broken or hostile shard is refused whole, never read out of bounds.
-    pub fn into_holdings(self, keys: usize) -> Result<Vec<Holding>, WireError> {
+    /// [`WireError::Malformed`] naming the first fault — a reply from a broken or hostile shard
+    /// is refused whole, never read out of bounds.
+    pub fn check(&self, keys: usize) -> Result<(), WireError> {
         let bad = |detail: String| WireError::Malformed {
             what: "key holders",
             detail,
@@ -94,7 +93,6 @@ impl KeyHolders {
                 self.copies.len()
             )));
         }
-        let mut out = Vec::with_capacity(keys);
         let mut start = 0usize;
         for &end in &self.ends {
             let end = end as usize;
@@ -104,30 +102,49 @@ impl KeyHolders {
                     self.copies.len()
                 )));
             }
-            let mut h = Holding::new();
-            for &c in &self.copies[start..end] {
-                let node = self.nodes.get((c >> 1) as usize).ok_or_else(|| {
-                    bad(format!(
-                        "copy names node {} of {}",
-                        c >> 1,
-                        self.nodes.len()
-                    ))
-                })?;
-                h.push((node.clone(), c & 1 == 1));
-            }
-            out.push(h);
             start = end;
         }
-        Ok(out)
+        if let Some(&c) = self
+            .copies
+            .iter()
+            .find(|&&c| (c >> 1) as usize >= self.nodes.len())
+        {
+            return Err(bad(format!(
+                "copy names node {} of {}",
+                c >> 1,
+                self.nodes.len()
+            )));
+        }
+        Ok(())
     }
-}
 
-/// The holders among a key's full owner list (what an older shard answers instead).
-pub fn holding_of(owners: &Owners) -> Holding {
-    owners
-        .iter()
-        .map(|l| (l.node.clone(), l.resident))
-        .collect()
+    /// Key `i`'s copies, each its node's index in [`Self::nodes`] shifted left once, ORed with
+    /// 1 when resident (empty for a key past the batch or of a batch [`Self::check`] refuses).
+    pub fn copies(&self, i: usize) -> &[u32] {
+        let start = i
+            .checked_sub(1)
+            .and_then(|p| self.ends.get(p))
+            .map_or(0, |&s| s as usize);
+        let end = self.ends.get(i).map_or(start, |&e| e as usize);
+        self.copies.get(start..end).unwrap_or(&[])
+    }
+
+    /// Checks a decoded batch of `keys` keys ([`Self::check`]) and splits it into one
+    /// [`Holding`] per key.
+    ///
+    /// # Errors
+    /// [`WireError::Malformed`], as [`Self::check`].
+    pub fn into_holdings(self, keys: usize) -> Result<Vec<Holding>, WireError> {
+        self.check(keys)?;
+        Ok((0..keys)
+            .map(|i| {
+                self.copies(i)
+                    .iter()
+                    .map(|&c| (self.nodes[(c >> 1) as usize].clone(), c & 1 == 1))
+                    .collect()
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -20,8 +20,17 @@ pub const DEFAULT_VNODES: u32 = 160;
 pub struct Ring {
     members: Vec<NodeId>,
     points: Vec<(u64, u32)>,
+    /// `starts[b]`: the first point whose top bits are `b` or more (one more entry than
+    /// buckets), so finding a key's point searches a bucket of a point or two instead of the
+    /// whole ring.
+    starts: Vec<u32>,
+    /// Right shift that leaves a position's bucket.
+    shift: u32,
     vnodes: u32,
 }
+
+/// Most bucket bits: 64 Ki buckets (256 KiB of starts) however large the ring.
+const MAX_BUCKET_BITS: u32 = 16;
 
 /// Ring position of one virtual node.
 pub fn point(node: &NodeId, vnode: u32) -> u64 {
@@ -46,9 +55,25 @@ impl Ring {
             }
         }
         points.sort_unstable();
+        let bits = points
+            .len()
+            .next_power_of_two()
+            .trailing_zeros()
+            .clamp(1, MAX_BUCKET_BITS);
+        let shift = 64 - bits;
+        let mut starts = Vec::with_capacity((1 << bits) + 1);
+        let mut at = 0usize;
+        for b in 0..=(1u64 << bits) {
+            while at < points.len() && (points[at].0 >> shift) < b {
+                at += 1;
+            }
+            starts.push(at as u32);
+        }
         Ring {
             members,
             points,
+            starts,
+            shift,
             vnodes,
         }
     }
@@ -85,11 +110,9 @@ impl Ring {
             return;
         }
         let n = n.min(self.members.len());
-        let pos = key.hi();
-        let start = self.points.partition_point(|&(p, _)| p < pos);
-        let len = self.points.len();
-        for i in 0..len {
-            let (_, m) = self.points[(start + i) % len];
+        let start = self.first_point_at(key.hi());
+        let (before, from) = self.points.split_at(start.min(self.points.len()));
+        for &(_, m) in from.iter().chain(before) {
             if !out.contains(&m) {
                 out.push(m);
                 if out.len() == n {
@@ -97,6 +120,17 @@ impl Ring {
                 }
             }
         }
+    }
+
+    /// The index of the first point at or after `pos` (the points' length when none is).
+    fn first_point_at(&self, pos: u64) -> usize {
+        let b = (pos >> self.shift) as usize;
+        let (lo, hi) = match (self.starts.get(b), self.starts.get(b + 1)) {
+            (Some(&lo), Some(&hi)) => (lo as usize, hi as usize),
+            // A ring built without buckets (none is): search it whole.
+            _ => (0, self.points.len()),
+        };
+        lo + self.points[lo..hi].partition_point(|&(p, _)| p < pos)
     }
 
     /// Up to `n` distinct owners of `key`, primary first.
@@ -198,6 +232,33 @@ mod tests {
 
     /// Committed test vectors: keys → owners for a fixed member set. Any change to hashing,
     /// encoding or the walk breaks every deployed cluster, so it must break this test first.
+    #[test]
+    fn the_bucketed_search_finds_the_point_a_whole_ring_search_finds() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for (members, vnodes) in [(1, 1), (2, 3), (3, DEFAULT_VNODES), (1000, DEFAULT_VNODES)] {
+            let ring = Ring::new(ids(members), vnodes);
+            let mut probes: Vec<u64> = (0..2000).map(|_| rng.random()).collect();
+            // The ends of the ring, every point itself and its neighbours.
+            probes.extend([0, 1, u64::MAX - 1, u64::MAX]);
+            for &(p, _) in ring.points.iter().step_by(97) {
+                probes.extend([p.wrapping_sub(1), p, p.wrapping_add(1)]);
+            }
+            for pos in probes {
+                let whole = ring.points.partition_point(|&(p, _)| p < pos);
+                assert_eq!(
+                    ring.first_point_at(pos),
+                    whole,
+                    "{members}x{vnodes} at {pos:#x}"
+                );
+            }
+        }
+        assert_eq!(
+            Ring::default().first_point_at(42),
+            0,
+            "a ring with no points"
+        );
+    }
+
     #[test]
     fn committed_test_vectors() {
         assert_eq!(

@@ -79,6 +79,24 @@ fn holders_name_every_copy_a_full_lookup_does() {
         assert_eq!(i(100), BTreeSet::from([(a.clone(), true), (b, true)]));
         assert_eq!(i(200), BTreeSet::from([(a, true)]));
         assert!(holders[350].is_empty());
+        // The compact form: one node table for every shard's answer, each node in it once,
+        // and per key the same copies.
+        let compact = n.client.key_holders(&keys).unwrap();
+        assert_eq!(compact.len(), keys.len());
+        let table: BTreeSet<&str> = compact.nodes.iter().map(|n| n.as_str()).collect();
+        assert_eq!(
+            table.len(),
+            compact.nodes.len(),
+            "each node once in the table"
+        );
+        for (i, h) in holders.iter().enumerate() {
+            let copies: BTreeSet<(String, bool)> = compact
+                .copies(i)
+                .iter()
+                .map(|&c| (compact.nodes[(c >> 1) as usize].to_string(), c & 1 == 1))
+                .collect();
+            assert_eq!(copies, set_of(h), "key {i}");
+        }
     }
 }
 

@@ -42,7 +42,7 @@ pub use node::keys::Keyspace;
 pub use node::stats::StoreStats;
 pub use node::store::Store;
 pub use peercache_transport::DeviceMemory;
-pub use read::prefix::{PrefixRun, prefix_json, prefix_runs, prefix_runs_of};
+pub use read::prefix::{PrefixRun, prefix_json, prefix_runs, prefix_runs_in, prefix_runs_of};
 pub use read::scratch::RawSeg;
 
 /// The README's examples, compiled and run as doc tests so they stay true.

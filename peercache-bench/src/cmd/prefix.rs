@@ -191,11 +191,9 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
     std::thread::spawn(move || rawtcp::serve(listener, buf));
     let mut raw = rawtcp::RawClient::connect(raw_addr)?;
     let mut dst = rawtcp::prefaulted(args.reply_bytes, 1);
-    let mut http = HttpConn::connect(
-        nodes[0]
-            .metrics_endpoint()
-            .context("the node serves no HTTP port")?,
-    )?;
+    let http_addr = nodes[0]
+        .metrics_endpoint()
+        .context("the node serves no HTTP port")?;
 
     // A router that runs no node: the client API with the read-only client token.
     let token = peercache_wire::auth::read_only_token(crate::load::secret::generated().as_bytes())?;
@@ -252,6 +250,9 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 .prefix_locations(&keys[start..start + q])
                 .is_ok_and(|runs| runs_right(runs, start))
         }));
+        // A fresh keep-alive connection per round: one idle through the other rows (longer
+        // than the HTTP port's idle timeout with long rounds) would be closed under it.
+        let mut http = HttpConn::connect(http_addr)?;
         cell.push(row("prefix-64-http", &mut || {
             let start = next_start();
             body.clear();

@@ -83,8 +83,8 @@ impl ReadWing<'_> {
         keys: &[PageKey],
     ) -> Result<Vec<crate::PrefixRun>, StoreError> {
         self.check_open()?;
-        let holders = self.home.dir.holders(keys)?;
-        Ok(crate::prefix_runs_of(&holders))
+        let holders = self.home.dir.key_holders(keys)?;
+        Ok(crate::prefix_runs_in(&holders))
     }
 
     /// One host read: the slot map's, or owners, local pages, promotions, remote rounds and

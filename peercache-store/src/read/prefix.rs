@@ -2,7 +2,7 @@
 //! says each lives, how long a leading run of them every node holds — the answer a
 //! cache-aware router needs to send the request where its prefix already is.
 
-use peercache_directory::{Holding, Location};
+use peercache_directory::{Holding, KeyHolders, Location};
 use peercache_wire::NodeId;
 
 /// One node's share of a request's prefix.
@@ -41,10 +41,13 @@ pub struct PrefixRun {
 /// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 2, 2));
 /// ```
 pub fn prefix_runs<O: AsRef<[Location]>>(owners: &[O]) -> Vec<PrefixRun> {
-    runs_of(
-        owners
-            .iter()
-            .map(|o| o.as_ref().iter().map(|l| (&l.node, l.resident))),
+    finish(
+        runs_of(
+            owners
+                .iter()
+                .map(|o| o.as_ref().iter().map(|l| (&l.node, l.resident))),
+        ),
+        |n| (*n).clone(),
     )
 }
 
@@ -66,12 +69,60 @@ pub fn prefix_runs<O: AsRef<[Location]>>(owners: &[O]) -> Vec<PrefixRun> {
 /// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 1, 1));
 /// ```
 pub fn prefix_runs_of(holders: &[Holding]) -> Vec<PrefixRun> {
-    runs_of(holders.iter().map(|h| h.iter().map(|(n, r)| (n, *r))))
+    finish(
+        runs_of(holders.iter().map(|h| h.iter().map(|(n, r)| (n, *r)))),
+        |n| (*n).clone(),
+    )
+}
+
+/// [`prefix_runs`] of the directory's compact answer ([`KeyHolders`], from
+/// `DirectoryClient::key_holders`): nodes are compared as indices into its table, so the walk
+/// allocates nothing per key and clones no node id per copy. A batch whose copies name a node
+/// past its table ([`KeyHolders::check`] refuses it) skips those copies.
+///
+/// ```
+/// use peercache_directory::KeyHolders;
+/// use peercache_store::prefix_runs_in;
+/// use peercache_wire::NodeId;
+///
+/// let (a, b) = (NodeId::new("a").unwrap(), NodeId::new("b").unwrap());
+/// let mut keys = KeyHolders::default();
+/// keys.push_key([(&a, true), (&b, true)]);
+/// keys.push_key([(&a, false)]);
+/// let runs = prefix_runs_in(&keys);
+/// assert_eq!((runs[0].node.as_str(), runs[0].leading, runs[0].resident), ("a", 2, 1));
+/// assert_eq!((runs[1].node.as_str(), runs[1].leading, runs[1].resident), ("b", 1, 1));
+/// ```
+pub fn prefix_runs_in(holders: &KeyHolders) -> Vec<PrefixRun> {
+    let nodes = &holders.nodes;
+    let runs = runs_of((0..holders.len()).map(|i| {
+        holders
+            .copies(i)
+            .iter()
+            .filter(|&&c| ((c >> 1) as usize) < nodes.len())
+            .map(|&c| (c >> 1, c & 1 == 1))
+    }));
+    finish(runs, |&i| nodes[i as usize].clone())
+}
+
+/// Runs as [`PrefixRun`]s, longest first (ties by node id).
+fn finish<N>(runs: Vec<Open<N>>, id: impl Fn(&N) -> NodeId) -> Vec<PrefixRun> {
+    let mut out: Vec<PrefixRun> = runs
+        .iter()
+        .map(|r| PrefixRun {
+            node: id(&r.node),
+            leading: r.leading.0,
+            resident: r.resident.0,
+        })
+        .collect();
+    out.sort_by(|a, b| b.leading.cmp(&a.leading).then_with(|| a.node.cmp(&b.node)));
+    out
 }
 
 /// One node's run while the keys are walked.
-struct Open<'a> {
-    node: &'a NodeId,
+struct Open<N> {
+    /// The node (an id, or an index into a node table).
+    node: N,
     /// Leading run, and whether it is still open.
     leading: (usize, bool),
     /// Resident run, and whether it is still open.
@@ -81,12 +132,13 @@ struct Open<'a> {
 }
 
 /// The runs of every node holding the first key: per key, its copies as (node, in memory).
-fn runs_of<'a, K, C>(keys: K) -> Vec<PrefixRun>
+fn runs_of<N, K, C>(keys: K) -> Vec<Open<N>>
 where
+    N: PartialEq,
     K: Iterator<Item = C>,
-    C: Iterator<Item = (&'a NodeId, bool)>,
+    C: Iterator<Item = (N, bool)>,
 {
-    let mut runs: Vec<Open<'a>> = Vec::new();
+    let mut runs: Vec<Open<N>> = Vec::new();
     for (i, copies) in keys.enumerate() {
         if i > 0 && !runs.iter().any(|r| r.leading.1) {
             break;
@@ -119,16 +171,7 @@ where
             }
         }
     }
-    let mut out: Vec<PrefixRun> = runs
-        .into_iter()
-        .map(|r| PrefixRun {
-            node: r.node.clone(),
-            leading: r.leading.0,
-            resident: r.resident.0,
-        })
-        .collect();
-    out.sort_by(|a, b| b.leading.cmp(&a.leading).then_with(|| a.node.cmp(&b.node)));
-    out
+    runs
 }
 
 /// Prefix runs as JSON: `[{"node", "leading", "resident"}, …]`, longest first — what
@@ -211,6 +254,11 @@ mod tests {
                 .map(|o| o.iter().map(|l| (l.node.clone(), l.resident)).collect())
                 .collect();
             assert_eq!(prefix_runs_of(&holding), runs, "both forms agree");
+            let mut compact = KeyHolders::default();
+            for o in &owners {
+                compact.push_key(o.iter().map(|l| (&l.node, l.resident)));
+            }
+            assert_eq!(prefix_runs_in(&compact), runs, "the compact form agrees");
             for n in nodes {
                 let got = runs.iter().find(|r| r.node.as_str() == n);
                 let (leading, resident) = (brute(&owners, n, false), brute(&owners, n, true));
