@@ -12,7 +12,8 @@ takes commands, one JSON line each on stdin, and answers each with one JSON line
 
 - ``{"run": [[ids...], ...], "max_tokens": n}``: each prompt greedily, one at a time: first
   with ``max_tokens=1`` (its time is the request's time to first token), then the full answer
-  (with ``"answer": false``, only the first). Answers ``{"ttft_s": [...], "tokens": [[...]...],
+  (with ``"answer": false``, only the first). ``"params": [{...} | null, ...]`` gives each
+  prompt's ``kv_transfer_params`` (a router's hint). Answers ``{"ttft_s": [...], "tokens": [[...]...],
   "node": {counter: value}}`` (the node's ``peercache_*`` counters, when ``metrics`` is set).
 - ``{"node": true}``: the node's counters now.
 
@@ -65,10 +66,13 @@ def main() -> None:
     for line in sys.stdin:
         cmd = json.loads(line)
         if "run" in cmd:
-            first = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
-            full = SamplingParams(temperature=0, max_tokens=cmd.get("max_tokens", 8), detokenize=False)
             tokens, ttft = [], []
-            for ids in cmd["run"]:
+            params = cmd.get("params") or [None] * len(cmd["run"])
+            for ids, kv_params in zip(cmd["run"], params):
+                extra = {"kv_transfer_params": kv_params} if kv_params is not None else None
+                first = SamplingParams(temperature=0, max_tokens=1, detokenize=False, extra_args=extra)
+                full = SamplingParams(temperature=0, max_tokens=cmd.get("max_tokens", 8), detokenize=False,
+                                      extra_args=extra)
                 t = time.perf_counter()
                 out = llm.generate([TokensPrompt(prompt_token_ids=ids)], first, use_tqdm=False)
                 ttft.append(time.perf_counter() - t)

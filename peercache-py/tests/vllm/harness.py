@@ -96,10 +96,13 @@ class Engine:
         self.start_s = float(self._answer(timeout)["ready"])  # type: ignore[arg-type]
         return self.start_s
 
-    def run(self, prompts: List[List[int]], max_tokens: int = 8, answer: bool = True, timeout: float = 300) -> Dict[str, object]:
-        """Answers ``prompts`` (see ``engine.py``)."""
+    def run(self, prompts: List[List[int]], max_tokens: int = 8, answer: bool = True, timeout: float = 300,
+            params: Optional[List[Optional[Dict[str, object]]]] = None) -> Dict[str, object]:
+        """Answers ``prompts`` (see ``engine.py``); ``params``: each prompt's
+        ``kv_transfer_params``."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"run": prompts, "max_tokens": max_tokens, "answer": answer}) + "\n")
+        self.proc.stdin.write(json.dumps({"run": prompts, "max_tokens": max_tokens, "answer": answer,
+                                          "params": params}) + "\n")
         self.proc.stdin.flush()
         return self._answer(timeout)
 

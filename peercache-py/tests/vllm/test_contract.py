@@ -41,6 +41,7 @@ from model import make_model  # noqa: E402
 from peercache.vllm.config import ConfigError, check_hash_algo  # noqa: E402
 from peercache.vllm.connector import PeerCacheConnector  # noqa: E402
 from peercache.vllm.events import PeerCacheKVEvents, StoredBlocks  # noqa: E402
+from peercache.vllm.routing import RequestKeys, block_hashes, namespace  # noqa: E402
 
 BLOCK = 32
 NUM_BLOCKS = 48
@@ -517,6 +518,47 @@ def test_an_engine_hint_names_each_worker_ranks_own_holder(env):
             assert [(io.hint, io.hint_per_rank, io.hint_for(rank)) for io in meta.loads] == [
                 (engine, True, f"{engine}-r{rank}")]
             assert worker[:2] == (hits, misses), (rank, worker)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_router_computes_the_keys_the_engine_asks_for_and_finds_their_holder(env):
+    """``peercache.vllm.routing``: from a prompt's token ids alone, a router gets the very keys
+    the connector asks about for a real ``Request`` hashed by vLLM's own block hasher (with and
+    without a ``cache_salt``), and ``prefix_locations`` of them names the engine that published
+    the prompt; bad arguments are refused with a typed error."""
+    a = Engine(env, "127.0.0.51", fill=1)
+    b = Engine(env, "127.0.0.52", fill=0)
+    try:
+        settle(a, b)
+        ids = prompts_sharing(6 * BLOCK + 9, 0, 1, seed=31)[0]
+        ns = a.sched.scheme.namespace
+        assert ns == namespace(a.sched.layout) == b.worker.scheme.namespace
+        router = RequestKeys(ns, BLOCK)
+        keys = router.keys(ids)
+        req = b.request("r-1", ids)
+        assert len(keys) == 6 == len(req.block_hashes)
+        assert keys == a.sched.scheme.keys([bytes(h).hex() for h in req.block_hashes])
+        salted = Request("r-2", ids, SamplingParams(max_tokens=4), None, block_hasher=b.hasher, cache_salt="tenant-7")
+        salted_keys = router.keys(ids, cache_salt="tenant-7")
+        assert salted_keys == a.sched.scheme.keys([bytes(h).hex() for h in salted.block_hashes])
+        assert not set(salted_keys) & set(keys), "the salt enters the first block, so every chained hash"
+        assert router.keys(ids[:BLOCK - 1]) == []
+
+        publish(a, "r-a", ids, list(range(3, 10)))
+        runs = b.worker.store.prefix_locations(keys)
+        assert [(r.node, r.leading) for r in runs] == [(a.worker.store.node_id, 6)]
+        assert b.worker.store.prefix_locations(salted_keys) == []
+
+        with pytest.raises(ConfigError, match="block_size"):
+            RequestKeys(ns, 0)
+        with pytest.raises(ConfigError, match="namespace"):
+            RequestKeys("", BLOCK)
+        with pytest.raises(ConfigError, match="PYTHONHASHSEED"):
+            block_hashes(ids, BLOCK, "xxhash", env={})
+        with pytest.raises(ConfigError, match="md5"):
+            block_hashes(ids, BLOCK, "md5")
     finally:
         a.close()
         b.close()

@@ -3,15 +3,20 @@ engine A publishes what it computed, engine B on another node loads the shared p
 it and answers with the same greedy tokens as a cold engine; with A's node killed, B still
 answers identically (it recomputes) within the deadline. A router subscribed to A's own KV-event
 stream hears every block A published to the cluster, as vLLM ``BlockStored`` events with their
-tokens and parents. Run by the `vllm` CI stage (scripts/vllm-e2e.sh)."""
+tokens and parents. A router that knows only a prompt's token ids computes its page keys
+(``peercache.vllm.routing``), asks a node which node holds them (``POST /prefix``) and sends the
+request with that node as its hint: B loads from it without asking the directory, and with a
+wrong hint still answers identically. Run by the `vllm` CI stage (scripts/vllm-e2e.sh)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
@@ -22,6 +27,8 @@ pytest.importorskip("vllm.config", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
 from harness import Engine, Meta, connector, free_port, prompts_sharing
 from model import make_model
+
+from peercache.vllm.routing import RequestKeys
 
 BLOCK = 32
 PREFIX = int(os.environ.get("PC_VLLM_PREFIX", "2048"))  # shared prefix tokens (64 blocks)
@@ -65,16 +72,24 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
     shared = prompts_sharing(PREFIX, 84, 3, seed=1)       # A answers these cold and publishes
     variants = prompts_sharing(PREFIX, 84, 6, seed=1)[3:]  # same prefix, other suffixes
     after_kill = prompts_sharing(PREFIX, 84, 9, seed=1)[6:]
+    routed = prompts_sharing(PREFIX, 84, 11, seed=1)[9:]  # sent by the router, with a hint
+    token_file = os.path.join(workdir, "router-token")
+    with open(token_file, "w") as f:
+        f.write(secrets.token_hex(16))
+    os.chmod(token_file, 0o600)
     m_a, m_b = free_port("127.0.0.11"), free_port("127.0.0.12")
     events_port = free_port("127.0.0.11")
     engines = []
     router = None
     try:
+        # A logs at INFO: its connector's start-up line names the key namespace a router needs.
         a = Engine("a", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.11:{m_a}", "kv_events": f"tcp://*:{events_port}",
-                         "kv": connector("127.0.0.11", meta.addr, value, m_a)}, workdir)
+                         "kv": connector("127.0.0.11", meta.addr, value, m_a, node_id="engine-a")}, workdir,
+                   env={"VLLM_LOGGING_LEVEL": "INFO"})
         ref = Engine("b-off", {"model": model, "dtype": DTYPE, "kv": None}, workdir)
         b = Engine("b", {"model": model, "dtype": DTYPE, "metrics": f"127.0.0.12:{m_b}",
-                         "kv": connector("127.0.0.12", meta.addr, value, m_b)}, workdir)
+                         "kv": connector("127.0.0.12", meta.addr, value, m_b, node_id="engine-b",
+                                         http_token_file=token_file)}, workdir)
         engines = [a, ref, b]
         for e in engines:
             e.ready()
@@ -92,7 +107,7 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
             for prev, ev in zip(chain, chain[1:]):
                 assert ev.parent_block_hash == prev.block_hashes[0]
             assert all((ev.medium, ev.block_size) == ("cpu", BLOCK) for ev in chain)
-        expect = ref.run(shared + variants + after_kill)
+        expect = ref.run(shared + variants + after_kill + routed)
         assert cold["tokens"] == expect["tokens"][:3], "A's tokens with the connector differ from a cold engine's"
 
         before = b.node()
@@ -106,20 +121,61 @@ def test_engine_b_loads_engine_a_prefixes_and_answers_identically_even_with_a_de
         assert remote >= 0.9 * wanted, f"B loaded {remote:.0f} of {wanted} shared prefix blocks from A"
         assert "not loaded" not in b.log()
 
+        # The router: each routed prompt's page keys from its token ids alone (vLLM's own block
+        # hashing under the namespace A's connector logged), asked of B's node over HTTP.
+        ns = re.search(r"layout (vllm-[0-9a-f]{16})", a.log())
+        assert ns, "A's connector logged no layout line at INFO"
+        keys = RequestKeys(ns.group(1), BLOCK)
+        for ids in routed:
+            runs = prefix_query(f"127.0.0.12:{m_b}", token_file, keys.keys(ids))
+            assert runs and runs[0]["node"] == "engine-a-r0", runs
+            assert runs[0]["leading"] == PREFIX // BLOCK, runs  # the shared prefix; the rest is new
+        # Sent to B with A's node as the hint: B's node reads A's blocks from A, no directory
+        # lookup for them (each a hint hit; only the prompt's own new blocks, which A never held,
+        # are misses); then a wrong hint (B's own node, which holds none of the prefix): each
+        # prefix block a hint miss, found through the directory instead.
+        right = b.run(routed[:1], params=[{"holder_node": runs[0]["node"]}])
+        wrong = b.run(routed[1:], params=[{"holder_node": "engine-b-r0"}])
+        assert right["tokens"] + wrong["tokens"] == expect["tokens"][9:11], "a hint changed B's tokens"
+        counted = [(r["node"]["peercache_read_hint_hits_total"] - was["peercache_read_hint_hits_total"],
+                    r["node"]["peercache_read_hint_misses_total"] - was["peercache_read_hint_misses_total"],
+                    r["node"]["peercache_read_remote_hits_total"] - was["peercache_read_remote_hits_total"])
+                   for was, r in ((after, right), (right["node"], wrong))]
+        for (hits, misses, remote_blocks), hint in zip(counted, ("right", "wrong")):
+            assert remote_blocks >= PREFIX // BLOCK, (hint, counted)
+            if hint == "right":
+                assert hits >= PREFIX // BLOCK and 4 * misses < hits, (hint, counted)
+            else:
+                assert misses >= PREFIX // BLOCK and 4 * hits < misses, (hint, counted)
+
         a.kill()  # node 1 is gone; its directory entries outlive it for a while
         t0 = time.monotonic()
         late = b.run(after_kill, timeout=120)
         took = time.monotonic() - t0
-        assert late["tokens"] == expect["tokens"][6:], "B's tokens differ after A's node died"
+        assert late["tokens"] == expect["tokens"][6:9], "B's tokens differ after A's node died"
         assert took < 60, f"B took {took:.1f} s with A's node dead"
         print(json.dumps({"start_s": [e.start_s for e in engines], "cold_ttft": cold["ttft_s"],
-                          "b_ttft": got["ttft_s"], "after_kill_ttft": late["ttft_s"], "remote_blocks": remote}))
+                          "b_ttft": got["ttft_s"], "after_kill_ttft": late["ttft_s"], "remote_blocks": remote,
+                          "hinted_ttft": right["ttft_s"] + wrong["ttft_s"], "hint_counts": counted}))
     finally:
         if router is not None:
             router.close()
         for e in engines:
             e.stop()
         meta.stop()
+
+
+def prefix_query(endpoint: str, token_file: str, keys: list) -> list:
+    """``POST /prefix`` on a node's HTTP port with its bearer token: the nodes holding a leading
+    run of ``keys``, longest first."""
+    with open(token_file) as f:
+        token = f.read().strip()
+    req = urllib.request.Request(f"http://{endpoint}/prefix", data=json.dumps({"keys": keys}).encode(),
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["keys"] == len(keys), answer
+    return answer["nodes"]
 
 
 class EngineEvents:

@@ -17,6 +17,7 @@ from ..core import ConfigValue, KeyScheme, PageStore
 from .config import Layout, check_hash_algo, node_configs, settings
 from .events import PeerCacheKVEvents, StoredBlocks
 from .meta import PeerCacheMeta
+from .routing import namespace
 from .scheduler import SchedulerSide
 from .stats import PeerCachePromMetrics, PeerCacheStats
 from .worker import StorageTensor, WorkerSide
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-logger = logging.getLogger("peercache.vllm")
+logger = logging.getLogger("vllm.peercache")
 
 
 def _ranks(role: KVConnectorRole) -> Tuple[int, int]:
@@ -77,7 +78,7 @@ class PeerCacheConnector(KVConnectorBase_V1):
             logger.info("peercache: kv_load_failure_policy set to 'recompute' (a failed load recomputes)")
         tp_rank, pp_rank = _ranks(role)
         self.layout = layout_of(vllm_config, self.settings.model_name, tp_rank, pp_rank)
-        self.scheme = KeyScheme(f"vllm-{self.layout.fingerprint()}")
+        self.scheme = KeyScheme(namespace(self.layout))
         rank = tp_rank + pp_rank * self.layout.tp_size
         sched_cfg, worker_cfg = node_configs(extra, str(ktc.engine_id), rank)
         startup = float(extra.get("startup_timeout", 30.0) or 0.0)

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Set
 
 from .meta import BlockIO
 
-logger = logging.getLogger("peercache.vllm")
+logger = logging.getLogger("vllm.peercache")
 
 # load(ios): reads the pages of ``ios`` into their blocks and records every block that did not
 # land; never raises for a miss.

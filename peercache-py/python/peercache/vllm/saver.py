@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from ..core import Segments
 
-logger = logging.getLogger("peercache.vllm")
+logger = logging.getLogger("vllm.peercache")
 
 # put(keys, segments) -> one flag per page
 PutFn = Callable[[Sequence[str], Segments], List[bool]]

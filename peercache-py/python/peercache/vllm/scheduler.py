@@ -13,7 +13,7 @@ from .. import policy
 from ..core import KeyScheme
 from .meta import BlockIO, PeerCacheMeta
 
-logger = logging.getLogger("peercache.vllm")
+logger = logging.getLogger("vllm.peercache")
 
 
 class EngineRequest(Protocol):

@@ -18,7 +18,7 @@ from .loader import LoadQueue
 from .meta import BlockIO, PeerCacheMeta
 from .saver import SaveJob, SaveQueue
 
-logger = logging.getLogger("peercache.vllm")
+logger = logging.getLogger("vllm.peercache")
 
 # Stored page hashes kept for the next events report at most.
 MAX_STORED = 1 << 16
