@@ -15,5 +15,7 @@ python -c 'import vllm, torch; print(f"vllm {vllm.__version__}, torch {torch.__v
 # The engines use the loopback addresses 127.0.0.10-40 and need no network.
 VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}" \
   pytest -q -p no:cacheprovider peercache-py/tests/vllm "$@"
-# The router example of docs/operations.md (it needs this venv's pyzmq and msgspec).
+# The router examples of docs/operations.md (it needs this venv's pyzmq and msgspec) and
+# docs/vllm.md (a prompt's page keys by vLLM's own block hashing).
 python examples/router.py
+python examples/vllm_route.py
