@@ -99,9 +99,10 @@ class Engine:
         g = torch.Generator().manual_seed(fill)
         dtype = mc.dtype
         # The CPU backend's layout: [num_blocks, kv_heads, block_size, 2 * head_size].
-        self.kv = {f"model.layers.{i}.self_attn.attn": (torch.randn(NUM_BLOCKS, heads, self.cfg.cache_config.block_size,
-                                                                    2 * head, generator=g).to(dtype) if fill else
-                                                        torch.zeros(NUM_BLOCKS, heads, self.cfg.cache_config.block_size, 2 * head, dtype=dtype))
+        bs = self.cfg.cache_config.block_size
+        shape = (NUM_BLOCKS, heads, bs, 2 * head)
+        self.kv = {f"model.layers.{i}.self_attn.attn": (torch.randn(*shape, generator=g).to(dtype) if fill else
+                                                        torch.zeros(*shape, dtype=dtype))
                    for i in range(LAYERS)}
         self.worker.register_kv_caches(self.kv)
         hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
@@ -207,6 +208,57 @@ def test_b_finds_and_loads_a_s_blocks_byte_exact_into_other_blocks(env):
     finally:
         a.close()
         b.close()
+
+
+def test_staged_caches_share_pages_with_in_place_ones_byte_exact(env):
+    """``kv_staging``: the path GPU caches take (forced here on CPU tensors with ``always``).
+    A publishes through a one-block save mirror (eleven chunks), B reads in place and C through
+    its load mirror: both byte-exact; a page that went is a load error, and ``never`` refuses
+    caches the node cannot reach in place."""
+    a = Engine(env, "127.0.0.53", fill=3, kv_staging="always", staging_size="1kb")
+    b = Engine(env, "127.0.0.54", fill=0)
+    c = Engine(env, "127.0.0.55", fill=0, kv_staging="always")
+    try:
+        settle(a, b, c)
+        assert a.worker._worker._save_mirror.slots == 1, "a 1 KiB budget is one block each way"
+        ids = prompts_sharing(10 * BLOCK + 5, 0, 1, seed=37)[0]
+        src = list(range(3, 3 + 11))
+        publish(a, "s-a", ids, src)
+        stats = a.worker.get_kv_connector_stats()
+        assert stats is not None and stats.data["saved_blocks"] == 11
+        for e, rid in ((b, "s-b"), (c, "s-c")):
+            req = e.request(rid, ids)
+            n, _ = e.sched.get_num_new_matched_tokens(req, 0)
+            assert n == 10 * BLOCK + 4
+            dst = list(range(20, 31))
+            e.alloc(req, dst, n)
+            e.step(req, dst, n, 1)
+            assert e.worker.get_block_ids_with_load_errors() == set(), rid
+            for name in a.kv:
+                assert torch.equal(e.kv[name][dst[:10]], a.kv[name][src[:10]]), (rid, name)
+            finish(e, req)
+        # The pages go between C's lookup and its staged load: an error for each block (ten
+        # full ones and the tail), never the bytes its mirror held from the last load.
+        req = c.request("s-gone", ids)
+        assert c.sched.get_num_new_matched_tokens(req, 0) == (10 * BLOCK + 4, False)
+        a.worker.store.clear()
+        dst = list(range(32, 43))
+        c.alloc(req, dst, 10 * BLOCK + 4)
+        c.step(req, dst, 10 * BLOCK + 4, 1)
+        assert c.worker.get_block_ids_with_load_errors() == set(dst)
+        finish(c, req)
+    finally:
+        for e in (a, b, c):
+            e.close()
+    from peercache.vllm.worker import WorkerSide  # noqa: PLC0415
+
+    never = WorkerSide(None, a.worker.scheme, NUM_BLOCKS, save_async=False, staging="never")  # type: ignore[arg-type]
+    with pytest.raises(NotImplementedError, match="kv_staging"):
+        never.register({"l": torch.zeros(NUM_BLOCKS, 2, BLOCK, 8, device="meta")})
+    with pytest.raises(ConfigError, match="kv_staging"):
+        Engine(env, "127.0.0.56", fill=0, kv_staging="sometimes")
+    with pytest.raises(ConfigError, match="staging_size"):
+        Engine(env, "127.0.0.56", fill=0, staging_size="lots")
 
 
 def test_a_tail_is_found_only_for_the_same_tokens_and_never_without_its_blocks(env):
@@ -322,6 +374,12 @@ def test_a_layout_mismatch_is_a_miss(env):
         publish(a, "a2", ids, list(range(0, 9)))
         for e in (other_dtype, other_block):
             assert e.sched.get_num_new_matched_tokens(e.request("x", ids), 0) == (0, False)
+        # A CUDA engine of the same model lays its blocks out otherwise (a staged page holds
+        # its blocks' bytes as they are): the device type is in the namespace too.
+        import dataclasses  # noqa: PLC0415
+
+        assert a.sched.layout.device == a.worker.layout.device == "cpu"
+        assert namespace(dataclasses.replace(a.sched.layout, device="cuda")) != a.sched.scheme.namespace
     finally:
         for e in (a, other_dtype, other_block):
             e.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Protocol, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..core import Segments
 
@@ -39,18 +39,26 @@ class LayerBlocks:
     block_bytes: int
 
 
-def layer_blocks(t: KVTensor, num_blocks: int) -> LayerBlocks:
-    """How the blocks of one KV tensor are laid out. The block dimension is the first of
-    size ``num_blocks`` (the CPU backend puts it first, CUDA backends after a K/V dimension of
-    2); everything after it must be one dense slice per block."""
+def block_dim(t: KVTensor, num_blocks: int) -> int:
+    """The block dimension of a KV tensor: the first of size ``num_blocks`` (the CPU backend
+    puts it first, CUDA backends after a K/V dimension of 2)."""
+    dims = [d for d, n in enumerate(t.shape) if n == num_blocks]
+    if not dims:
+        raise LayoutError(f"peercache: a KV tensor of shape {tuple(t.shape)} has no dimension of "
+                          f"{num_blocks} blocks")
+    return dims[0]
+
+
+def layer_blocks(t: KVTensor, num_blocks: int, dim: Optional[int] = None) -> LayerBlocks:
+    """How the blocks of one KV tensor are laid out. The block dimension is ``dim`` (default:
+    :func:`block_dim`); everything after it must be one dense slice per block."""
     shape = list(t.shape)
     strides = list(t.stride())
     elem = int(t.element_size())
-    dims = [d for d, n in enumerate(shape) if n == num_blocks]
-    if not dims:
-        raise LayoutError(f"peercache: a KV tensor of shape {tuple(shape)} has no dimension of "
-                          f"{num_blocks} blocks")
-    d = dims[0]
+    d = block_dim(t, num_blocks) if dim is None else dim
+    if not 0 <= d < len(shape) or shape[d] != num_blocks:
+        raise LayoutError(f"peercache: dimension {d} of a KV tensor of shape {tuple(shape)} is not "
+                          f"its {num_blocks} blocks")
     inner = 1
     for k in range(len(shape) - 1, d, -1):
         if strides[k] != inner:
@@ -70,7 +78,8 @@ class BlockTable:
     """Every layer's blocks, in one fixed layer order: block ``b`` is the page made of each
     layer's segments of ``b``, in that order."""
 
-    def __init__(self, kv_caches: Mapping[str, KVTensor], num_blocks: int) -> None:
+    def __init__(self, kv_caches: Mapping[str, KVTensor], num_blocks: int,
+                 dims: Optional[Mapping[str, int]] = None) -> None:
         if not kv_caches:
             raise LayoutError("peercache: vLLM registered no KV cache tensors")
         self.num_blocks = num_blocks
@@ -78,7 +87,7 @@ class BlockTable:
         seen: Dict[Tuple[int, int], str] = {}
         self.layers: List[LayerBlocks] = []
         for name in self.layer_names:
-            lb = layer_blocks(kv_caches[name], num_blocks)
+            lb = layer_blocks(kv_caches[name], num_blocks, None if dims is None else dims[name])
             # Layers that share one tensor (KV sharing) are stored once.
             if (lb.base, lb.block_stride) in seen:
                 continue

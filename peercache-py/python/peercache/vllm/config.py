@@ -13,7 +13,9 @@ from ..core import ConfigValue, as_bool, layout_fingerprint
 # Connector keys; every other key of `kv_connector_extra_config` is a node config key
 # (docs/configuration.md), passed through as the SGLang backend does.
 CONNECTOR_KEYS = ("model_name", "prefix_wait_s", "load", "save", "scheduler_pool_size", "save_async",
-                  "load_async", "tail_pages")
+                  "load_async", "tail_pages", "kv_staging", "staging_size")
+
+STAGING_MODES = ("auto", "always", "never")
 
 # vLLM's non-cryptographic prefix hashes: their root is random per process unless
 # PYTHONHASHSEED is shared, so two engines would never agree on a block hash.
@@ -36,6 +38,27 @@ class ConnectorSettings:
     save_async: bool = True
     tails: bool = True
     load_async: bool = False
+    staging: str = "auto"
+    staging_bytes: int = 256 << 20
+
+
+def parse_bytes(v: object, name: str) -> int:
+    """A byte count: an integer, or a string with an optional ``kb``/``mb``/``gb`` suffix
+    (powers of 1024, as the node's sizes)."""
+    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "b": 1}
+    text = str(v).strip().lower()
+    mult = 1
+    for suffix, m in units.items():
+        if text.endswith(suffix):
+            text, mult = text[:-len(suffix)].strip(), m
+            break
+    try:
+        n = int(text) * mult
+    except ValueError:
+        raise ConfigError(f"peercache: {name} = {v!r}: expected bytes, like 256mb") from None
+    if n <= 0:
+        raise ConfigError(f"peercache: {name} = {v!r}: expected more than 0 bytes")
+    return n
 
 
 def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
@@ -54,12 +77,17 @@ def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
     if not 0.0 <= wait <= 3600.0:
         raise ConfigError(f"peercache: prefix_wait_s = {wait}: expected 0..3600 seconds")
     name = extra.get("model_name")
+    staging = str(extra.get("kv_staging", "auto"))
+    if staging not in STAGING_MODES:
+        raise ConfigError(f"peercache: kv_staging = {staging!r}: expected auto, always or never")
     return ConnectorSettings(load=load, save=save, prefix_wait_s=wait,
                              model_name=str(name) if name else None,
                              scheduler_pool_size=str(extra.get("scheduler_pool_size", "16mb")),
                              save_async=as_bool(extra.get("save_async", True), "save_async"),
                              tails=as_bool(extra.get("tail_pages", True), "tail_pages"),
-                             load_async=as_bool(extra.get("load_async", False), "load_async"))
+                             load_async=as_bool(extra.get("load_async", False), "load_async"),
+                             staging=staging,
+                             staging_bytes=parse_bytes(extra.get("staging_size", "256mb"), "staging_size"))
 
 
 def check_hash_algo(algo: str, env: Mapping[str, str] = os.environ) -> None:
@@ -110,6 +138,9 @@ class Layout:
     pp_rank: int
     pp_size: int
     hash_algo: str
+    # The platform's device type: a CPU engine's blocks and a CUDA engine's are laid out
+    # differently, so their pages never meet.
+    device: str = "cpu"
 
     def fingerprint(self) -> str:
         """A 16-hex-digit tag of every field."""

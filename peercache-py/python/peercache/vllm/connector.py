@@ -55,7 +55,8 @@ def layout_of(vllm_config: "VllmConfig", model_name: Optional[str], tp_rank: int
                   num_layers=int(mc.get_num_layers(pc)), tp_rank=tp_rank,
                   tp_size=int(pc.tensor_parallel_size), pp_rank=pp_rank,
                   pp_size=int(pc.pipeline_parallel_size),
-                  hash_algo=str(cc.prefix_caching_hash_algo))
+                  hash_algo=str(cc.prefix_caching_hash_algo),
+                  device=str(vllm_config.device_config.device_type))
 
 
 class PeerCacheConnector(KVConnectorBase_V1):
@@ -105,7 +106,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
             self.store = PageStore(worker_cfg, startup_timeout=startup)
             self.store.wait_ready()
             self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks),
-                                      save_async=self.settings.save_async, events=events_on, rank=rank)
+                                      save_async=self.settings.save_async, events=events_on, rank=rank,
+                                      staging=self.settings.staging, staging_bytes=self.settings.staging_bytes)
         logger.info("peercache: vLLM connector (%s) layout %s, load=%s save=%s, node %s",
                     role.name.lower(), self.scheme.namespace, self.settings.load, self.settings.save,
                     self.store.node_id if self.store else "none")

@@ -31,6 +31,8 @@ class SaveJob:
     segs: Segments
     req_ids: List[str]
     hashes: List[str] = field(default_factory=list)
+    # Staging-mirror slots the pages are in, given back once the put ended.
+    slots: List[int] = field(default_factory=list)
 
 
 class SaveQueue:

@@ -2,7 +2,8 @@
 step's pages straight into their blocks before the forward pass (one batch), publishes the
 step's new full blocks and prompt tails after it (one batch, on a background thread unless
 ``save_async`` is off), and reports blocks that failed to load so vLLM recomputes them —
-never a wrong token."""
+never a wrong token. KV caches the node cannot reach in place (GPU memory) move through a
+host mirror (``staging.py``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..core import KeyScheme, Segments
-from .blocks import BlockTable, KVTensor
+from .blocks import BlockTable
 from .loader import LoadQueue
 from .meta import BlockIO, PeerCacheMeta
 from .saver import SaveJob, SaveQueue
+from .staging import DeviceTensor, HostMirror, SlotsTimeout
 
 logger = logging.getLogger("vllm.peercache")
 
@@ -34,11 +36,8 @@ class Pages(Protocol):
     def get(self, keys: Sequence[str], segs: Segments, hint: Optional[str] = None) -> List[bool]: ...
 
 
-class StorageTensor(KVTensor, Protocol):
+class StorageTensor(DeviceTensor, Protocol):
     """A KV tensor with its device and storage."""
-
-    @property
-    def device(self) -> object: ...
 
     def untyped_storage(self) -> object: ...
 
@@ -66,12 +65,20 @@ class WorkerSide:
     """One worker rank's connector state."""
 
     def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int, save_async: bool = True,
-                 save_wait_s: float = 60.0, events: bool = False, rank: int = 0) -> None:
+                 save_wait_s: float = 60.0, events: bool = False, rank: int = 0, staging: str = "auto",
+                 staging_bytes: int = 256 << 20) -> None:
         self.pages = pages
         self.rank = rank  # this worker's rank in the engine (a per-rank hint names <base>-r<rank>)
         self.scheme = scheme
         self.num_blocks = num_blocks
         self.table: Optional[BlockTable] = None
+        # Staged caches: one mirror for loads (used under the lock, by the step and the load
+        # thread in turn) and one for saves (slots held until their put ends).
+        self.staging = staging
+        self.staging_bytes = staging_bytes
+        self._load_mirror: Optional[HostMirror] = None
+        self._save_mirror: Optional[HostMirror] = None
+        self._load_lock = threading.Lock()
         self._errors: Set[int] = set()
         # Requests with a failed load: they publish nothing until they finish.
         self._tainted: Set[str] = set()
@@ -88,13 +95,28 @@ class WorkerSide:
 
     def register(self, kv_caches: Mapping[str, StorageTensor]) -> None:
         """``register_kv_caches``: the block table, and every tensor's storage registered
-        once as a zero-copy source and destination (host memory on the CPU platform)."""
+        once as a zero-copy source and destination (host memory on the CPU platform). Caches
+        elsewhere (GPU memory), or any with ``kv_staging = always``, get two host mirrors of
+        ``staging_size`` in all instead, registered in their place."""
         devices = {str(getattr(t.device, "type", t.device)) for t in kv_caches.values()}
-        if devices != {"cpu"}:
+        staged = self.staging == "always" or devices != {"cpu"}
+        if staged and self.staging == "never":
             raise NotImplementedError(
-                f"peercache: KV caches on {sorted(devices)}: this release moves host KV caches "
-                "(vLLM's CPU platform); GPU caches need the staged or GPUDirect path")
+                f"peercache: KV caches on {sorted(devices)} and kv_staging = never: the node "
+                "reads and writes host memory in place only; set kv_staging to auto")
         self.table = BlockTable(kv_caches, self.num_blocks)
+        if staged:
+            half = max(1, self.staging_bytes // 2 // self.table.block_bytes)
+            slots = min(half, self.num_blocks)
+            self._load_mirror = HostMirror(kv_caches, self.num_blocks, slots)
+            self._save_mirror = HostMirror(kv_caches, self.num_blocks, slots)
+            for m in (self._load_mirror, self._save_mirror):
+                for ptr, n in m.storages():
+                    self.pages.register_host(ptr, n)
+            logger.info("peercache: %d KV layers on %s staged through host memory: %d blocks of "
+                        "%d bytes each way", len(self.table.layers), sorted(devices), slots,
+                        self.table.block_bytes)
+            return
         for t in kv_caches.values():
             storage = t.untyped_storage()
             ptr = int(storage.data_ptr())  # type: ignore[attr-defined]
@@ -130,10 +152,13 @@ class WorkerSide:
         if self.table is None:
             self._fail(block_ids, "no KV caches registered", ios)
             return
-        segs = self.table.segments(block_ids)
         t0 = time.perf_counter()
         try:
-            ok = self.pages.get(self.scheme.keys(hashes), segs, hint)
+            keys = self.scheme.keys(hashes)
+            if self._load_mirror is not None:
+                ok = self._get_staged(self._load_mirror, keys, block_ids, hint)
+            else:
+                ok = self.pages.get(keys, self.table.segments(block_ids), hint)
         except Exception as e:  # node down, timeout, bad secret: recompute, never raise
             self._fail(block_ids, str(e), ios)
             return
@@ -148,6 +173,22 @@ class WorkerSide:
             failed = set(bad)
             self._fail(bad, f"{len(bad)} of {len(block_ids)} pages missing",
                        [io for io in ios if failed.intersection(io.block_ids)])
+
+    def _get_staged(self, m: HostMirror, keys: List[str], block_ids: List[int],
+                    hint: Optional[str]) -> List[bool]:
+        """Reads pages into the load mirror, a mirror-full at a time, and copies the ones that
+        landed into their blocks."""
+        ok: List[bool] = []
+        slots = list(range(m.slots))
+        for i in range(0, len(keys), m.slots):
+            ks, bs = keys[i:i + m.slots], block_ids[i:i + m.slots]
+            with self._load_lock:
+                got = self.pages.get(ks, m.segments(slots[:len(ks)]), hint)
+                landed = [(s, b) for s, b, g in zip(slots, bs, got) if g]
+                if landed:
+                    m.scatter([s for s, _ in landed], [b for _, b in landed])
+            ok.extend(got)
+        return ok
 
     def _fail(self, block_ids: Sequence[int], why: str, ios: Sequence[BlockIO]) -> None:
         logger.warning("peercache: %d block(s) not loaded (%s); vLLM recomputes them", len(block_ids), why)
@@ -180,21 +221,44 @@ class WorkerSide:
         hashes, block_ids = meta.save_pairs()
         if not hashes or self.table is None:
             return
-        segs = self.table.segments(block_ids)
         keys = self.scheme.keys(hashes)
-        job = SaveJob(keys, segs, [io.req_id for io in meta.saves], hashes)
+        req_ids = [io.req_id for io in meta.saves]
+        m = self._save_mirror
+        if m is None:
+            self._submit(SaveJob(keys, self.table.segments(block_ids), req_ids, hashes))
+            return
+        # Staged: the blocks are copied out now (vLLM may reuse them once this step's saves
+        # are reported), and the mirror slots stay taken until their put ends.
+        for i in range(0, len(keys), m.slots):
+            bs = block_ids[i:i + m.slots]
+            try:
+                slots = m.take(len(bs), self.save_wait_s)
+            except SlotsTimeout as e:
+                logger.warning("peercache: %d block(s) not published (%s)", len(keys) - i, e)
+                with self._lock:
+                    self.counts.save_failed_blocks += len(keys) - i
+                return
+            m.gather(bs, slots)
+            self._submit(SaveJob(keys[i:i + m.slots], m.segments(slots), req_ids, hashes[i:i + m.slots],
+                                 slots=slots))
+
+    def _submit(self, job: SaveJob) -> None:
+        """Runs a save batch on the save thread, or here with ``save_async`` off."""
         if self._saves is not None:
             self._saves.submit(job)
             return
+        keys = job.keys
         t0 = time.perf_counter()
         try:
-            ok = self.pages.put(keys, segs)
+            ok = self.pages.put(keys, job.segs)
         except Exception as e:  # a full pool or a node down costs future hits, nothing else
-            logger.warning("peercache: %d block(s) not published (%s)", len(hashes), e)
-            ok = [False] * len(hashes)
+            logger.warning("peercache: %d block(s) not published (%s)", len(keys), e)
+            ok = [False] * len(keys)
         self._saved(job, ok, time.perf_counter() - t0)
 
     def _saved(self, job: SaveJob, ok: List[bool], seconds: float) -> None:
+        if job.slots and self._save_mirror is not None:
+            self._save_mirror.give(job.slots)
         block_bytes = self.table.block_bytes if self.table is not None else 0
         saved = sum(ok)
         with self._lock:

@@ -1,0 +1,72 @@
+"""The host mirror of KV caches the node cannot reach in place (``peercache.vllm.staging``),
+socket-free on CPU tensors in both of vLLM's layouts: a staged page has exactly the bytes of
+the same block read in place, and blocks copied back land byte-exact where they belong."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
+
+from peercache.vllm.blocks import BlockTable, LayoutError  # noqa: E402
+from peercache.vllm.staging import HostMirror, SlotsTimeout  # noqa: E402
+
+BLOCKS = 12
+
+
+def page_bytes(segs, i):
+    """The bytes of page ``i`` of ``segs``, read from memory."""
+    start = sum(segs.counts[:i])
+    return b"".join(ctypes.string_at(p, n) for p, n in
+                    zip(segs.ptrs[start:start + segs.counts[i]], segs.sizes[start:start + segs.counts[i]]))
+
+
+def caches(shape):
+    g = torch.Generator().manual_seed(5)
+    t = {f"layer.{i}": torch.randn(*shape, generator=g).to(torch.bfloat16) for i in range(3)}
+    t["layer.shared"] = t["layer.1"]  # KV sharing: one tensor under two names, stored once
+    return t
+
+
+@pytest.mark.parametrize("shape", [(BLOCKS, 2, 32, 16),      # the CPU backend's blocks first
+                                   (2, BLOCKS, 32, 2, 8)])  # CUDA backends': K/V, then blocks
+def test_a_staged_page_is_the_in_place_page_and_scatter_puts_blocks_back(shape):
+    kv = caches(shape)
+    table = BlockTable(kv, BLOCKS)
+    m = HostMirror(kv, BLOCKS, 4)
+    assert m.table.segments_per_block == table.segments_per_block
+    assert m.table.block_bytes == table.block_bytes
+    blocks = [7, 2, 11]
+    slots = m.take(3, 1.0)
+    m.gather(blocks, slots)
+    staged, in_place = m.segments(slots), table.segments(blocks)
+    for i in range(3):
+        assert page_bytes(staged, i) == page_bytes(in_place, i), i
+    # Back into other blocks: each lands whole, nothing else changes.
+    before = {k: v.clone() for k, v in kv.items()}
+    m.scatter(slots, [0, 4, 9])
+    d = shape.index(BLOCKS)
+    for name, t in kv.items():
+        for src, dst in zip(blocks, [0, 4, 9]):
+            assert torch.equal(t.select(d, dst), before[name].select(d, src)), (name, src, dst)
+        for b in set(range(BLOCKS)) - {0, 4, 9}:
+            assert torch.equal(t.select(d, b), before[name].select(d, b)), (name, b)
+    m.give(slots)
+
+
+def test_slots_are_a_bounded_pool_and_bad_layouts_are_refused():
+    kv = caches((BLOCKS, 2, 32, 16))
+    m = HostMirror(kv, BLOCKS, 2)
+    taken = m.take(5, 1.0)  # at most the pool
+    assert sorted(taken) == [0, 1]
+    with pytest.raises(SlotsTimeout):
+        m.take(1, 0.05)
+    m.give(taken[:1])
+    assert m.take(1, 0.05) == taken[:1]
+    with pytest.raises(ValueError, match="slots"):
+        HostMirror(kv, BLOCKS, 0)
+    with pytest.raises(LayoutError, match="13 blocks"):
+        HostMirror(kv, 13, 2)
+
