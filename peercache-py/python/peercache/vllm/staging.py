@@ -100,26 +100,36 @@ class HostMirror:
         """The page segments of ``slots``, in order."""
         return self.table.segments(slots)
 
-    def _index(self, ids: Sequence[int], device: object) -> object:
-        return self._torch.tensor(list(ids), dtype=self._torch.long, device=device)
+    def _indices(self, ids: Sequence[int]) -> Dict[str, object]:
+        """``ids`` as an index tensor on every device of the mirrored layers (built once per
+        batch, not per layer)."""
+        base = self._torch.tensor(list(ids), dtype=self._torch.long)
+        out: Dict[str, object] = {"cpu": base}
+        for t in self._device.values():
+            key = str(t.device)
+            if key not in out:
+                out[key] = base.to(t.device)
+        return out
 
     def gather(self, block_ids: Sequence[int], slots: Sequence[int]) -> None:
         """Copies blocks ``block_ids`` of every layer into ``slots`` (returns once the bytes are
         in host memory)."""
+        blocks, at = self._indices(block_ids), self._indices(slots)["cpu"]
         for name, t in self._device.items():
             d, h = self._dims[name], self.host[name]
-            rows = t.index_select(d, self._index(block_ids, t.device))  # type: ignore[attr-defined]
-            h.index_copy_(d, self._index(slots, "cpu"), rows.to("cpu"))  # type: ignore[attr-defined]
+            rows = t.index_select(d, blocks[str(t.device)])  # type: ignore[attr-defined]
+            h.index_copy_(d, at, rows.to("cpu"))  # type: ignore[attr-defined]
 
     def scatter(self, slots: Sequence[int], block_ids: Sequence[int]) -> None:
         """Copies ``slots`` into blocks ``block_ids`` of every layer (on the current stream; it
         has ended when this returns, so the slots may be reused)."""
+        blocks, at = self._indices(block_ids), self._indices(slots)["cpu"]
         cuda = False
         for name, t in self._device.items():
             d, h = self._dims[name], self.host[name]
-            rows = h.index_select(d, self._index(slots, "cpu"))  # type: ignore[attr-defined]
             dev = t.device
-            t.index_copy_(d, self._index(block_ids, dev), rows.to(dev, non_blocking=True))  # type: ignore[attr-defined]
+            rows = h.index_select(d, at)  # type: ignore[attr-defined]
+            t.index_copy_(d, blocks[str(dev)], rows.to(dev, non_blocking=True))  # type: ignore[attr-defined]
             cuda = cuda or str(getattr(dev, "type", dev)) == "cuda"
         if cuda:
             self._torch.cuda.current_stream().synchronize()

@@ -238,7 +238,14 @@ class WorkerSide:
                 with self._lock:
                     self.counts.save_failed_blocks += len(keys) - i
                 return
-            m.gather(bs, slots)
+            try:
+                m.gather(bs, slots)
+            except Exception as e:  # a device error costs these pages, never the step
+                m.give(slots)
+                logger.warning("peercache: %d block(s) not published (staging: %s)", len(keys) - i, e)
+                with self._lock:
+                    self.counts.save_failed_blocks += len(keys) - i
+                return
             self._submit(SaveJob(keys[i:i + m.slots], m.segments(slots), req_ids, hashes[i:i + m.slots],
                                  slots=slots))
 
