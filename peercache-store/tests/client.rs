@@ -379,7 +379,13 @@ fn a_node_in_another_process_on_this_host_is_read_through_shared_memory() {
     assert!(c.put(&keys, &refs).unwrap().iter().all(|s| *s));
 
     // The pages live in the other process's pool. The first read goes over TCP and attaches;
-    // then this node copies them out of the owner's memory file.
+    // then this node copies them out of the owner's memory file. (Readable once the owner's
+    // ring lists the reader, a heartbeat at most: its shard hands the entries over then.)
+    common::wait_until(
+        "the owner's pages readable",
+        Duration::from_secs(10),
+        || common::get(&reader, &keys, len).0.iter().all(|&h| h),
+    );
     let (hits, got) = common::get(&reader, &keys, len);
     assert!(hits.iter().all(|&h| h), "{hits:?}");
     assert!(got == pages);
@@ -467,7 +473,15 @@ fn a_client_cannot_replace_a_page_another_node_holds_with_other_bytes() {
         vec![false, false, true, true],
         "the forged pages are refused, the same bytes and a new key stored"
     );
-    // Every reader, through either node, gets the original bytes.
+    // Every reader, through either node, gets the original bytes. The new key is readable
+    // through a once c's ring lists a (a heartbeat at most): c's shard hands it over then.
+    for client in [&ca, &cc] {
+        common::wait_until("every page readable", Duration::from_secs(10), || {
+            client
+                .get(&batch, len)
+                .is_ok_and(|g| g.iter().all(Option::is_some))
+        });
+    }
     for (who, client) in [("a", &ca), ("c", &cc)] {
         let got = client.get(&batch, len).unwrap();
         for (i, want) in [&pages[0], &pages[1], &pages[2], &fresh]

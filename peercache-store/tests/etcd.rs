@@ -105,6 +105,12 @@ fn a_node_killed_with_sigkill_leaves_within_its_lease() {
     wait_until("owner's client API", Duration::from_secs(10), || {
         c.put(&keys, &refs).is_ok_and(|s| s.iter().all(|&x| x))
     });
+    // Readable once the owner's ring lists the reader (a watch round at most).
+    wait_until(
+        "the owner's pages readable",
+        Duration::from_secs(10),
+        || common::get(&reader, &keys, len).0.iter().all(|&h| h),
+    );
     let (hits, got) = common::get(&reader, &keys, len);
     assert!(hits.iter().all(|&h| h), "{hits:?}");
     assert!(got == data);
