@@ -28,10 +28,14 @@ done
 step "transport: one-sided READ and WRITE, a stale rkey, reused queue pairs, a peer killed mid-batch, the path MTU, a region registered in chunks, over kernel verbs"
 # The newest build of a crate's verbs_lab test binary (older ones may linger in a warm target
 # directory): the one whose tests name $1.
+# The list is read whole before it is searched: `list | grep -q` under pipefail fails whenever
+# grep exits at its match before the binary has written the rest (SIGPIPE), as a run did.
 lab_tests() {
-  local f
+  local f tests
   for f in $(ls -t target/release/deps/verbs_lab-*); do
-    if [ -x "$f" ] && "$f" --list --ignored 2>/dev/null | grep -q "$1"; then echo "$f"; return; fi
+    [ -x "$f" ] || continue
+    tests=$("$f" --list --ignored 2>/dev/null) || continue
+    if grep -q "$1" <<<"$tests"; then echo "$f"; return; fi
   done
   echo "no verbs_lab test binary with $1: run scripts/rdma-verbs.sh" >&2
   exit 1
