@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM venv (scripts/vllm-e2e.sh)")
 
 from peercache.vllm.blocks import BlockTable, LayoutError  # noqa: E402
-from peercache.vllm.staging import HostMirror, SlotsTimeout  # noqa: E402
+from peercache.vllm.staging import HostMirror, SlotsTimeout, slot_runs  # noqa: E402
 
 BLOCKS = 12
 
@@ -70,3 +70,33 @@ def test_slots_are_a_bounded_pool_and_bad_layouts_are_refused():
     with pytest.raises(LayoutError, match="13 blocks"):
         HostMirror(kv, 13, 2)
 
+
+
+@pytest.mark.parametrize("shape", [(BLOCKS, 2, 32, 16), (2, BLOCKS, 32, 2, 8)])
+def test_scattered_slots_move_run_by_run_byte_exact(shape):
+    """Slots that are not adjacent (a load whose middle pages did not land, a pool given back
+    out of order) move one run at a time and still land byte-exact."""
+    assert slot_runs([4, 5, 6, 0, 1, 9]) == [(0, 4, 3), (3, 0, 2), (5, 9, 1)]
+    assert slot_runs([]) == []
+    kv = caches(shape)
+    table = BlockTable(kv, BLOCKS)
+    assert list(table.kept) == ["layer.0", "layer.1", "layer.2"]  # "layer.shared" is layer.1
+    m = HostMirror(kv, BLOCKS, 6)
+    slots = [5, 0, 1, 3]
+    blocks = [10, 3, 8, 1]
+    m.gather(blocks, slots)
+    staged, in_place = m.segments(slots), table.segments(blocks)
+    for i in range(len(slots)):
+        assert page_bytes(staged, i) == page_bytes(in_place, i), i
+    before = {k: v.clone() for k, v in kv.items()}
+    m.scatter([3, 5, 0], [2, 6, 11])  # slots 3, 5, 0 held blocks 1, 10, 3
+    d = shape.index(BLOCKS)
+    for name, t in kv.items():
+        for src, dst in zip([1, 10, 3], [2, 6, 11]):
+            assert torch.equal(t.select(d, dst), before[name].select(d, src)), (name, src, dst)
+        for b in set(range(BLOCKS)) - {2, 6, 11}:
+            assert torch.equal(t.select(d, b), before[name].select(d, b)), (name, b)
+    # Slots given back out of order are taken again in order (adjacent ones as one run).
+    taken = m.take(6, 1.0)
+    m.give([taken[4], taken[1], taken[3]])
+    assert m.take(3, 1.0) == [1, 3, 4]

@@ -86,13 +86,17 @@ class BlockTable:
         self.layer_names: List[str] = sorted(kv_caches)
         seen: Dict[Tuple[int, int], str] = {}
         self.layers: List[LayerBlocks] = []
+        #: The block dimension of each layer a page holds, by name, in page order: layers that
+        #: share one tensor (KV sharing) are stored once, under the first of their names.
+        self.kept: Dict[str, int] = {}
         for name in self.layer_names:
-            lb = layer_blocks(kv_caches[name], num_blocks, None if dims is None else dims[name])
-            # Layers that share one tensor (KV sharing) are stored once.
+            d = block_dim(kv_caches[name], num_blocks) if dims is None else dims[name]
+            lb = layer_blocks(kv_caches[name], num_blocks, d)
             if (lb.base, lb.block_stride) in seen:
                 continue
             seen[(lb.base, lb.block_stride)] = name
             self.layers.append(lb)
+            self.kept[name] = d
         self._segs: List[Tuple[int, int, int]] = [
             (lb.base + off, lb.block_stride, lb.block_bytes) for lb in self.layers for off in lb.offsets]
 

@@ -4,20 +4,22 @@ every layer in the same per-block layout, so a page staged here has exactly the 
 read in place from a host cache has: engines of both kinds share pages.
 
 A load reads its pages into mirror slots in one transport batch, then copies the slots into
-the blocks with one ``index_copy_`` per layer; a save copies the blocks into slots with one
-``index_select`` per layer, then publishes the slots (on the save thread: the slots stay taken
+the blocks with one ``index_copy_`` per layer part and run of adjacent slots (straight from
+pinned memory on CUDA); a save copies the blocks into slots with one ``index_select`` per layer
+part and run, then publishes the slots (on the save thread: the slots stay taken
 until the put ends). Slots are taken from a bounded pool; a batch larger than the pool moves in
 pool-sized chunks.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..core import Segments
-from .blocks import BlockTable, KVTensor, block_dim
+from .blocks import BlockTable, KVTensor
 
 
 class DeviceTensor(KVTensor, Protocol):
@@ -45,24 +47,17 @@ class HostMirror:
             raise ValueError(f"peercache: {slots} staging slots: expected 1 or more")
         self._torch = torch
         self.slots = slots
-        pin = bool(torch.cuda.is_available())
-        # The distinct layers, as the block table keeps them (layers sharing one tensor once).
-        self._device: Dict[str, DeviceTensor] = {}
-        self._dims: Dict[str, int] = {}
+        self._pinned = bool(torch.cuda.is_available())
+        self._cuda = any(str(getattr(t.device, "type", t.device)) == "cuda" for t in kv_caches.values())
+        # The layers a page holds, as the caches' own block table keeps them.
+        self._dims: Dict[str, int] = BlockTable(kv_caches, num_blocks).kept
+        self._device: Dict[str, DeviceTensor] = {name: kv_caches[name] for name in self._dims}
         host: Dict[str, DeviceTensor] = {}
-        seen = set()
-        for name in sorted(kv_caches):
+        for name, d in self._dims.items():
             t = kv_caches[name]
-            d = block_dim(t, num_blocks)
-            key = (int(t.data_ptr()), int(t.stride()[d]))
-            if key in seen:
-                continue
-            seen.add(key)
             shape = list(t.shape)
             shape[d] = slots
-            self._device[name] = t
-            self._dims[name] = d
-            host[name] = torch.empty(shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            host[name] = torch.empty(shape, dtype=t.dtype, device="cpu", pin_memory=self._pinned)
         self.host = host
         self.table = BlockTable(host, slots, self._dims)
         self._free: List[int] = list(range(slots))
@@ -94,6 +89,7 @@ class HostMirror:
         """Returns slots to the pool."""
         with self._cv:
             self._free.extend(slots)
+            self._free.sort()  # so later takes are runs of adjacent slots: one copy per run
             self._cv.notify_all()
 
     def segments(self, slots: Sequence[int]) -> Segments:
@@ -111,25 +107,56 @@ class HostMirror:
                 out[key] = base.to(t.device)
         return out
 
+    def _parts(self, name: str) -> List[Tuple[object, object]]:
+        """(device view, host view) pairs of layer ``name`` with the block dimension first: one
+        pair per index of the dimensions before it (none on the CPU backend's layout, K and V
+        on CUDA backends'). Views, never copies, so writes land in the caches."""
+        t, h, d = self._device[name], self.host[name], self._dims[name]
+        lead = [range(n) for n in list(t.shape)[:d]]
+        return [(t[idx], h[idx]) for idx in itertools.product(*lead)]  # type: ignore[index]
+
+    def _sync(self) -> None:
+        if self._cuda:
+            self._torch.cuda.current_stream().synchronize()
+
     def gather(self, block_ids: Sequence[int], slots: Sequence[int]) -> None:
         """Copies blocks ``block_ids`` of every layer into ``slots`` (returns once the bytes are
-        in host memory)."""
-        blocks, at = self._indices(block_ids), self._indices(slots)["cpu"]
+        in host memory). Each run of adjacent slots is one copy per layer part, straight into
+        the (pinned) mirror."""
+        blocks = self._indices(block_ids)
         for name, t in self._device.items():
-            d, h = self._dims[name], self.host[name]
-            rows = t.index_select(d, blocks[str(t.device)])  # type: ignore[attr-defined]
-            h.index_copy_(d, at, rows.to("cpu"))  # type: ignore[attr-defined]
+            ids = blocks[str(t.device)]
+            for dev, host in self._parts(name):
+                for at, first, n in slot_runs(slots):
+                    rows = dev.index_select(0, ids.narrow(0, at, n))  # type: ignore[attr-defined]
+                    host.narrow(0, first, n).copy_(rows, non_blocking=self._pinned)  # type: ignore[attr-defined]
+        self._sync()
 
     def scatter(self, slots: Sequence[int], block_ids: Sequence[int]) -> None:
         """Copies ``slots`` into blocks ``block_ids`` of every layer (on the current stream; it
-        has ended when this returns, so the slots may be reused)."""
-        blocks, at = self._indices(block_ids), self._indices(slots)["cpu"]
-        cuda = False
+        has ended when this returns, so the slots may be reused). Each run of adjacent slots
+        moves from the (pinned) mirror in one copy per layer part."""
+        blocks = self._indices(block_ids)
         for name, t in self._device.items():
-            d, h = self._dims[name], self.host[name]
-            dev = t.device
-            rows = h.index_select(d, at)  # type: ignore[attr-defined]
-            t.index_copy_(d, blocks[str(dev)], rows.to(dev, non_blocking=True))  # type: ignore[attr-defined]
-            cuda = cuda or str(getattr(dev, "type", dev)) == "cuda"
-        if cuda:
-            self._torch.cuda.current_stream().synchronize()
+            ids = blocks[str(t.device)]
+            for dev, host in self._parts(name):
+                for at, first, n in slot_runs(slots):
+                    src = host.narrow(0, first, n).to(t.device, non_blocking=True)  # type: ignore[attr-defined]
+                    dev.index_copy_(0, ids.narrow(0, at, n), src)  # type: ignore[attr-defined]
+        self._sync()
+
+
+def slot_runs(slots: Sequence[int]) -> List[Tuple[int, int, int]]:
+    """``slots`` as runs of adjacent slots: (position in ``slots``, first slot, length).
+
+    >>> slot_runs([4, 5, 6, 0, 1, 9])
+    [(0, 4, 3), (3, 0, 2), (5, 9, 1)]
+    """
+    out: List[Tuple[int, int, int]] = []
+    for i, s in enumerate(slots):
+        if out and out[-1][1] + out[-1][2] == s:
+            at, first, n = out[-1]
+            out[-1] = (at, first, n + 1)
+        else:
+            out.append((i, s, 1))
+    return out
