@@ -18,3 +18,6 @@ if [ ! -x "$TVENV/bin/mypy" ]; then
 fi
 cd peercache-py
 "$TVENV/bin/mypy" --config-file pyproject.toml python/peercache
+# The GPU check's scripts (run by the sglang stage and on GPU hosts), on the Python they run with.
+MYPYPATH=python "$TVENV/bin/mypy" --config-file pyproject.toml --python-version 3.11 \
+  ../scripts/gpu_wheels.py ../scripts/gpu_check.py ../scripts/gpu-shims/sgl_kernel/__init__.py
