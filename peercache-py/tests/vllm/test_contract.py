@@ -261,6 +261,62 @@ def test_staged_caches_share_pages_with_in_place_ones_byte_exact(env):
         Engine(env, "127.0.0.56", fill=0, staging_size="lots")
 
 
+def test_gpudirect_lands_other_nodes_blocks_over_rdma_and_stages_its_own(env, caplog):
+    """``kv_gpudirect = peermem`` on the software RDMA fabric, which takes a registered address
+    as device-visible memory: blocks another node holds land in B's caches one-sided (counted
+    in RDMA bytes), B's own pages come through its load mirror (no RDMA read); byte-exact both.
+    Where the node has no RDMA path (TCP) it is one warning and staged loads."""
+    rdma = {"protocol": "rdma", "rdma_backend": "soft", "host_local": False}
+    a = Engine(env, "127.0.0.57", fill=4, **rdma)
+    b = Engine(env, "127.0.0.58", fill=5, kv_staging="always", kv_gpudirect="peermem", **rdma)
+    try:
+        settle(a, b)
+        worker = b.worker._worker
+        assert worker.gpudirect and worker._load_mirror is not None
+        ids = prompts_sharing(10 * BLOCK + 5, 0, 1, seed=41)[0]
+        src = list(range(3, 3 + 11))
+        publish(a, "g-a", ids, src)
+        before = b.worker.store.stats()["rdma_read_bytes"]
+        req = b.request("g-b", ids)
+        n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+        assert n == 10 * BLOCK + 4
+        dst = list(range(20, 31))
+        b.alloc(req, dst, n)
+        b.step(req, dst, n, 1)
+        assert b.worker.get_block_ids_with_load_errors() == set()
+        for name in a.kv:
+            assert torch.equal(b.kv[name][dst[:10]], a.kv[name][src[:10]]), name
+        assert b.worker.store.stats()["rdma_read_bytes"] - before >= 10 * worker.table.block_bytes
+        finish(b, req)
+        # B's own pages: not read over RDMA, staged, byte-exact.
+        own = prompts_sharing(4 * BLOCK + 3, 0, 1, seed=43)[0]
+        own_src = list(range(32, 37))
+        publish(b, "g-own", own, own_src)
+        before = b.worker.store.stats()["rdma_read_bytes"]
+        req = b.request("g-own-again", own)
+        n, _ = b.sched.get_num_new_matched_tokens(req, 0)
+        assert n == 4 * BLOCK + 2
+        own_dst = list(range(40, 45))
+        b.alloc(req, own_dst, n)
+        b.step(req, own_dst, n, 1)
+        assert b.worker.get_block_ids_with_load_errors() == set()
+        for name in b.kv:
+            assert torch.equal(b.kv[name][own_dst[:4]], b.kv[name][own_src[:4]]), name
+        assert b.worker.store.stats()["rdma_read_bytes"] == before, "own pages are not read over RDMA"
+        finish(b, req)
+    finally:
+        a.close()
+        b.close()
+    c = Engine(env, "127.0.0.59", fill=0, kv_staging="always", kv_gpudirect="peermem")  # TCP
+    try:
+        assert not c.worker._worker.gpudirect
+        assert any("GPUDirect unavailable" in r.getMessage() for r in caplog.records)
+    finally:
+        c.close()
+    with pytest.raises(ConfigError, match="kv_gpudirect"):
+        Engine(env, "127.0.0.59", fill=0, kv_gpudirect="dmabuf")
+
+
 def test_a_tail_is_found_only_for_the_same_tokens_and_never_without_its_blocks(env):
     a = Engine(env, "127.0.0.41", fill=1)
     b = Engine(env, "127.0.0.42", fill=0)

@@ -13,9 +13,10 @@ from ..core import ConfigValue, as_bool, layout_fingerprint
 # Connector keys; every other key of `kv_connector_extra_config` is a node config key
 # (docs/configuration.md), passed through as the SGLang backend does.
 CONNECTOR_KEYS = ("model_name", "prefix_wait_s", "load", "save", "scheduler_pool_size", "save_async",
-                  "load_async", "tail_pages", "kv_staging", "staging_size")
+                  "load_async", "tail_pages", "kv_staging", "staging_size", "kv_gpudirect")
 
 STAGING_MODES = ("auto", "always", "never")
+GPUDIRECT_MODES = ("off", "peermem")
 
 # vLLM's non-cryptographic prefix hashes: their root is random per process unless
 # PYTHONHASHSEED is shared, so two engines would never agree on a block hash.
@@ -40,6 +41,7 @@ class ConnectorSettings:
     load_async: bool = False
     staging: str = "auto"
     staging_bytes: int = 256 << 20
+    gpudirect: str = "off"
 
 
 def parse_bytes(v: object, name: str) -> int:
@@ -80,6 +82,9 @@ def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
     staging = str(extra.get("kv_staging", "auto"))
     if staging not in STAGING_MODES:
         raise ConfigError(f"peercache: kv_staging = {staging!r}: expected auto, always or never")
+    gpudirect = str(extra.get("kv_gpudirect", "off"))
+    if gpudirect not in GPUDIRECT_MODES:
+        raise ConfigError(f"peercache: kv_gpudirect = {gpudirect!r}: expected off or peermem")
     return ConnectorSettings(load=load, save=save, prefix_wait_s=wait,
                              model_name=str(name) if name else None,
                              scheduler_pool_size=str(extra.get("scheduler_pool_size", "16mb")),
@@ -87,7 +92,8 @@ def settings(extra: Mapping[str, object], kv_role: str) -> ConnectorSettings:
                              tails=as_bool(extra.get("tail_pages", True), "tail_pages"),
                              load_async=as_bool(extra.get("load_async", False), "load_async"),
                              staging=staging,
-                             staging_bytes=parse_bytes(extra.get("staging_size", "256mb"), "staging_size"))
+                             staging_bytes=parse_bytes(extra.get("staging_size", "256mb"), "staging_size"),
+                             gpudirect=gpudirect)
 
 
 def check_hash_algo(algo: str, env: Mapping[str, str] = os.environ) -> None:

@@ -107,7 +107,8 @@ class PeerCacheConnector(KVConnectorBase_V1):
             self.store.wait_ready()
             self._worker = WorkerSide(self.store, self.scheme, int(kv_cache_config.num_blocks),
                                       save_async=self.settings.save_async, events=events_on, rank=rank,
-                                      staging=self.settings.staging, staging_bytes=self.settings.staging_bytes)
+                                      staging=self.settings.staging, staging_bytes=self.settings.staging_bytes,
+                                      gpudirect=self.settings.gpudirect)
         logger.info("peercache: vLLM connector (%s) layout %s, load=%s save=%s, node %s",
                     role.name.lower(), self.scheme.namespace, self.settings.load, self.settings.save,
                     self.store.node_id if self.store else "none")

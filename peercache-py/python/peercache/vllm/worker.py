@@ -3,7 +3,8 @@ step's pages straight into their blocks before the forward pass (one batch), pub
 step's new full blocks and prompt tails after it (one batch, on a background thread unless
 ``save_async`` is off), and reports blocks that failed to load so vLLM recomputes them —
 never a wrong token. KV caches the node cannot reach in place (GPU memory) move through a
-host mirror (``staging.py``)."""
+host mirror (``staging.py``); with ``kv_gpudirect = peermem`` pages other nodes hold land in
+them over RDMA first (GPUDirect), and only the rest is staged."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class Pages(Protocol):
     def put(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
 
     def get(self, keys: Sequence[str], segs: Segments, hint: Optional[str] = None) -> List[bool]: ...
+
+    def register_device_peermem(self, ptr: int, nbytes: int) -> None: ...
+
+    def get_device(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
 
 
 class StorageTensor(DeviceTensor, Protocol):
@@ -66,7 +71,7 @@ class WorkerSide:
 
     def __init__(self, pages: Pages, scheme: KeyScheme, num_blocks: int, save_async: bool = True,
                  save_wait_s: float = 60.0, events: bool = False, rank: int = 0, staging: str = "auto",
-                 staging_bytes: int = 256 << 20) -> None:
+                 staging_bytes: int = 256 << 20, gpudirect: str = "off") -> None:
         self.pages = pages
         self.rank = rank  # this worker's rank in the engine (a per-rank hint names <base>-r<rank>)
         self.scheme = scheme
@@ -78,6 +83,9 @@ class WorkerSide:
         self.staging_bytes = staging_bytes
         self._load_mirror: Optional[HostMirror] = None
         self._save_mirror: Optional[HostMirror] = None
+        # GPUDirect (``kv_gpudirect = peermem``): asked for, and on once the caches registered.
+        self.gpudirect_mode = gpudirect
+        self.gpudirect = False
         self._load_lock = threading.Lock()
         self._errors: Set[int] = set()
         # Requests with a failed load: they publish nothing until they finish.
@@ -116,7 +124,12 @@ class WorkerSide:
             logger.info("peercache: %d KV layers on %s staged through host memory: %d blocks of "
                         "%d bytes each way", len(self.table.layers), sorted(devices), slots,
                         self.table.block_bytes)
+            if self.gpudirect_mode == "peermem":
+                self.gpudirect = self._register_device(kv_caches)
             return
+        if self.gpudirect_mode != "off":
+            logger.info("peercache: kv_gpudirect = %s has nothing to do: the KV caches are host memory, "
+                        "read and written in place", self.gpudirect_mode)
         for t in kv_caches.values():
             storage = t.untyped_storage()
             ptr = int(storage.data_ptr())  # type: ignore[attr-defined]
@@ -124,6 +137,24 @@ class WorkerSide:
             self.pages.register_host(ptr, n)
         logger.info("peercache: %d KV layers registered, %d segments and %d bytes a block",
                     len(self.table.layers), self.table.segments_per_block, self.table.block_bytes)
+
+    def _register_device(self, kv_caches: Mapping[str, StorageTensor]) -> bool:
+        """Registers every distinct KV storage with the node as device memory
+        (``nvidia-peermem`` addresses), so pages other nodes hold land in the blocks over RDMA;
+        False, with one warning, where the node cannot (TCP, no peermem)."""
+        spans: Dict[int, int] = {}
+        for t in kv_caches.values():
+            storage = t.untyped_storage()
+            spans.setdefault(int(storage.data_ptr()), int(storage.nbytes()))  # type: ignore[attr-defined]
+        try:
+            for ptr, n in spans.items():
+                self.pages.register_device_peermem(ptr, n)
+        except (RuntimeError, ValueError) as e:
+            logger.warning("peercache: GPUDirect unavailable (%s); loads stage through host memory", e)
+            return False
+        logger.info("peercache: GPUDirect on: %d KV storages registered; pages of other nodes land in "
+                    "the blocks over RDMA", len(spans))
+        return True
 
     def load(self, meta: PeerCacheMeta) -> None:
         """Reads the step's synchronous loads into their blocks, before the forward pass, and
@@ -155,7 +186,9 @@ class WorkerSide:
         t0 = time.perf_counter()
         try:
             keys = self.scheme.keys(hashes)
-            if self._load_mirror is not None:
+            if self.gpudirect:
+                ok = self._get_direct(keys, block_ids, hint)
+            elif self._load_mirror is not None:
                 ok = self._get_staged(self._load_mirror, keys, block_ids, hint)
             else:
                 ok = self.pages.get(keys, self.table.segments(block_ids), hint)
@@ -173,6 +206,19 @@ class WorkerSide:
             failed = set(bad)
             self._fail(bad, f"{len(bad)} of {len(block_ids)} pages missing",
                        [io for io in ios if failed.intersection(io.block_ids)])
+
+    def _get_direct(self, keys: List[str], block_ids: List[int], hint: Optional[str]) -> List[bool]:
+        """GPUDirect: one node call lands every page other nodes hold straight in the blocks
+        over RDMA (each checked by its header before and after); the rest (this node's own
+        pages, peers reached without RDMA, misses) go through the load mirror."""
+        assert self.table is not None and self._load_mirror is not None
+        ok = self.pages.get_device(keys, self.table.segments(block_ids))
+        rest = [i for i, good in enumerate(ok) if not good]
+        if rest:
+            got = self._get_staged(self._load_mirror, [keys[i] for i in rest], [block_ids[i] for i in rest], hint)
+            for i, good in zip(rest, got):
+                ok[i] = good
+        return ok
 
     def _get_staged(self, m: HostMirror, keys: List[str], block_ids: List[int],
                     hint: Optional[str]) -> List[bool]:
