@@ -69,3 +69,28 @@ def test_a_tcp_node_refuses_device_memory(port):
     finally:
         a.close()
         os.close(fd)
+
+
+def test_the_software_fabric_refuses_a_device_address_the_cpu_cannot_reach(port):
+    """A plain device address (``nvidia-peermem`` style) on the software fabric is accessed by
+    the CPU: an address reserved but not mapped readable and writable (as a CUDA allocation's
+    is) is refused at registration, never faulted on at the first read."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    prot_none = 0
+    reserved = libc.mmap(None, LEN, prot_none, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert reserved not in (None, ctypes.c_void_p(-1).value)
+    a = node(113, 113, port, protocol="rdma", rdma_backend="soft")
+    host = np.zeros(LEN, dtype=np.uint8)
+    try:
+        with pytest.raises(RuntimeError, match="not host memory"):
+            a.register_device_peermem(reserved, LEN)
+        a.register_device_peermem(host.ctypes.data, LEN)  # host memory: taken (unified addressing)
+    finally:
+        a.close()
+        libc.munmap(reserved, LEN)

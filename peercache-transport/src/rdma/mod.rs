@@ -95,6 +95,7 @@ impl RdmaError {
 pub mod bootstrap;
 pub mod engine;
 pub mod holder;
+pub(crate) mod host_maps;
 pub mod mr_cache;
 pub mod path;
 pub(crate) mod route;

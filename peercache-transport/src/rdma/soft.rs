@@ -462,8 +462,9 @@ impl Registrar for SoftVerbs {
     /// Device memory on the software fabric: a dma-buf fd is mapped (any shareable fd, such as
     /// a memfd, stands in for a GPU driver's export) and the region is addressed by its `iova`,
     /// an address this process never dereferences — every access goes through the mapping, as
-    /// a NIC's would go through the exporter. A plain device address is taken as host-visible
-    /// (unified addressing).
+    /// a NIC's would go through the exporter. A plain device address is accessed by the CPU, so
+    /// it must be host memory this process can read and write (unified memory, a test's buffer):
+    /// anything else (a CUDA allocation's address) is refused, never faulted on later.
     unsafe fn register_device(
         &self,
         mem: &crate::DeviceMemory,
@@ -494,7 +495,16 @@ impl Registrar for SoftVerbs {
                 }
                 (p as u64, Some((p as usize, len)))
             }
-            crate::DeviceMemory::PeerMem { addr, .. } => (addr, None),
+            crate::DeviceMemory::PeerMem { addr, len } => {
+                if !super::host_maps::host_read_write(addr, len) {
+                    return Err(RdmaError::Unsupported(
+                        "the software fabric moves bytes with the CPU: this device address is not \
+                         host memory it can read and write (a GPU allocation needs a NIC with \
+                         nvidia-peermem or dma-buf)",
+                    ));
+                }
+                (addr, None)
+            }
         };
         let (base, len) = (mem.base(), mem.len());
         let rkey = match access {
