@@ -9,6 +9,12 @@
 //! `POST /prefix` on the node's HTTP port, keep-alive, with the bearer token). Every answer is
 //! checked against a scan of what each node published; a wrong one is counted in the row's
 //! `errors`.
+//!
+//! `--placement split` (the default) runs the three nodes and the raw echo server on every CPU
+//! but the first and the calling thread on the first, so every row's round trips cross CPUs as
+//! a router's request to another host does; `--placement os` leaves placement to the scheduler,
+//! where a round trip is two context switches on one CPU or two wake-ups across two, from one
+//! round to the next ([`crate::load::placement`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -19,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use peercache_store::Store;
 use serde_json::json;
 
+use crate::load::placement::{Placement, Split};
 use crate::load::rawtcp;
 use crate::load::runner::time_calls;
 use crate::load::sweep::Rounds;
@@ -38,6 +45,9 @@ pub struct PrefixArgs {
     /// baseline about 1 µs faster on loopback).
     #[arg(long, default_value_t = 4096)]
     pub reply_bytes: usize,
+    /// Where the threads run: `split` (servers apart from the caller) or `os`.
+    #[arg(long, value_enum, default_value_t = Placement::Split)]
+    pub placement: Placement,
     /// Rounds, seconds per round and the JSON output (shared by every subcommand).
     #[command(flatten)]
     pub run: crate::load::rows::RunArgs,
@@ -79,6 +89,26 @@ fn cluster(token_file: &str) -> Result<Vec<Store>> {
         s.sync_membership();
     }
     Ok(nodes)
+}
+
+/// The body of `POST /prefix`.
+#[derive(serde::Serialize)]
+struct HttpQuery<'a> {
+    keys: &'a [String],
+}
+
+/// Its answer, as far as the check reads it.
+#[derive(serde::Deserialize)]
+struct HttpAnswer {
+    nodes: Vec<HttpRun>,
+}
+
+/// One node's run in the answer.
+#[derive(serde::Deserialize)]
+struct HttpRun {
+    node: String,
+    leading: u64,
+    resident: u64,
 }
 
 /// One keep-alive HTTP/1.1 connection that posts prefix queries.
@@ -155,7 +185,24 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         &token_file,
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )?;
-    let nodes = cluster(&token_file.display().to_string())?;
+    let split = match args.placement {
+        Placement::Split => Some(Split::of_allowed()?),
+        Placement::Os => None,
+    };
+    // The servers: three nodes and the raw echo server, started (on the server CPUs when split).
+    let start = || -> Result<(Vec<Store>, SocketAddr)> {
+        let nodes = cluster(&token_file.display().to_string())?;
+        let listener =
+            TcpListener::bind("127.0.41.4:0").or_else(|_| TcpListener::bind("127.0.0.1:0"))?;
+        let raw_addr = listener.local_addr()?;
+        let buf = Arc::new(rawtcp::prefaulted(args.reply_bytes, 9));
+        std::thread::spawn(move || rawtcp::serve(listener, buf));
+        Ok((nodes, raw_addr))
+    };
+    let (nodes, raw_addr) = match &split {
+        Some(s) => s.start_servers(start)??,
+        None => start()?,
+    };
     let keys: Vec<String> = (0..n).map(|i| format!("bench-prefix/{i}")).collect();
     let page = [5u8; 64];
     for (k, node) in nodes.iter().enumerate() {
@@ -186,11 +233,6 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         (0..3).all(|k| seen[k] == scan(k, start, q, n) as u64)
     };
 
-    let listener =
-        TcpListener::bind("127.0.41.4:0").or_else(|_| TcpListener::bind("127.0.0.1:0"))?;
-    let raw_addr = listener.local_addr()?;
-    let buf = Arc::new(rawtcp::prefaulted(args.reply_bytes, 9));
-    std::thread::spawn(move || rawtcp::serve(listener, buf));
     let mut raw = rawtcp::RawClient::connect(raw_addr)?;
     let mut dst = rawtcp::prefaulted(args.reply_bytes, 1);
     let http_addr = nodes[0]
@@ -257,28 +299,25 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         let mut http = HttpConn::connect(http_addr)?;
         cell.push(row("prefix-64-http", &mut || {
             let start = next_start();
+            // Typed both ways, as a router would: no JSON tree built or walked per query.
             body.clear();
-            if serde_json::to_writer(&mut body, &json!({"keys": &keys[start..start + q]})).is_err()
-            {
+            let query = HttpQuery {
+                keys: &keys[start..start + q],
+            };
+            if serde_json::to_writer(&mut body, &query).is_err() {
                 return false;
             }
             let Ok(answer) = http.post(&body) else {
                 return false;
             };
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(answer) else {
-                return false;
-            };
-            let Some(list) = v["nodes"].as_array() else {
+            let Ok(v) = serde_json::from_slice::<HttpAnswer>(answer) else {
                 return false;
             };
             right(
-                &mut list.iter().map(|r| {
-                    (
-                        r["node"].as_str().unwrap_or("").to_string(),
-                        r["leading"].as_u64().unwrap_or(u64::MAX),
-                        r["resident"].as_u64().unwrap_or(0),
-                    )
-                }),
+                &mut v
+                    .nodes
+                    .into_iter()
+                    .map(|r| (r.node, r.leading, r.resident)),
                 start,
             )
         }));
@@ -299,7 +338,8 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
         bench: "prefix".into(),
         host: Host::detect(),
         config: json!({"keys": n, "query": q, "nodes": 3, "reply_bytes": args.reply_bytes,
-                       "rounds": args.run.rounds, "secs": args.run.secs, "transport": "loopback tcp"}),
+                       "rounds": args.run.rounds, "secs": args.run.secs, "transport": "loopback tcp",
+                       "placement": split.as_ref().map_or_else(|| "os".to_string(), Split::describe)}),
         summary: json!({
             "raw_tcp_rr_p50_us": raw_p50,
             "prefix_p50_us": store_p50,

@@ -1,10 +1,11 @@
 //! What the subcommands share to put load on a cluster: the row runner and its flags, the
 //! workloads (store loops and the SGLang-shaped one), the raw-TCP baseline, child processes,
-//! the run's secret, the counting allocator and progress output.
+//! the run's secret, the counting allocator, progress output and thread placement.
 
 pub mod alloc;
 pub mod child;
 pub mod node;
+pub mod placement;
 pub mod progress;
 pub mod rawtcp;
 pub mod rows;
