@@ -314,10 +314,7 @@ pub fn run(args: &PrefixArgs) -> Result<Report> {
                 return false;
             };
             right(
-                &mut v
-                    .nodes
-                    .into_iter()
-                    .map(|r| (r.node, r.leading, r.resident)),
+                &mut v.nodes.into_iter().map(|r| (r.node, r.leading, r.resident)),
                 start,
             )
         }));
