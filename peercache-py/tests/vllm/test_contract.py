@@ -304,6 +304,16 @@ def test_gpudirect_lands_other_nodes_blocks_over_rdma_and_stages_its_own(env, ca
             assert torch.equal(b.kv[name][own_dst[:4]], b.kv[name][own_src[:4]]), name
         assert b.worker.store.stats()["rdma_read_bytes"] == before, "own pages are not read over RDMA"
         finish(b, req)
+        # Caches whose memory is not in their logical order (FlashInfer's HND view) stage, but
+        # raw bytes landing one-sided would be in the wrong order: GPUDirect stays off, one warning.
+        from peercache.vllm.worker import WorkerSide  # noqa: PLC0415
+
+        hnd = {n: t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for n, t in a.kv.items()}
+        w = WorkerSide(b.worker.store, b.worker.scheme, NUM_BLOCKS, save_async=False, staging="always",
+                       gpudirect="peermem")
+        w.register(hnd)
+        assert not w.gpudirect and w._load_mirror is not None
+        assert any("physical layout" in r.getMessage() for r in caplog.records)
     finally:
         a.close()
         b.close()

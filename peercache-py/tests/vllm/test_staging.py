@@ -100,3 +100,34 @@ def test_scattered_slots_move_run_by_run_byte_exact(shape):
     taken = m.take(6, 1.0)
     m.give([taken[4], taken[1], taken[3]])
     assert m.take(3, 1.0) == [1, 3, 4]
+
+
+def test_a_staged_page_holds_a_block_in_logical_order_whatever_the_backend_s_layout():
+    """CUDA backends lay the same KV out differently: FlashAttention's caches are
+    ``[2, blocks, block_size, heads, head_size]``, FlashInfer's ``[blocks, 2, block_size,
+    heads, head_size]``, and with its HND stride order the tensor vLLM registers is a permuted
+    view whose memory holds heads before tokens. A staged page holds each block in logical
+    order (K, then V, each ``[block_size, heads, head_size]``), so the three give the same page
+    for the same KV, and blocks scattered back land in each one's own layout."""
+    g = torch.Generator().manual_seed(9)
+    kv = [torch.randn(2, BLOCKS, 16, 4, 8, generator=g).to(torch.bfloat16) for _ in range(2)]  # K/V first
+    fa = {f"l{i}": t.clone() for i, t in enumerate(kv)}
+    fi = {f"l{i}": t.transpose(0, 1).contiguous() for i, t in enumerate(kv)}  # blocks first
+    # HND: memory [2, blocks, heads, block_size, head], viewed as [2, blocks, block_size, heads, head].
+    hnd = {f"l{i}": t.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4) for i, t in enumerate(kv)}
+    assert not hnd["l0"].is_contiguous() and torch.equal(hnd["l0"], fa["l0"])
+    with pytest.raises(LayoutError, match="dense slice"):
+        BlockTable(hnd, BLOCKS)  # in place (raw bytes) it cannot be read in logical order
+    pages = []
+    for caches in (fa, fi, hnd):
+        assert HostMirror.block_bytes(caches, BLOCKS) == 2 * 2 * 16 * 4 * 8 * 2
+        m = HostMirror(caches, BLOCKS, 3)
+        m.gather([5, 0, 9], [0, 1, 2])
+        segs = m.segments([0, 1, 2])
+        pages.append([page_bytes(segs, i) for i in range(3)])
+        m.scatter([0, 1, 2], [1, 2, 3])  # back into other blocks, in the cache's own layout
+        for name, t in caches.items():
+            logical = t if t.shape[0] == 2 else t.transpose(0, 1)
+            for src, dst in zip([5, 0, 9], [1, 2, 3]):
+                assert torch.equal(logical[:, dst], kv[int(name[1])][:, src]), (name, src, dst)
+    assert pages[0] == pages[1] == pages[2]

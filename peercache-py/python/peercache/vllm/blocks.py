@@ -74,6 +74,25 @@ def layer_blocks(t: KVTensor, num_blocks: int, dim: Optional[int] = None) -> Lay
                        offsets=offsets, block_bytes=inner * elem)
 
 
+def kept_layers(kv_caches: Mapping[str, KVTensor], num_blocks: int,
+                dims: Optional[Mapping[str, int]] = None) -> Dict[str, int]:
+    """The block dimension of each layer a page holds, by name, in page order (sorted names):
+    layers that share one tensor (KV sharing: the same data pointer and block stride) are
+    stored once, under the first of their names. Reads only shapes, strides and pointers, so
+    it holds for any stride order (a backend's physical layout, such as FlashInfer's HND)."""
+    out: Dict[str, int] = {}
+    seen = set()
+    for name in sorted(kv_caches):
+        t = kv_caches[name]
+        d = block_dim(t, num_blocks) if dims is None else dims[name]
+        key = (int(t.data_ptr()), int(t.stride()[d]) * int(t.element_size()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = d
+    return out
+
+
 class BlockTable:
     """Every layer's blocks, in one fixed layer order: block ``b`` is the page made of each
     layer's segments of ``b``, in that order."""
@@ -84,19 +103,10 @@ class BlockTable:
             raise LayoutError("peercache: vLLM registered no KV cache tensors")
         self.num_blocks = num_blocks
         self.layer_names: List[str] = sorted(kv_caches)
-        seen: Dict[Tuple[int, int], str] = {}
-        self.layers: List[LayerBlocks] = []
-        #: The block dimension of each layer a page holds, by name, in page order: layers that
-        #: share one tensor (KV sharing) are stored once, under the first of their names.
-        self.kept: Dict[str, int] = {}
-        for name in self.layer_names:
-            d = block_dim(kv_caches[name], num_blocks) if dims is None else dims[name]
-            lb = layer_blocks(kv_caches[name], num_blocks, d)
-            if (lb.base, lb.block_stride) in seen:
-                continue
-            seen[(lb.base, lb.block_stride)] = name
-            self.layers.append(lb)
-            self.kept[name] = d
+        #: The block dimension of each layer a page holds (:func:`kept_layers`).
+        self.kept: Dict[str, int] = kept_layers(kv_caches, num_blocks, dims)
+        self.layers: List[LayerBlocks] = [layer_blocks(kv_caches[name], num_blocks, d)
+                                          for name, d in self.kept.items()]
         self._segs: List[Tuple[int, int, int]] = [
             (lb.base + off, lb.block_stride, lb.block_bytes) for lb in self.layers for off in lb.offsets]
 

@@ -19,7 +19,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..core import Segments
-from .blocks import BlockTable, KVTensor
+from .blocks import BlockTable, KVTensor, kept_layers
 
 
 class DeviceTensor(KVTensor, Protocol):
@@ -49,8 +49,11 @@ class HostMirror:
         self.slots = slots
         self._pinned = bool(torch.cuda.is_available())
         self._cuda = any(str(getattr(t.device, "type", t.device)) == "cuda" for t in kv_caches.values())
-        # The layers a page holds, as the caches' own block table keeps them.
-        self._dims: Dict[str, int] = BlockTable(kv_caches, num_blocks).kept
+        # The layers a page holds, as a block table of the caches keeps them. The caches may be
+        # laid out in any stride order (FlashInfer's HND is a permuted view): the mirror holds
+        # each block in the caches' logical order, so a staged page's bytes do not depend on
+        # the backend's physical layout.
+        self._dims: Dict[str, int] = kept_layers(kv_caches, num_blocks)
         self._device: Dict[str, DeviceTensor] = {name: kv_caches[name] for name in self._dims}
         host: Dict[str, DeviceTensor] = {}
         for name, d in self._dims.items():
@@ -62,6 +65,19 @@ class HostMirror:
         self.table = BlockTable(host, slots, self._dims)
         self._free: List[int] = list(range(slots))
         self._cv = threading.Condition()
+
+    @staticmethod
+    def block_bytes(kv_caches: Mapping[str, DeviceTensor], num_blocks: int) -> int:
+        """Bytes of one staged page (one block of every layer a page holds), before any mirror
+        is allocated."""
+        total = 0
+        for name, d in kept_layers(kv_caches, num_blocks).items():
+            t = kv_caches[name]
+            n = int(t.element_size())
+            for k, size in enumerate(t.shape):
+                n *= 1 if k == d else int(size)
+            total += n
+        return total
 
     def storages(self) -> List[Tuple[int, int]]:
         """(address, bytes) of each host tensor, to register with the node once."""

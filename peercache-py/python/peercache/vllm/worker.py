@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..core import KeyScheme, Segments
-from .blocks import BlockTable
+from .blocks import BlockTable, LayoutError
 from .loader import LoadQueue
 from .meta import BlockIO, PeerCacheMeta
 from .saver import SaveJob, SaveQueue
@@ -86,6 +86,7 @@ class WorkerSide:
         # GPUDirect (``kv_gpudirect = peermem``): asked for, and on once the caches registered.
         self.gpudirect_mode = gpudirect
         self.gpudirect = False
+        self._device_table: Optional[BlockTable] = None
         self._load_lock = threading.Lock()
         self._errors: Set[int] = set()
         # Requests with a failed load: they publish nothing until they finish.
@@ -112,12 +113,13 @@ class WorkerSide:
             raise NotImplementedError(
                 f"peercache: KV caches on {sorted(devices)} and kv_staging = never: the node "
                 "reads and writes host memory in place only; set kv_staging to auto")
-        self.table = BlockTable(kv_caches, self.num_blocks)
         if staged:
-            half = max(1, self.staging_bytes // 2 // self.table.block_bytes)
-            slots = min(half, self.num_blocks)
+            # A page's layout is the mirror's: each block in the caches' logical order.
+            block_bytes = HostMirror.block_bytes(kv_caches, self.num_blocks)
+            slots = min(max(1, self.staging_bytes // 2 // block_bytes), self.num_blocks)
             self._load_mirror = HostMirror(kv_caches, self.num_blocks, slots)
             self._save_mirror = HostMirror(kv_caches, self.num_blocks, slots)
+            self.table = self._load_mirror.table
             for m in (self._load_mirror, self._save_mirror):
                 for ptr, n in m.storages():
                     self.pages.register_host(ptr, n)
@@ -127,6 +129,7 @@ class WorkerSide:
             if self.gpudirect_mode == "peermem":
                 self.gpudirect = self._register_device(kv_caches)
             return
+        self.table = BlockTable(kv_caches, self.num_blocks)
         if self.gpudirect_mode != "off":
             logger.info("peercache: kv_gpudirect = %s has nothing to do: the KV caches are host memory, "
                         "read and written in place", self.gpudirect_mode)
@@ -142,6 +145,14 @@ class WorkerSide:
         """Registers every distinct KV storage with the node as device memory
         (``nvidia-peermem`` addresses), so pages other nodes hold land in the blocks over RDMA;
         False, with one warning, where the node cannot (TCP, no peermem)."""
+        try:
+            # Pages land as raw bytes in the blocks, so a block must be one dense slice in the
+            # caches' logical order, the order staged pages hold.
+            self._device_table = BlockTable(kv_caches, self.num_blocks)
+        except LayoutError as e:
+            logger.warning("peercache: GPUDirect unavailable (%s: the caches' physical layout is not "
+                           "their logical one); loads stage through host memory", e)
+            return False
         spans: Dict[int, int] = {}
         for t in kv_caches.values():
             storage = t.untyped_storage()
@@ -211,8 +222,8 @@ class WorkerSide:
         """GPUDirect: one node call lands every page other nodes hold straight in the blocks
         over RDMA (each checked by its header before and after); the rest (this node's own
         pages, peers reached without RDMA, misses) go through the load mirror."""
-        assert self.table is not None and self._load_mirror is not None
-        ok = self.pages.get_device(keys, self.table.segments(block_ids))
+        assert self._device_table is not None and self._load_mirror is not None
+        ok = self.pages.get_device(keys, self._device_table.segments(block_ids))
         rest = [i for i, good in enumerate(ok) if not good]
         if rest:
             got = self._get_staged(self._load_mirror, [keys[i] for i in rest], [block_ids[i] for i in rest], hint)
