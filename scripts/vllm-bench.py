@@ -15,7 +15,13 @@ engine B (another process, another node) then answers three kinds of requests:
 - example-connector: vLLM's ExampleConnector (its reference disk connector), A saves, B loads;
 - offloading-connector: vLLM's OffloadingConnector (CPU tier), where it runs on this platform;
 - peercache: PeerCacheConnector, A on node 127.0.0.51, B on node 127.0.0.52;
-- lmcache, mooncake-store: when their packages import; otherwise the row says why.
+- mooncake-store: vLLM's MooncakeStoreConnector on Mooncake Store over TCP (a
+  `mooncake_master` with its HTTP metadata server on loopback; each engine a Mooncake client
+  contributing a segment), when `mooncake.store` imports (scripts/vllm-peers-venv.sh);
+- lmcache: vLLM's LMCacheConnectorV1, A and B sharing one `lmcache_server` on loopback as
+  their remote tier (a local CPU tier each), when `lmcache` imports.
+
+A row that cannot run keeps its place and says why: the engine's first error line.
 
 Each row's greedy tokens must equal the cold row's. TTFT is the time of a `max_tokens=1`
 request; prefill throughput is prompt tokens over the sum of those times.
@@ -24,17 +30,22 @@ request; prefill throughput is prompt tokens over the sum of those times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import re
 import secrets
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "peercache-py" / "tests" / "vllm"))
 
@@ -82,6 +93,82 @@ def not_run(name: str, why: str) -> dict:
     return {"row": name, "ran": False, "why": why}
 
 
+# Lines in a peer engine's log that mean its connector never worked (the engine still answers,
+# computing every token): the first one found, with the error line after it, is the row's why.
+PEER_FAILURES = ("Failed to initialize LMCacheManager",)
+
+
+def peer_failure(work: str, name: str) -> Optional[str]:
+    """Why peer row ``name``'s connector did not work, from its engines' logs, or None."""
+    for side in ("a", "b"):
+        log = Path(work, f"{name}-{side}.log")
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        for i, line in enumerate(lines):
+            if any(p in line for p in PEER_FAILURES):
+                cause = next((x.strip() for x in lines[i + 1:i + 40] if re.match(r"^\w*(Error|Exception):", x.strip())), "")
+                head = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+                return f"engine {side}: {head[:300]} … {cause[:300]}".strip()
+    return None
+
+
+def _serve(argv: List[str], port: int, what: str, log: str) -> subprocess.Popen:
+    """Starts a peer's server process and waits (30 s) until ``port`` on loopback listens."""
+    proc = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port}: {Path(log).read_text()[-600:]}")
+            time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def mooncake_row(work: str) -> Iterator[Tuple[dict, Dict[str, str]]]:
+    """Mooncake Store over TCP on loopback: one master (with its HTTP metadata server); each
+    engine's MooncakeStoreConnector is a client contributing a 1 GB segment."""
+    rpc, http = free_port(), free_port()
+    master = _serve([shutil.which("mooncake_master") or "mooncake_master", f"--rpc_port={rpc}",
+                     "--rpc_address=127.0.0.1", "--enable_http_metadata_server=true",
+                     "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={http}"],
+                    rpc, "mooncake_master", os.path.join(work, "mooncake-master.log"))
+    try:
+        cfg = os.path.join(work, "mooncake.json")
+        Path(cfg).write_text(json.dumps({
+            "metadata_server": f"http://127.0.0.1:{http}/metadata", "master_server_address": f"127.0.0.1:{rpc}",
+            "protocol": "tcp", "device_name": "", "global_segment_size": "1GB", "local_buffer_size": "256MB"}))
+        yield ({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}},
+               {"MOONCAKE_CONFIG_PATH": cfg})
+    finally:
+        _stop(master)
+
+
+@contextlib.contextmanager
+def lmcache_row(work: str) -> Iterator[Tuple[dict, Dict[str, str]]]:
+    """LMCache: each engine's LMCacheConnectorV1 with a local CPU tier and one shared
+    `lmcache_server` on loopback as the remote tier, so B can load what A stored."""
+    port = free_port()
+    server = _serve([shutil.which("lmcache_server") or "lmcache_server", "127.0.0.1", str(port)],
+                    port, "lmcache_server", os.path.join(work, "lmcache-server.log"))
+    try:
+        env = {"LMCACHE_CHUNK_SIZE": "256", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "2",
+               "LMCACHE_REMOTE_URL": f"lm://127.0.0.1:{port}", "LMCACHE_REMOTE_SERDE": "naive"}
+        yield {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, env
+    finally:
+        _stop(server)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=6)
@@ -105,9 +192,13 @@ def main() -> None:
     report = {"config": {k: getattr(args, k) for k in ("layers", "hidden", "system", "question", "users", "max_tokens", "dtype")},
               "rows": []}
 
-    def engine(name, **spec):
-        e = Engine(name, {**base, **spec}, work)
-        e.ready()
+    def engine(name, env=None, **spec):
+        e = Engine(name, {**base, **spec}, work, env=env)
+        try:
+            e.ready()
+        except BaseException:
+            e.stop()
+            raise
         return e
 
     # Cold: also yields A's answers, which define the next-turn prompts for every row.
@@ -121,11 +212,12 @@ def main() -> None:
     report["rows"].append(summarize("cold", ttft, tokens, prompts))
     reference = tokens
 
-    def pair(name: str, kv_a: Optional[dict], kv_b: Optional[dict], spec_b: Optional[dict] = None, **extra_spec):
-        a = engine(f"{name}-a", kv=kv_a, **extra_spec)
+    def pair(name: str, kv_a: Optional[dict], kv_b: Optional[dict], spec_b: Optional[dict] = None,
+             env: Optional[Dict[str, str]] = None, **extra_spec):
+        a = engine(f"{name}-a", env=env, kv=kv_a, **extra_spec)
         try:
             a.run(a_prompts, max_tokens=args.max_tokens, timeout=1800)
-            b = engine(f"{name}-b", kv=kv_b, **(spec_b or {}), **extra_spec)
+            b = engine(f"{name}-b", env=env, kv=kv_b, **(spec_b or {}), **extra_spec)
             try:
                 return run_b(b, prompts, args.max_tokens)
             finally:
@@ -177,9 +269,19 @@ def main() -> None:
                 try:
                     importlib.import_module(module)
                 except Exception as e:  # the package is not in this venv
-                    row = not_run(name, f"`import {module}` failed here: {type(e).__name__}: {e}")
+                    row = not_run(name, f"`import {module}` failed here: {type(e).__name__}: {e} "
+                                        "(scripts/vllm-peers-venv.sh installs it)")
                 else:
-                    row = not_run(name, f"{module} imports, but this script has no launch recipe for it yet")
+                    launch = mooncake_row if name == "mooncake-store" else lmcache_row
+                    with launch(work) as (kv, env):
+                        ttft, tokens, _ = pair(name, kv, kv, env=env)
+                    row = summarize(name, ttft, tokens, prompts)
+                    broken = peer_failure(work, name)
+                    if broken:  # the engines answered, but without the connector doing its job
+                        same = sum(a == b for k in KINDS for a, b in zip(row["tokens"][k], reference[k]))
+                        n = sum(len(prompts[k]) for k in KINDS)
+                        row = not_run(name, f"{broken}; the engines still answered, computing every token: "
+                                            f"TTFT p50 {row['ttft_p50_s']:.3f} s, {same}/{n} answers = cold")
             else:
                 row = not_run(name, "unknown row")
         except Exception as e:

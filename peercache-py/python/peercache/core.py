@@ -212,6 +212,17 @@ class PageStore:
         """Registers device memory through ``nvidia-peermem`` (GPUDirect RDMA)."""
         self._node.register_device_peermem(ptr, nbytes)
 
+    def register_device_spans(self, spans: Mapping[int, int]) -> Optional[str]:
+        """Registers each ``address → bytes`` span as device memory (:meth:`register_device_peermem`),
+        in order: None once all are, else why the node refused one (no RDMA path, no peermem,
+        not memory the fabric can reach); the engine then stages instead."""
+        try:
+            for ptr, nbytes in spans.items():
+                self._node.register_device_peermem(ptr, nbytes)
+        except (RuntimeError, ValueError) as e:
+            return str(e)
+        return None
+
     def registered(self, ptr: int, nbytes: int) -> bool:
         """Whether ``[ptr, ptr + nbytes)`` lies inside one registered host span."""
         with self._lock:

@@ -333,11 +333,9 @@ class PeerCacheLinker(UnifiedCacheLinker):
         for view in self.views.values():
             for b in view.buffers:
                 seen.setdefault(int(b.data_ptr()), int(b.numel() * b.element_size()))
-        try:
-            for ptr, nbytes in seen.items():
-                self.store.core.register_device_peermem(ptr, nbytes)
-        except (RuntimeError, ValueError) as e:
-            logger.warning("peercache linker: GPUDirect unavailable (%s); loads stage through host memory", e)
+        why = self.store.core.register_device_spans(seen)
+        if why is not None:
+            logger.warning("peercache linker: GPUDirect unavailable (%s); loads stage through host memory", why)
             return False
         logger.info("peercache linker: GPUDirect on: %d pool buffers registered; pages of other nodes land "
                     "in the pools over RDMA", len(seen))

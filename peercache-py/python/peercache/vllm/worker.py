@@ -36,7 +36,7 @@ class Pages(Protocol):
 
     def get(self, keys: Sequence[str], segs: Segments, hint: Optional[str] = None) -> List[bool]: ...
 
-    def register_device_peermem(self, ptr: int, nbytes: int) -> None: ...
+    def register_device_spans(self, spans: Mapping[int, int]) -> Optional[str]: ...
 
     def get_device(self, keys: Sequence[str], segs: Segments) -> List[bool]: ...
 
@@ -157,11 +157,9 @@ class WorkerSide:
         for t in kv_caches.values():
             storage = t.untyped_storage()
             spans.setdefault(int(storage.data_ptr()), int(storage.nbytes()))  # type: ignore[attr-defined]
-        try:
-            for ptr, n in spans.items():
-                self.pages.register_device_peermem(ptr, n)
-        except (RuntimeError, ValueError) as e:
-            logger.warning("peercache: GPUDirect unavailable (%s); loads stage through host memory", e)
+        why = self.pages.register_device_spans(spans)
+        if why is not None:
+            logger.warning("peercache: GPUDirect unavailable (%s); loads stage through host memory", why)
             return False
         logger.info("peercache: GPUDirect on: %d KV storages registered; pages of other nodes land in "
                     "the blocks over RDMA", len(spans))
