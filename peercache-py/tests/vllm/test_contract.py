@@ -320,6 +320,11 @@ def test_gpudirect_lands_other_nodes_blocks_over_rdma_and_stages_its_own(env, ca
         c.close()
     with pytest.raises(ConfigError, match="kv_gpudirect"):
         Engine(env, "127.0.0.59", fill=0, kv_gpudirect="dmabuf")
+    # vLLM 0.33's sleep mode remaps the KV caches: fine for what the node knows as host memory,
+    # not for device registrations.
+    assert PeerCacheConnector.supports_sleep_mode(KVTransferConfig(kv_connector="PeerCacheConnector", kv_role="kv_both"))
+    assert not PeerCacheConnector.supports_sleep_mode(KVTransferConfig(
+        kv_connector="PeerCacheConnector", kv_role="kv_both", kv_connector_extra_config={"kv_gpudirect": "peermem"}))
 
 
 def test_a_tail_is_found_only_for_the_same_tokens_and_never_without_its_blocks(env):

@@ -171,6 +171,15 @@ class PeerCacheConnector(KVConnectorBase_V1):
                            per_engine_labelvalues: Dict[int, List[object]]) -> PeerCachePromMetrics:
         return PeerCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: object) -> bool:
+        """vLLM 0.33's sleep-mode question: can the connector follow the KV cache's remap? Yes
+        where the node knows only host memory (in-place host caches, staging mirrors: the device
+        caches are reached through their tensors, whose addresses a remap keeps); no with
+        ``kv_gpudirect = peermem``, whose device registrations a remap would leave stale."""
+        extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+        return str(extra.get("kv_gpudirect", "off")) == "off"
+
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.close()
