@@ -501,11 +501,16 @@ fn the_recovery_scan_never_undoes_a_write_or_a_remove_made_while_it_runs() {
     for i in (0..N - 50).step_by(97) {
         assert_eq!(read(&t, key(i), 4096).unwrap(), page(i, 4096));
     }
+    // The scan takes every record of the previous run it reaches before that key was touched:
+    // all of them less the 50 touched since when it is slower than the writes above, up to all
+    // of them when it got there first (the interleaving is the scheduler's). Either way the
+    // pages read back above are the current ones.
     let s = t.stats();
-    assert_eq!(
+    assert!(
+        (N - 50..=N).contains(&s.recovered),
+        "the scan's records: {} (expected {}..={N})",
         s.recovered,
-        N - 50,
-        "the scan's records, less the 50 touched since"
+        N - 50
     );
     // The re-publish inventory is the previous run's records only.
     assert_eq!(t.inventory().len() as u64, N - 50);
