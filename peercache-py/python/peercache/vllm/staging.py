@@ -139,11 +139,11 @@ class HostMirror:
         """Copies blocks ``block_ids`` of every layer into ``slots`` (returns once the bytes are
         in host memory). Each run of adjacent slots is one copy per layer part, straight into
         the (pinned) mirror."""
-        blocks = self._indices(block_ids)
+        blocks, runs = self._indices(block_ids), slot_runs(slots)
         for name, t in self._device.items():
             ids = blocks[str(t.device)]
             for dev, host in self._parts(name):
-                for at, first, n in slot_runs(slots):
+                for at, first, n in runs:
                     rows = dev.index_select(0, ids.narrow(0, at, n))  # type: ignore[attr-defined]
                     host.narrow(0, first, n).copy_(rows, non_blocking=self._pinned)  # type: ignore[attr-defined]
         self._sync()
@@ -152,11 +152,11 @@ class HostMirror:
         """Copies ``slots`` into blocks ``block_ids`` of every layer (on the current stream; it
         has ended when this returns, so the slots may be reused). Each run of adjacent slots
         moves from the (pinned) mirror in one copy per layer part."""
-        blocks = self._indices(block_ids)
+        blocks, runs = self._indices(block_ids), slot_runs(slots)
         for name, t in self._device.items():
             ids = blocks[str(t.device)]
             for dev, host in self._parts(name):
-                for at, first, n in slot_runs(slots):
+                for at, first, n in runs:
                     src = host.narrow(0, first, n).to(t.device, non_blocking=True)  # type: ignore[attr-defined]
                     dev.index_copy_(0, ids.narrow(0, at, n), src)  # type: ignore[attr-defined]
         self._sync()
