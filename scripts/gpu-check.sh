@@ -5,18 +5,23 @@
 # host mirror) beside plain pinned copies of the same bytes, and chunked registration of a
 # large host region. Writes gpu-check.json and gpu-check.md under $OUT (the device tool's
 # folder), else target/gpu-check. Without a CUDA device it prints one line and exits 0: CI's
-# sglang stage runs that form.
+# sglang stage runs that form. PEERCACHE_GPU_CHECK_DEVICE=cpu runs it on CPU instead, small:
+# scripts/gpu-rehearse.sh does, in a stand-in for the host's Python.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
+if [ "${PEERCACHE_GPU_CHECK_DEVICE:-cuda}" = cpu ]; then
+  # scripts/gpu-rehearse.sh: the same install and steps, on CPU, small.
+  set -- --device cpu --quick "$@"
+elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "gpu-check: skipped: no CUDA device"
   exit 0
+else
+  nvidia-smi -L
 fi
 out="${OUT:-target/gpu-check}"
 wheels="${PEERCACHE_GPU_WHEELS:-target/gpu-wheels}"
 site=/tmp/peercache-gpu-site
 mkdir -p "$out"
-nvidia-smi -L
 if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
   echo "gpu-check: no wheels in $wheels: build them with scripts/gpu-wheels.sh and carry that folder" >&2
   exit 1

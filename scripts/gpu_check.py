@@ -40,6 +40,8 @@ from peercache.core import ConfigValue
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "peercache-py" / "tests" / "sglang"
 GB = 1e9
+NODE_COUNTERS = ("pool_pages", "pool_evictions", "members", "verify_rejects", "layout_mismatches",
+                 "staged_reads", "directory_rpcs", "directory_local_calls")
 Json = Union[None, bool, int, float, str, List["Json"], Dict[str, "Json"]]
 
 
@@ -170,7 +172,10 @@ def linker_staged(device: str, quick: bool, reps: int) -> Dict[str, Json]:
     nbytes = pages * page_bytes
     segment = (reps + 2) * nbytes + (64 << 20)
     port = free_port()
-    linker = T.build(args, pool, 97, 97, port, global_segment_size=str(segment),
+    # Production timings, not the tests' fast ones: a 1 GiB batch on a loaded host must not
+    # outlast the membership of its own node (the tests' member_ttl is 0.6 s).
+    linker = T.build(args, pool, 97, 97, port, global_segment_size=str(segment), heartbeat_interval=1.0,
+                     member_ttl=10.0, op_timeout=10.0,
                      linker_staging="always" if device == "cpu" else "auto")
     try:
         assert linker.staging, "the linker does not stage: the pools are not device pools"
@@ -199,6 +204,7 @@ def linker_staged(device: str, quick: bool, reps: int) -> Dict[str, Json]:
             if rep:
                 offload_s.append(dt)
                 load_s.append(lt)
+        node = linker.store.core.stats()
     finally:
         linker.close()
         reset_context()
@@ -209,7 +215,9 @@ def linker_staged(device: str, quick: bool, reps: int) -> Dict[str, Json]:
             "offload_s": off, "offload_pages_per_s": pages / off, "offload_gbps": nbytes / off / GB,
             "load_s": load, "load_pages_per_s": pages / load, "load_gbps": nbytes / load / GB,
             **ceil, "load_vs_h2d": nbytes / load / GB / ceil["h2d_gbps"],
-            "offload_vs_d2h": nbytes / off / GB / ceil["d2h_gbps"]}
+            "offload_vs_d2h": nbytes / off / GB / ceil["d2h_gbps"],
+            # Why a page did not land, if one did not: the node's own counters.
+            "node": {k: v for k, v in node.items() if k in NODE_COUNTERS and isinstance(v, int)}}
 
 
 # ----- 3. the vLLM host mirror -----
@@ -328,7 +336,9 @@ def run_step(name: str, fn: Callable[[], Dict[str, Json]]) -> Dict[str, Json]:
         where: List[Json] = [*traceback.format_exc().strip().splitlines()[-3:]]
         res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:1000], "where": where}
     res["seconds"] = round(time.perf_counter() - t0, 2)
-    print(f"gpu-check: {name}: {'ok' if res['ok'] else res['error']} ({res['seconds']} s)", flush=True)
+    said = res["error"] if not res["ok"] else (
+        f"{res['passed']} passed, {res['failed']} failed, {res['error']} errors" if "passed" in res else "ok")
+    print(f"gpu-check: {name}: {said} ({res['seconds']} s)", flush=True)
     return res
 
 

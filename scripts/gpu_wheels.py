@@ -9,6 +9,10 @@ distributions that provide them, and drops those the device image already holds
     python scripts/gpu_wheels.py --download DIR
         # those wheels for the device's CPython 3.12 on x86-64 Linux, into DIR (pip download
         # --no-deps --only-binary=:all:), then the total size
+    python scripts/gpu_wheels.py --held
+        # the other side: the distributions the sources load that the device image holds, as
+        # "name==version" (the device's version where the notes read one, else this venv's);
+        # scripts/gpu-rehearse.sh builds a stand-in of the device's Python from it
 
 What travels to the device is limited (64 MiB with the working tree), and sglang's wheel alone
 is 39 MB, most of it compiled extensions (its server, gRPC, benchmarks) that the traced imports
@@ -145,6 +149,12 @@ def carried(dists: List[Tuple[str, str]], device: Dict[str, str]) -> List[Tuple[
     return [(n, v) for n, v in dists if n not in device and n not in OWN]
 
 
+def held(dists: List[Tuple[str, str]], device: Dict[str, str]) -> List[Tuple[str, str]]:
+    """The distributions the sources load that the device image holds, at the device's version
+    where one was read, else at this venv's."""
+    return [(n, device[n] or v) for n, v in dists if n in device and n not in OWN]
+
+
 def download(wanted: List[Tuple[str, str]], dest: Path, loaded: Set[str]) -> int:
     """Downloads each wanted wheel for CPython 3.12 on x86-64 Linux into ``dest`` (slimmed as
     the module says); the total bytes."""
@@ -166,14 +176,21 @@ def download(wanted: List[Tuple[str, str]], dest: Path, loaded: Set[str]) -> int
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--download", type=Path, metavar="DIR", help="download the wheels into DIR")
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--download", type=Path, metavar="DIR", help="download the wheels into DIR")
+    what.add_argument("--held", action="store_true", help="list what the device holds instead")
     args = ap.parse_args()
     dists, failed, loaded = trace()
     if failed:
         print("gpu-wheels: these imports failed in this venv (run it in the SGLang contract venv):",
               *failed, sep="\n  ", file=sys.stderr)
         return 1
-    wanted = carried(dists, device_packages())
+    device = device_packages()
+    if args.held:
+        for name, version in held(dists, device):
+            print(f"{name}=={version}")
+        return 0
+    wanted = carried(dists, device)
     if args.download is None:
         for name, version in wanted:
             print(f"{name}=={version}")

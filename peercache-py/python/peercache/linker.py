@@ -44,11 +44,10 @@ returns False and SGLang aborts the loading requests.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from queue import Empty, Queue
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, cast
 
 try:
     import torch
@@ -223,13 +222,23 @@ class _Arena:
                 off += n
             self.blocks[name] = blocks  # in page segment order
 
-    def meta(self, name: PoolKey, count: int) -> Tuple[List[int], List[int]]:
-        """Pointers and sizes of arena pages ``0..count`` of pool ``name``, segment by segment."""
+    def halves(self) -> Tuple[int, List[int]]:
+        """Pages per chunk and the first page of each half: two halves when the arena holds two
+        pages or more, so one half is copied to or from the pools while the node fills or
+        drains the other; else the whole arena, one chunk at a time."""
+        if self.capacity >= 2:
+            half = self.capacity // 2
+            return half, [0, half]
+        return self.capacity, [0]
+
+    def meta(self, name: PoolKey, count: int, first: int = 0) -> Tuple[List[int], List[int]]:
+        """Pointers and sizes of arena pages ``first..first + count`` of pool ``name``, segment
+        by segment."""
         blocks = self.blocks[name]
         ptrs: List[int] = []
         sizes: List[int] = []
         bases = [(int(b.data_ptr()), int(b.shape[1])) for b in blocks]
-        for page in range(count):
+        for page in range(first, first + count):
             for base, seg in bases:
                 ptrs.append(base + page * seg)
                 sizes.append(seg)
@@ -439,10 +448,11 @@ class PeerCacheLinker(UnifiedCacheLinker):
             start += capacity
         return chunks
 
-    def _node_batch(self, arena: _Arena, chunk: Sequence[PoolPages]
+    def _node_batch(self, arena: _Arena, chunk: Sequence[PoolPages], first: int = 0
                     ) -> Tuple[List[str], List[int], List[int], List[int]]:
-        """A node batch of `chunk`'s pages landing in (or leaving from) `arena`."""
-        return self._batch(chunk, lambda name, view, hashes, _: arena.meta(name, len(hashes)))
+        """A node batch of `chunk`'s pages landing in (or leaving from) `arena` from its page
+        `first` on."""
+        return self._batch(chunk, lambda name, view, hashes, _: arena.meta(name, len(hashes), first))
 
     def _batch(self, chunk: Sequence[PoolPages],
                meta: Callable[[PoolKey, "_PoolView", List[str], List[int]],
@@ -474,19 +484,33 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 for layer in range(self.num_layers):
                     self.layer_done_counter.complete(index, layer)
                 return
-        chunks = self._chunks(per_pool, arena.capacity)
-        for c, chunk in enumerate(chunks):
-            keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
-            res = self.store.core.get(keys, Segments(ptrs, sizes, counts))
-            missing = sum(not ok for ok in res)
-            if missing:
-                raise RuntimeError(f"{missing} page(s) did not land")
-            last = c == len(chunks) - 1
-            slots = self._slots(chunk)
-            for layer in range(self.num_layers):
-                self._scatter_layer(arena, chunk, slots, layer)
-                if last:
-                    self.layer_done_counter.complete(index, layer)
+        per_chunk, firsts = arena.halves()
+        chunks = self._chunks(per_pool, per_chunk)
+        # Half h's copies into the pools, still running (CUDA): the node may refill half h
+        # only once they finished. The node fills one half while the other is copied.
+        copying: List[Optional[object]] = [None] * len(firsts)
+        try:
+            for c, chunk in enumerate(chunks):
+                h = c % len(firsts)
+                self._wait(copying[h])
+                keys, ptrs, sizes, counts = self._node_batch(arena, chunk, firsts[h])
+                res = self.store.core.get(keys, Segments(ptrs, sizes, counts))
+                missing = sum(not ok for ok in res)
+                if missing:
+                    raise RuntimeError(f"{missing} page(s) did not land")
+                slots = self._slots(chunk)
+                layers = [self._scatter_layer(arena, firsts[h], chunk, slots, layer) for layer in range(self.num_layers)]
+                copying[h] = layers[-1]
+                if c == len(chunks) - 1:
+                    # The stream runs the copies in order: a layer's are done, so are the earlier
+                    # chunks'. Each layer is reported as soon as its own copies finished.
+                    for layer, done in enumerate(layers):
+                        self._wait(done)
+                        self.layer_done_counter.complete(index, layer)
+        finally:
+            # A failed load leaves no copy running into slots SGLang will hand out again.
+            for done in copying:
+                self._wait(done)
 
     def _load_device(self, per_pool: List[PoolPages]) -> List[PoolPages]:
         """GPUDirect: one node call lands every page other nodes hold straight in the pools over
@@ -506,32 +530,43 @@ class PeerCacheLinker(UnifiedCacheLinker):
                 rest.append((name, [h for h, _ in left], [p for _, p in left]))
         return rest
 
-    @contextlib.contextmanager
-    def _copies(self) -> Iterator[None]:
-        """Runs the copies issued inside on the side stream (CUDA pools) and returns once they
-        finished; plain CPU copies otherwise."""
+    def _issue(self, copy: Callable[[bool], None]) -> Optional[object]:
+        """Runs ``copy(non_blocking)``: on the side stream, not waited for, for CUDA pools
+        (returns the event that marks its end); plainly for host pools (returns None)."""
         stream = self._copy_stream
         if stream is None:
-            yield
-            return
+            copy(False)
+            return None
         with torch.cuda.stream(stream):
-            yield
-        stream.synchronize()
+            copy(True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return done
+
+    @staticmethod
+    def _wait(done: Optional[object]) -> None:
+        """Returns once the copies ``done`` marks finished (None: nothing in flight)."""
+        if done is not None:
+            cast(torch.cuda.Event, done).synchronize()
 
     def _slots(self, chunk: Sequence[PoolPages]) -> Dict[PoolKey, Tensor]:
         """Each pool's page numbers of the chunk as an index tensor on the pool's device."""
         return {name: torch.tensor(pages, dtype=torch.int64).to(self.views[name].device, non_blocking=True)
                 for name, _, pages in chunk}
 
-    def _scatter_layer(self, arena: _Arena, chunk: Sequence[PoolPages],
-                       slots: Dict[PoolKey, Tensor], layer: int) -> None:
-        with self._copies():
+    def _scatter_layer(self, arena: _Arena, first: int, chunk: Sequence[PoolPages],
+                       slots: Dict[PoolKey, Tensor], layer: int) -> Optional[object]:
+        """Issues the copies of one layer of ``chunk`` from arena pages ``first..`` into the
+        pools; the event that marks their end (None: done)."""
+        def copy(non_blocking: bool) -> None:
             for name, hashes, _ in chunk:
                 view = self.views[name]
                 n = len(hashes)
                 for i in view.layer_members[layer]:
-                    src = arena.blocks[name][view.segment_of[i]][:n].to(view.device, non_blocking=True)
+                    src = arena.blocks[name][view.segment_of[i]][first:first + n].to(view.device, non_blocking=non_blocking)
                     view.page_rows(i).index_copy_(0, slots[name], src)
+
+        return self._issue(copy)
 
     # ----- offload -----
     def offload(self, transfers: Sequence[LinkerTransfer], session_id: Optional[str] = None) -> bool:
@@ -574,23 +609,47 @@ class PeerCacheLinker(UnifiedCacheLinker):
         return all(all(flags) for flags in res.values())
 
     def _offload_staged(self, expanded: Sequence[LinkerTransfer]) -> bool:
+        """Gathers each chunk into one arena half while the node publishes the previous one
+        from the other."""
         arena = self._offload_arena
+        per_chunk, firsts = arena.halves()
         ok = True
-        for chunk in self._chunks(self._per_pool(expanded), arena.capacity):
-            self._gather(arena, chunk)
-            keys, ptrs, sizes, counts = self._node_batch(arena, chunk)
-            ok &= all(self.store.core.put(keys, Segments(ptrs, sizes, counts)))
+        behind: Optional[Tuple[Sequence[PoolPages], int, Optional[object]]] = None
+        try:
+            for c, chunk in enumerate(self._chunks(self._per_pool(expanded), per_chunk)):
+                h = c % len(firsts)
+                gathered = self._gather(arena, firsts[h], chunk)
+                if behind is not None:
+                    ok &= self._publish(arena, *behind)
+                behind = (chunk, firsts[h], gathered)
+            if behind is not None:
+                ok &= self._publish(arena, *behind)
+                behind = None
+        finally:
+            if behind is not None:  # the next offload gathers into this arena
+                self._wait(behind[2])
         return ok
 
-    def _gather(self, arena: _Arena, chunk: Sequence[PoolPages]) -> None:
+    def _publish(self, arena: _Arena, chunk: Sequence[PoolPages], first: int, gathered: Optional[object]) -> bool:
+        """Publishes ``chunk`` from arena pages ``first..`` once its gather finished."""
+        self._wait(gathered)
+        keys, ptrs, sizes, counts = self._node_batch(arena, chunk, first)
+        return all(self.store.core.put(keys, Segments(ptrs, sizes, counts)))
+
+    def _gather(self, arena: _Arena, first: int, chunk: Sequence[PoolPages]) -> Optional[object]:
+        """Issues the copies of ``chunk``'s pages from the pools into arena pages ``first..``;
+        the event that marks their end (None: done)."""
         slots = self._slots(chunk)
-        with self._copies():
+
+        def copy(non_blocking: bool) -> None:
             for name, hashes, _ in chunk:
                 view = self.views[name]
                 n = len(hashes)
                 for seg, i in enumerate(view.order):
-                    arena.blocks[name][seg][:n].copy_(view.page_rows(i).index_select(0, slots[name]),
-                                                      non_blocking=self._copy_stream is not None)
+                    arena.blocks[name][seg][first:first + n].copy_(view.page_rows(i).index_select(0, slots[name]),
+                                                                    non_blocking=non_blocking)
+
+        return self._issue(copy)
 
     def num_completed_offloads(self) -> int:
         return self.offload_results.qsize()

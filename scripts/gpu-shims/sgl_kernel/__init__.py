@@ -14,24 +14,41 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from typing import Callable, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional, Sequence, Tuple
 
 STAND_IN = True
 
 
-def _missing(qualname: str) -> Callable[..., NoReturn]:
-    def call(*args: object, **kwargs: object) -> NoReturn:
-        raise NotImplementedError(f"{qualname}: sgl_kernel is not installed here (gpu-check's import stand-in)")
+class _Missing:
+    """A name of the stand-in: calling it raises ``NotImplementedError`` naming it; its
+    attributes are stand-ins too (SGLang reads ``scalar_types.uint4b8`` at import), and a class
+    may name it as a base (it then derives from ``object`` alone)."""
 
-    call.__qualname__ = call.__name__ = qualname
-    return call
+    __slots__ = ("_qualname",)
+
+    def __init__(self, qualname: str) -> None:
+        self._qualname = qualname
+
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
+        raise NotImplementedError(f"{self._qualname}: sgl_kernel is not installed here (gpu-check's import stand-in)")
+
+    def __getattr__(self, name: str) -> "_Missing":
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"{self._qualname}.{name}")
+
+    def __mro_entries__(self, bases: Tuple[object, ...]) -> Tuple[type, ...]:
+        return (object,)
+
+    def __repr__(self) -> str:
+        return f"<sgl_kernel stand-in {self._qualname}>"
 
 
 class _StandIn(types.ModuleType):
-    def __getattr__(self, name: str) -> Callable[..., NoReturn]:
+    def __getattr__(self, name: str) -> _Missing:
         if name.startswith("__"):
             raise AttributeError(name)
-        return _missing(f"{self.__name__}.{name}")
+        return _Missing(f"{self.__name__}.{name}")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
