@@ -20,7 +20,7 @@ else
 fi
 out="${OUT:-target/gpu-check}"
 wheels="${PEERCACHE_GPU_WHEELS:-target/gpu-wheels}"
-site=/tmp/peercache-gpu-site
+site="${PEERCACHE_GPU_SITE:-/tmp/peercache-gpu-site}"
 mkdir -p "$out"
 if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
   echo "gpu-check: no wheels in $wheels: build them with scripts/gpu-wheels.sh and carry that folder" >&2

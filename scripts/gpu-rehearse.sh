@@ -5,7 +5,8 @@
 # image's versions where the device notes read one (scripts/gpu_wheels.py --held, traced in the
 # SGLang contract venv), and nothing else. Then scripts/gpu-check.sh installs the carried wheels
 # (target/gpu-wheels, from scripts/gpu-wheels.sh) into it exactly as on the host, and runs the
-# whole check on CPU (--device cpu --quick) into target/gpu-rehearsal.
+# whole check on CPU (--device cpu --quick) into target/gpu-rehearsal, and last imports every
+# module the check imports with torch pretending to see a GPU (scripts/gpu_rehearse_imports.py).
 #
 # It catches what would waste a device run: a carried wheel that does not install or load
 # under 3.12, a module the slimming left out, an import that breaks under the host's torch or
@@ -45,5 +46,11 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 echo "gpu-rehearse: the host's stand-in: $venv ($(wc -l <"$held") held distributions)"
+rc=0
 PATH="$venv/bin:$PATH" PEERCACHE_GPU_CHECK_DEVICE=cpu OUT="${CARGO_TARGET_DIR:-target}/gpu-rehearsal" \
-  bash scripts/gpu-check.sh "$@"
+  bash scripts/gpu-check.sh "$@" || rc=$?
+# SGLang's CUDA-only import branches, which the CPU run above never takes, against the
+# stand-in, with the wheels gpu-check.sh just installed.
+PYTHONPATH="${PEERCACHE_GPU_SITE:-/tmp/peercache-gpu-site}:$PWD/scripts/gpu-shims" \
+  "$venv/bin/python" scripts/gpu_rehearse_imports.py || rc=$?
+exit "$rc"

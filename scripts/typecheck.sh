@@ -20,4 +20,5 @@ cd peercache-py
 "$TVENV/bin/mypy" --config-file pyproject.toml python/peercache
 # The GPU check's scripts (run by the sglang stage and on GPU hosts), on the Python they run with.
 MYPYPATH=python "$TVENV/bin/mypy" --config-file pyproject.toml --python-version 3.11 \
-  ../scripts/gpu_wheels.py ../scripts/gpu_check.py ../scripts/gpu-shims/sgl_kernel/__init__.py
+  ../scripts/gpu_wheels.py ../scripts/gpu_check.py ../scripts/gpu_rehearse_imports.py \
+  ../scripts/gpu-shims/sgl_kernel/__init__.py
