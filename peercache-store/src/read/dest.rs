@@ -82,6 +82,29 @@ impl<'a> PageDest<'a> {
             .collect()
     }
 
+    /// Pages `idx` writable all at once (each page's segments in order), for copies that run
+    /// side by side; `None` unless `idx` is strictly increasing and in range, so no page is
+    /// handed out twice.
+    pub(crate) fn pages_mut(&mut self, idx: &[usize]) -> Option<Vec<SmallVec<[&mut [u8]; 4]>>> {
+        let increasing = idx.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || idx.last().is_some_and(|&i| i >= self.counts.len()) {
+            return None;
+        }
+        Some(
+            idx.iter()
+                .map(|&i| {
+                    self.segs(i)
+                        .iter()
+                        // SAFETY: the type's invariant (segments do not overlap) and distinct
+                        // pages (checked above); `&mut self` keeps every other view away for
+                        // as long as these live.
+                        .map(|s| unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+
     /// The bytes of pages `idx`, all at once (segments of each page in order, pages in the
     /// order of `idx`).
     pub(crate) fn views(&self, idx: &[usize]) -> Vec<&[u8]> {

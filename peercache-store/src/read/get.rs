@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use crate::StoreError;
 use crate::observe::read_timing::Stage;
 use crate::read::dest::PageDest;
+use crate::read::local_copy::{LeasedPage, copy_leased};
 use crate::read::plan::ReadPlan;
 use crate::read::scratch::host_region;
 use crate::read::wing::ReadWing;
@@ -165,8 +166,8 @@ impl ReadWing<'_> {
                 .add(got.iter().filter(|l| l.is_some()).count() as u64);
             leased
         };
-        let (mut bytes, mut local_hits) = (0u64, 0u64);
         let layout = self.layout;
+        let mut jobs = Vec::with_capacity(local.len());
         for (j, &i) in local.iter().enumerate() {
             let (ls, at) = match (promoted_at[j], &promoted) {
                 (Some(p), Some(ls)) => (ls, p),
@@ -181,14 +182,15 @@ impl ReadWing<'_> {
                 m.layout_mismatches.add(1);
                 continue;
             }
-            if self
-                .home
-                .pool
-                .read_leased(ls, at, keys[i], &mut dest.page_mut(i))
-                .is_ok()
-            {
-                plan.served_local(i, at_loc.valid_len);
-                bytes += dest.lens()[i];
+            jobs.push(LeasedPage { i, leases: ls, at });
+        }
+        let copied = copy_leased(self.home.pool, keys, &jobs, dest);
+        let (mut bytes, mut local_hits) = (0u64, 0u64);
+        for (job, ok) in jobs.iter().zip(copied) {
+            if ok {
+                let valid = job.leases.location(job.at).map_or(0, |l| l.valid_len);
+                plan.served_local(job.i, valid);
+                bytes += dest.lens()[job.i];
                 local_hits += 1;
             }
         }
