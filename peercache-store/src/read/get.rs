@@ -182,14 +182,18 @@ impl ReadWing<'_> {
                 m.layout_mismatches.add(1);
                 continue;
             }
-            jobs.push(LeasedPage { i, leases: ls, at });
+            jobs.push(LeasedPage {
+                i,
+                leases: ls,
+                at,
+                valid_len: at_loc.valid_len,
+            });
         }
         let copied = copy_leased(self.home.pool, keys, &jobs, dest);
         let (mut bytes, mut local_hits) = (0u64, 0u64);
         for (job, ok) in jobs.iter().zip(copied) {
             if ok {
-                let valid = job.leases.location(job.at).map_or(0, |l| l.valid_len);
-                plan.served_local(job.i, valid);
+                plan.served_local(job.i, job.valid_len);
                 bytes += dest.lens()[job.i];
                 local_hits += 1;
             }

@@ -17,11 +17,13 @@ pub(crate) const BYTES_PER_THREAD: u64 = 4 << 20;
 /// The most threads one read copies with (the caller's included).
 pub(crate) const MAX_THREADS: usize = 8;
 
-/// One page to copy: its index in the read, the leases that hold it and its index there.
+/// One page to copy: its index in the read, the leases that hold it and its index there, and
+/// its valid length (as leased).
 pub(crate) struct LeasedPage<'l, 'p> {
     pub(crate) i: usize,
     pub(crate) leases: &'l Leases<'p>,
     pub(crate) at: usize,
+    pub(crate) valid_len: u32,
 }
 
 /// How many threads copy `bytes` in `pages` pages when `cpus` CPUs are available: one per
@@ -45,9 +47,10 @@ pub(crate) fn copy_leased(
     jobs: &[LeasedPage<'_, '_>],
     dest: &mut PageDest<'_>,
 ) -> Vec<bool> {
-    let sizes: Vec<u64> = jobs.iter().map(|j| dest.lens()[j.i]).collect();
-    let threads = copy_threads(sizes.iter().sum(), jobs.len(), cpus());
+    let bytes = jobs.iter().map(|j| dest.lens()[j.i]).sum();
+    let threads = copy_threads(bytes, jobs.len(), cpus());
     if threads > 1 {
+        let sizes: Vec<u64> = jobs.iter().map(|j| dest.lens()[j.i]).collect();
         let idx: Vec<usize> = jobs.iter().map(|j| j.i).collect();
         if let Some(mut views) = dest.pages_mut(&idx) {
             return side_by_side(pool, keys, jobs, &sizes, &mut views, threads);
