@@ -55,7 +55,8 @@ enum Cmd {
     Replicas(replicabench::ReplicaArgs),
     /// Every benchmark, each in its own process; one combined report.
     Suite(suite::SuiteArgs),
-    /// Per-call latency of exists, get and set at several batch sizes, one caller.
+    /// Per-call latency of exists, get and set at several batch sizes, one caller (also of a
+    /// node asking about and reading its own pages).
     Latency(latency::LatencyArgs),
     /// get throughput and p99 as caller threads grow; marks the peak; draws the curves.
     Saturation(saturation::SaturationArgs),

@@ -2,8 +2,10 @@
 //! per-call latency distribution (p50, p99, p99.9, max) of `exists`, `get` and `set` on the main
 //! job's two-node cluster (B reads what A published; B writes into its own pool), beside the
 //! bare request/response floor of the same layout (`raw-tcp/rr-<page>`: a 16-byte request, one
-//! page back; `raw-tcp/rr-64B`: a 64-byte reply). With `--owner-process`, node A (and the bare
-//! server) run in a child process, as a deployment is laid out.
+//! page back; `raw-tcp/rr-64B`: a 64-byte reply). Rows `own/exists` and `own/get`: node A
+//! asking about and reading its own pages (an engine reading back what it offloaded). With
+//! `--owner-process`, node A (and the bare server) run in a child process, as a deployment is
+//! laid out, and the `own/*` rows are left out.
 
 pub mod breakdown;
 
@@ -217,6 +219,46 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
                     )
                 },
             ));
+            // The owner reading its own pages (an engine reading back what it offloaded):
+            // only when it runs in this process.
+            if let Owner::Here(a) = &a {
+                rows.push(run_row(
+                    "own/exists",
+                    args.page_bytes,
+                    bs,
+                    1,
+                    round,
+                    &timing,
+                    |t| {
+                        crate::load::workload::exists_caller(
+                            a.clone(),
+                            keys.clone(),
+                            batch,
+                            t as u64 * 29,
+                        )
+                    },
+                ));
+                if let Some(r) = rows.last_mut() {
+                    r.gb_per_s = 0.0;
+                }
+                rows.push(run_row(
+                    "own/get",
+                    args.page_bytes,
+                    bs,
+                    1,
+                    round,
+                    &timing,
+                    |t| {
+                        crate::load::workload::get_caller(
+                            a.clone(),
+                            keys.clone(),
+                            page,
+                            batch,
+                            t as u64 * 971,
+                        )
+                    },
+                ));
+            }
             if args.breakdown {
                 rows.extend(crate::cmd::latency::breakdown::get_stages(
                     &b,
@@ -257,12 +299,15 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
     b.shutdown();
     drop(a);
     let mut summary = serde_json::Map::new();
-    for op in ["exists", "get", "set"] {
+    for op in ["exists", "get", "set", "own/exists", "own/get"] {
         for &bs in &args.batch_sizes {
             let sel: Vec<&report::Row> = rows
                 .iter()
                 .filter(|r| r.name == op && r.batch == bs)
                 .collect();
+            if sel.is_empty() {
+                continue;
+            }
             let med =
                 |f: fn(&report::Row) -> f64| report::median(sel.iter().map(|r| f(r)).collect());
             summary.insert(
