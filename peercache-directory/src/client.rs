@@ -258,6 +258,15 @@ impl DirectoryClient {
         self.view.read().clone()
     }
 
+    /// Whether this node's own shard holds a copy of every key's entry — the current ring
+    /// has no more members than the replicas each entry is stored on, and this node is one of
+    /// them — so a lookup is answered without a round trip (outside a ring change's hand-off
+    /// grace, when a key no owner has is also looked for on the other members).
+    pub fn holds_every_entry(&self) -> bool {
+        let v = self.view();
+        v.ring.contains(&self.me) && v.ring.members().len() <= self.cfg.replicas
+    }
+
     /// The control endpoint of a member of the current view.
     pub fn control_of(&self, node: &NodeId) -> Option<SocketAddr> {
         self.view().addrs.get(node).copied()

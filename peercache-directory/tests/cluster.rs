@@ -57,6 +57,36 @@ fn insert_on_one_node_is_found_from_every_node() {
 }
 
 #[test]
+fn a_node_holds_every_entry_only_while_the_ring_has_no_more_members_than_replicas() {
+    let nodes = cluster(3, ClientConfig::default());
+    let keys: Vec<PageKey> = (0..64).map(key).collect();
+    for n in &nodes {
+        assert!(!n.client.holds_every_entry(), "3 members, 2 replicas");
+    }
+    let pair = [&nodes[0], &nodes[1]];
+    for n in pair {
+        n.client.apply_membership(&members(&pair));
+        assert!(n.client.holds_every_entry(), "2 members, 2 replicas");
+    }
+    let entries: Vec<_> = keys
+        .iter()
+        .zip(1..)
+        .map(|(k, i)| (*k, loc(&nodes[0].id, i)))
+        .collect();
+    nodes[0].client.insert(&entries).unwrap();
+    for n in pair {
+        // And then indeed no lookup of them leaves the node.
+        let rpcs = n.client.stats().rpcs;
+        let found = n.client.lookup(&keys).unwrap();
+        assert!(found.iter().all(Option::is_some));
+        assert_eq!(n.client.stats().rpcs, rpcs, "{} asked a peer", n.id);
+    }
+    // A node the ring does not name holds nothing.
+    nodes[2].client.apply_membership(&members(&pair));
+    assert!(!nodes[2].client.holds_every_entry());
+}
+
+#[test]
 fn large_batches_are_split_not_rejected() {
     let cfg = ClientConfig {
         max_keys_per_request: 100,

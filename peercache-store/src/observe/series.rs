@@ -89,7 +89,8 @@ peercache_wire::metric_names! {
     pub const EVICTION_NOTICES_QUEUED: &str = "peercache_eviction_notices_queued_total";
     /// Eviction notices the directory did not take (the entries fail verification and expire).
     pub const EVICTION_NOTICES_FAILED: &str = "peercache_eviction_notices_failed_total";
-    /// Directory lookups saved by the exists → get hand-off.
+    /// Pages looked up without the directory: answered by this node's own pool, or by the
+    /// exists → get hand-off or the read cache.
     pub const LOOKUPS_SAVED: &str = "peercache_directory_lookups_saved_total";
     /// Pages a router's hint located (read from the hinted node, no directory lookup).
     pub const READ_HINT_HITS: &str = "peercache_read_hint_hits_total";

@@ -63,14 +63,7 @@ impl Store {
     pub fn batch_exists_valid<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<u32>, StoreError> {
         self.check_open()?;
         let pkeys = self.page_keys(keys);
-        let Ok(mut found) = self.inner.dir.lookup(&pkeys) else {
-            return Ok(Vec::new());
-        };
-        self.inner.read_wing().keep_my_layout(&mut found);
-        Ok(found
-            .iter()
-            .map_while(|o| o.as_ref().and_then(|o| o.first()).map(|l| l.valid_len))
-            .collect())
+        Ok(self.inner.read_wing().leading_valid_lens(&pkeys))
     }
 
     /// Waits until every key is present in the cluster, at most `timeout`, and returns how many

@@ -1,5 +1,6 @@
-//! `exists` on the [`ReadWing`]: which leading pages are present (local pool, disk tier, the
-//! directory or the slot regions), priming their owners for the get that follows.
+//! `exists` on the [`ReadWing`]: which leading pages are present (this node's own pool first,
+//! then the directory — other pools and disk tiers — or the slot regions), priming the owners
+//! the directory named for the get that follows.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -37,6 +38,13 @@ impl ReadWing<'_> {
         }
     }
 
+    /// The valid length of each leading present page: this node's own copies as its pool
+    /// holds them, the others as the directory names them (no priming, no promotion).
+    pub(crate) fn leading_valid_lens(&self, keys: &[PageKey]) -> Vec<u32> {
+        let p = self.presence_of(keys);
+        (0..keys.len()).map_while(|i| p.valid_len(i)).collect()
+    }
+
     pub(crate) fn exists_impl(&self, keys: &[PageKey]) -> usize {
         self.presence(keys, true).len()
     }
@@ -56,20 +64,10 @@ impl ReadWing<'_> {
                 .add(p.iter().filter(|p| **p).count() as u64);
             return p;
         }
-        let Ok(mut found) = self.home.dir.lookup(keys) else {
-            return if leading {
-                Vec::new()
-            } else {
-                vec![false; keys.len()]
-            };
-        };
-        // Copies of another layout are not present for this node (the get that follows counts
-        // them as layout mismatches).
-        self.keep_my_layout(&mut found);
-        let mut present: Vec<bool> = found
-            .iter()
-            .map(|o| o.as_ref().is_some_and(|o| !o.is_empty()))
-            .collect();
+        // This node's own pool and the directory, the cheaper first (`read/own.rs`).
+        let p = self.presence_of(keys);
+        let mut present: Vec<bool> = (0..keys.len()).map(|i| p.present(i)).collect();
+        let found = p.owners;
         if leading {
             let n = present.iter().take_while(|p| **p).count();
             present.truncate(n);

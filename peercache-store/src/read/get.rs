@@ -109,10 +109,19 @@ impl ReadWing<'_> {
         let lens = dest.lens().to_vec();
         let me = self.me.clone();
         let mut plan = ReadPlan::new(&me, keys, &lens);
+        // This node's own pool first when a lookup would cost a round trip (`read/own.rs`).
+        let own_first = self.own_pool_first();
+        let mut bytes = 0;
+        if own_first {
+            let stage = Stage::start();
+            let all: Vec<usize> = (0..n).collect();
+            bytes += self.read_own(keys, &all, dest, &mut plan);
+            stage.end(|s| &mut s.local);
+        }
         let stage = Stage::start();
         self.find_owners(keys, &mut plan, hint);
         stage.end(|s| &mut s.locate);
-        let mut bytes = self.read_local(keys, dest, &mut plan);
+        bytes += self.read_local(keys, dest, &mut plan);
 
         // Pages no owner holds in memory but another node holds on disk: ask it to promote.
         let want = plan.disk_promotions();
@@ -124,6 +133,14 @@ impl ReadWing<'_> {
             self.read_remote(ep, pages, keys, dest)
         });
         bytes += remote_bytes;
+        if !own_first {
+            // The directory went first: a page nobody served may still be in this node's
+            // pool, unnamed by the directory.
+            let rest = plan.unserved();
+            let stage = Stage::start();
+            bytes += self.read_own(keys, &rest, dest, &mut plan);
+            stage.end(|s| &mut s.local);
+        }
         if self.cfg.replicate_on_read && !remote.is_empty() {
             let valid: Vec<u32> = (0..n).map(|i| plan.valid_len(i)).collect();
             self.replicate(&remote, keys, dest, &valid);
@@ -131,9 +148,10 @@ impl ReadWing<'_> {
         self.close_read(keys, plan, bytes)
     }
 
-    /// Local pages: leases what is in the pool, promotes from the disk tier what is not (the
-    /// leases keep the first ones from being evicted by that promotion), copies under leases.
-    /// Returns the bytes served.
+    /// The pages the directory names this node for that its own pool did not serve first
+    /// ([`ReadWing::read_own`]): leases what is in the pool now, promotes from the disk tier
+    /// what is not (the leases keep the first ones from being evicted by that promotion),
+    /// copies under leases. Returns the bytes served.
     fn read_local(
         &self,
         keys: &[PageKey],
@@ -271,9 +289,10 @@ impl ReadWing<'_> {
         plan.finish()
     }
 
-    /// Fills `plan` with the owners of `keys`: handed over by a preceding `exists` (primed),
-    /// else from the read cache (`directory_read_cache_ttl`), else from the node `hint` names
-    /// (when given), else one directory fan-out.
+    /// Fills `plan` with the owners of the pages of `keys` not yet served: handed over by a
+    /// preceding `exists` (primed), else from the read cache (`directory_read_cache_ttl`), else
+    /// from the node `hint` names (when given), else one directory fan-out. Pages served
+    /// already (by this node's own pool) count as lookups saved.
     pub(crate) fn find_owners(
         &self,
         keys: &[PageKey],
@@ -285,7 +304,12 @@ impl ReadWing<'_> {
             let now = Instant::now();
             let mut primed = self.reads.primed.lock();
             for (i, k) in keys.iter().enumerate() {
-                match primed.take(*k, now) {
+                // Taken even for a page already served, so its primed entry does not linger.
+                let o = primed.take(*k, now);
+                if plan.is_served(i) {
+                    continue;
+                }
+                match o {
                     Some(o) => plan.set_owners(i, Some(o)),
                     None => need.push(i),
                 }

@@ -61,15 +61,27 @@ impl<'a> ReadPlan<'a> {
         &mut self.owners
     }
 
-    /// Pages that list this node among their owners: served from its pool or disk tier.
+    /// Unserved pages that list this node among their owners: served from its pool or disk
+    /// tier (a page its own pool served before the directory was asked is not listed again).
     pub(crate) fn local(&self) -> Vec<usize> {
         (0..self.len())
             .filter(|&i| {
-                self.owners[i]
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|l| l.node == *self.me))
+                !self.served[i]
+                    && self.owners[i]
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|l| l.node == *self.me))
             })
             .collect()
+    }
+
+    /// The pages not served (yet), in order.
+    pub(crate) fn unserved(&self) -> Vec<usize> {
+        (0..self.len()).filter(|&i| !self.served[i]).collect()
+    }
+
+    /// Whether page `i` has been served.
+    pub(crate) fn is_served(&self, i: usize) -> bool {
+        self.served[i]
     }
 
     /// Unserved pages that no other owner holds in memory but another node holds on disk,
@@ -233,6 +245,11 @@ mod tests {
         p.set_owners(1, Some(smallvec![at(2, true)]));
         assert_eq!(p.local(), [0]);
         p.served_local(0, 100);
+        assert!(p.is_served(0) && !p.is_served(1));
+        assert!(
+            p.local().is_empty(),
+            "a served page is not local work any more"
+        );
         let f = p.next_fetches(&HashMap::new());
         assert_eq!(endpoints(&f), [(ep(2), vec![1])]);
         p.served_remote(1, LEN - 2);
