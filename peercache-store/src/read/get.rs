@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::StoreError;
 use crate::observe::read_timing::Stage;
 use crate::read::dest::PageDest;
-use crate::read::local_copy::{LeasedPage, copy_leased};
+use crate::read::local_copy::{LeasedPage, serve_leased};
 use crate::read::plan::ReadPlan;
 use crate::read::scratch::host_region;
 use crate::read::wing::ReadWing;
@@ -49,27 +49,6 @@ impl ReadWing<'_> {
             .record(t0.elapsed().as_secs_f64());
         whole.end(|s| &mut s.total);
         Ok(r)
-    }
-
-    /// Drops from `found` the copies of another layout than this node's (the directory keeps
-    /// each owner's layout fingerprint): reading them would only be refused by the slot-header
-    /// check. Returns how many keys had copies, all of another layout — now misses. One compare
-    /// per copy when every copy is of this node's layout.
-    pub(crate) fn keep_my_layout(&self, found: &mut [Option<Owners>]) -> usize {
-        let layout = self.layout;
-        let mut refused = 0;
-        for o in found.iter_mut() {
-            let Some(owners) = o else { continue };
-            if owners.iter().all(|l| l.layout == layout) {
-                continue;
-            }
-            owners.retain(|l| l.layout == layout);
-            if owners.is_empty() {
-                *o = None;
-                refused += 1;
-            }
-        }
-        refused
     }
 
     /// Where the directory says `keys` live.
@@ -207,15 +186,7 @@ impl ReadWing<'_> {
                 valid_len: at_loc.valid_len,
             });
         }
-        let copied = copy_leased(self.home.pool, keys, &jobs, dest);
-        let (mut bytes, mut local_hits) = (0u64, 0u64);
-        for (job, ok) in jobs.iter().zip(copied) {
-            if ok {
-                plan.served_local(job.i, job.valid_len);
-                bytes += dest.lens()[job.i];
-                local_hits += 1;
-            }
-        }
+        let (bytes, local_hits) = serve_leased(self.home.pool, keys, &jobs, dest, plan);
         m.read_local_hits.add(local_hits);
         stage.end(|s| &mut s.local);
         bytes

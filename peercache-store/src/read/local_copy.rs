@@ -10,6 +10,7 @@ use peercache_wire::PageKey;
 use smallvec::SmallVec;
 
 use crate::read::dest::PageDest;
+use crate::read::plan::ReadPlan;
 
 /// Bytes each copy thread must have to itself before another is started: below it, a thread's
 /// start costs more than its share of the copy saves.
@@ -62,6 +63,27 @@ pub(crate) fn copy_leased(
                 .is_ok()
         })
         .collect()
+}
+
+/// [`copy_leased`], then each page copied marked served in `plan` with its leased valid
+/// length: (bytes served, pages served).
+pub(crate) fn serve_leased(
+    pool: &Pool,
+    keys: &[PageKey],
+    jobs: &[LeasedPage<'_, '_>],
+    dest: &mut PageDest<'_>,
+    plan: &mut ReadPlan<'_>,
+) -> (u64, u64) {
+    let copied = copy_leased(pool, keys, jobs, dest);
+    let (mut bytes, mut pages) = (0u64, 0u64);
+    for (job, ok) in jobs.iter().zip(copied) {
+        if ok {
+            plan.served_local(job.i, job.valid_len);
+            bytes += dest.lens()[job.i];
+            pages += 1;
+        }
+    }
+    (bytes, pages)
 }
 
 /// [`copy_leased`] on `threads` threads, each given a run of pages of about equal bytes; the

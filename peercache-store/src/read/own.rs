@@ -18,7 +18,7 @@ use peercache_directory::Owners;
 use peercache_wire::PageKey;
 
 use crate::read::dest::PageDest;
-use crate::read::local_copy::{LeasedPage, copy_leased};
+use crate::read::local_copy::{LeasedPage, serve_leased};
 use crate::read::plan::ReadPlan;
 use crate::read::wing::ReadWing;
 
@@ -94,15 +94,7 @@ impl ReadWing<'_> {
         if jobs.is_empty() {
             return 0;
         }
-        let copied = copy_leased(self.home.pool, keys, &jobs, dest);
-        let (mut bytes, mut hits) = (0u64, 0u64);
-        for (job, ok) in jobs.iter().zip(copied) {
-            if ok {
-                plan.served_local(job.i, job.valid_len);
-                bytes += dest.lens()[job.i];
-                hits += 1;
-            }
-        }
+        let (bytes, hits) = serve_leased(self.home.pool, keys, &jobs, dest, plan);
         self.home.metrics.read_local_hits.add(hits);
         bytes
     }
@@ -142,6 +134,27 @@ impl ReadWing<'_> {
             .into_iter()
             .map(|l| l.filter(|l| l.layout == layout).map(|l| l.valid_len))
             .collect()
+    }
+
+    /// Drops from `found` the copies of another layout than this node's (the directory keeps
+    /// each owner's layout fingerprint): reading them would only be refused by the slot-header
+    /// check. Returns how many keys had copies, all of another layout — now misses. One compare
+    /// per copy when every copy is of this node's layout.
+    pub(crate) fn keep_my_layout(&self, found: &mut [Option<Owners>]) -> usize {
+        let layout = self.layout;
+        let mut refused = 0;
+        for o in found.iter_mut() {
+            let Some(owners) = o else { continue };
+            if owners.iter().all(|l| l.layout == layout) {
+                continue;
+            }
+            owners.retain(|l| l.layout == layout);
+            if owners.is_empty() {
+                *o = None;
+                refused += 1;
+            }
+        }
+        refused
     }
 
     /// The directory's owners of `keys`, copies of another layout dropped (a get counts them

@@ -129,6 +129,57 @@ fn start_owner(
     Ok((Owner::Child { _process: child }, keys, addr))
 }
 
+/// One reader's `<prefix>exists` (no payload counted) and `<prefix>get` rows at batch size
+/// `bs`; `spread` sets where each caller starts in `keys`.
+#[allow(clippy::too_many_arguments)]
+fn read_rows(
+    reader: &peercache_store::Store,
+    prefix: &str,
+    keys: &Arc<Vec<String>>,
+    page: usize,
+    bs: u64,
+    round: u64,
+    timing: &Timing,
+    spread: u64,
+) -> [report::Row; 2] {
+    let batch = bs as usize;
+    let mut exists = run_row(
+        &format!("{prefix}exists"),
+        page as u64,
+        bs,
+        1,
+        round,
+        timing,
+        |t| {
+            crate::load::workload::exists_caller(
+                reader.clone(),
+                keys.clone(),
+                batch,
+                t as u64 * 17 * spread,
+            )
+        },
+    );
+    exists.gb_per_s = 0.0;
+    let get = run_row(
+        &format!("{prefix}get"),
+        page as u64,
+        bs,
+        1,
+        round,
+        timing,
+        |t| {
+            crate::load::workload::get_caller(
+                reader.clone(),
+                keys.clone(),
+                page,
+                batch,
+                t as u64 * 613 * spread,
+            )
+        },
+    );
+    [exists, get]
+}
+
 /// Runs the latency rows.
 pub fn run(args: &LatencyArgs) -> Result<Report> {
     let page = args.page_bytes as usize;
@@ -164,42 +215,7 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
     for round in 0..args.run.rounds {
         for &bs in &args.batch_sizes {
             let batch = bs as usize;
-            rows.push(run_row(
-                "exists",
-                args.page_bytes,
-                bs,
-                1,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::exists_caller(
-                        b.clone(),
-                        keys.clone(),
-                        batch,
-                        t as u64 * 17,
-                    )
-                },
-            ));
-            if let Some(r) = rows.last_mut() {
-                r.gb_per_s = 0.0;
-            }
-            rows.push(run_row(
-                "get",
-                args.page_bytes,
-                bs,
-                1,
-                round,
-                &timing,
-                |t| {
-                    crate::load::workload::get_caller(
-                        b.clone(),
-                        keys.clone(),
-                        page,
-                        batch,
-                        t as u64 * 613,
-                    )
-                },
-            ));
+            rows.extend(read_rows(&b, "", &keys, page, bs, round, &timing, 1));
             rows.push(run_row(
                 "set",
                 args.page_bytes,
@@ -222,42 +238,7 @@ pub fn run(args: &LatencyArgs) -> Result<Report> {
             // The owner reading its own pages (an engine reading back what it offloaded):
             // only when it runs in this process.
             if let Owner::Here(a) = &a {
-                rows.push(run_row(
-                    "own/exists",
-                    args.page_bytes,
-                    bs,
-                    1,
-                    round,
-                    &timing,
-                    |t| {
-                        crate::load::workload::exists_caller(
-                            a.clone(),
-                            keys.clone(),
-                            batch,
-                            t as u64 * 29,
-                        )
-                    },
-                ));
-                if let Some(r) = rows.last_mut() {
-                    r.gb_per_s = 0.0;
-                }
-                rows.push(run_row(
-                    "own/get",
-                    args.page_bytes,
-                    bs,
-                    1,
-                    round,
-                    &timing,
-                    |t| {
-                        crate::load::workload::get_caller(
-                            a.clone(),
-                            keys.clone(),
-                            page,
-                            batch,
-                            t as u64 * 971,
-                        )
-                    },
-                ));
+                rows.extend(read_rows(a, "own/", &keys, page, bs, round, &timing, 2));
             }
             if args.breakdown {
                 rows.extend(crate::cmd::latency::breakdown::get_stages(
