@@ -192,7 +192,7 @@ fn the_http_prefix_query_needs_the_token_and_refuses_bad_queries_with_a_reason()
     );
     // Bad queries: a reason each, and the port keeps serving.
     let too_many = json!({"keys": vec!["k"; 4097]}).to_string();
-    let huge = format!(r#"{{"keys":["{}"]}}"#, "x".repeat(2 << 20));
+    let huge = format!(r#"{{"keys":["{}"]}}"#, "x".repeat(6 << 20));
     for (q, want) in [
         ("not json", 400),
         (r#"{"keys": "a"}"#, 400),

@@ -6,6 +6,13 @@
 //! counted and logged at most once per 10 s), a request head must arrive whole within
 //! [`HttpLimits::header_timeout`], and a connection that moves no byte for
 //! [`HttpLimits::idle_timeout`] is closed.
+//!
+//! A finished connection is closed so its client reads the last answer: a request refused
+//! before its body was read (413 on the length alone) leaves that body on the way, and closing
+//! with unread bytes resets the connection, which can destroy the answer in the client's
+//! buffers. So the node half-closes (the client sees the answer end) and reads on, discarding,
+//! until the client closes, [`HttpLimits::linger_bytes`] arrived or
+//! [`HttpLimits::linger_timeout`] passed, whichever comes first.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -29,6 +36,10 @@ pub(crate) struct HttpLimits {
     pub(crate) header_timeout: Duration,
     /// Longest time a connection may move no byte in either direction.
     pub(crate) idle_timeout: Duration,
+    /// Most bytes read and discarded after a connection's last answer.
+    pub(crate) linger_bytes: usize,
+    /// Longest time a connection is kept after its last answer for its client to close it.
+    pub(crate) linger_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -37,6 +48,8 @@ impl Default for HttpLimits {
             max_connections: 64,
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
+            linger_bytes: 8 << 20,
+            linger_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -87,7 +100,8 @@ impl HttpServer {
     }
 }
 
-/// Serves one connection until the client closes it, it breaks a limit, or the node stops.
+/// Serves one connection until the client closes it, it breaks a limit, or the node stops;
+/// then closes it as [`linger`] does.
 async fn serve_conn(
     sock: tokio::net::TcpStream,
     service: hyper_util::service::TowerToHyperService<axum::Router>,
@@ -105,14 +119,15 @@ async fn serve_conn(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .keep_alive(true)
-        .serve_connection(io, service);
+        .serve_connection(io, service)
+        .without_shutdown();
     tokio::pin!(conn);
     let idle = limits.idle_timeout;
-    loop {
+    let done = loop {
         let since = Duration::from_millis(last.load(Ordering::Relaxed));
         let deadline = tokio::time::Instant::from_std(epoch + since + idle);
         tokio::select! {
-            _ = conn.as_mut() => return,
+            done = conn.as_mut() => break done,
             _ = stop.changed() => return,
             _ = tokio::time::sleep_until(deadline) => {
                 let moved = Duration::from_millis(last.load(Ordering::Relaxed));
@@ -121,6 +136,32 @@ async fn serve_conn(
                     return;
                 }
             }
+        }
+    };
+    // An error (a broken head, the header timeout, a reset) ends the connection on the spot.
+    if let Ok(parts) = done {
+        tokio::select! {
+            _ = linger(parts.io.into_inner().inner, limits.linger_bytes) => {}
+            _ = tokio::time::sleep(limits.linger_timeout) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Half-closes `sock` after its last answer and reads on, discarding, until the client
+/// closes or `cap` bytes arrived (the caller bounds the time): closing with unread bytes would
+/// reset the connection and could destroy that answer before the client read it.
+async fn linger(mut sock: tokio::net::TcpStream, cap: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if sock.shutdown().await.is_err() {
+        return;
+    }
+    let mut left = cap;
+    let mut sink = vec![0u8; (64 << 10).min(cap.max(1))];
+    while left > 0 {
+        match sock.read(&mut sink).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
         }
     }
 }
@@ -219,6 +260,108 @@ mod tests {
         let mut buf = vec![0u8; 1024];
         let n = s.read(&mut buf).unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// A server with a route that takes at most 1 KiB of body.
+    fn limited_server(limits: HttpLimits) -> HttpServer {
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() })
+                .layer(axum::extract::DefaultBodyLimit::max(1024)),
+        );
+        HttpServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            app,
+            limits,
+            metrics::Counter::noop(),
+        )
+        .unwrap()
+    }
+
+    /// Sends a request head announcing `len` bytes of body to `limited_server`'s route.
+    fn announce(s: &mut TcpStream, len: usize) {
+        let head = format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+    }
+
+    /// Writes `chunk` every `pause` until a write fails; the bytes written by then.
+    fn write_until_refused(
+        s: &mut TcpStream,
+        chunk: &[u8],
+        pause: Duration,
+        within: Duration,
+    ) -> usize {
+        let until = Instant::now() + within;
+        let mut sent = 0;
+        while Instant::now() < until {
+            match s.write(chunk) {
+                Ok(n) => sent += n,
+                Err(_) => return sent,
+            }
+            std::thread::sleep(pause);
+        }
+        panic!("the server still took bytes after {within:?} ({sent} bytes)");
+    }
+
+    #[test]
+    fn a_client_that_sends_a_refused_body_whole_reads_the_refusal() {
+        let srv = limited_server(HttpLimits::default());
+        let body = vec![b'x'; 4 << 20];
+        for round in 0..20 {
+            let mut s = TcpStream::connect(srv.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            announce(&mut s, body.len());
+            s.write_all(&body)
+                .unwrap_or_else(|e| panic!("round {round}: writing the body: {e}"));
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw)
+                .unwrap_or_else(|e| panic!("round {round}: reading the answer: {e}"));
+            let answer = String::from_utf8_lossy(&raw);
+            assert!(
+                answer.starts_with("HTTP/1.1 413"),
+                "round {round}: {answer}"
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_refusal_the_server_reads_on_only_within_its_linger_bounds() {
+        // The time bound: a client trickling a body the server refused.
+        let srv = limited_server(HttpLimits {
+            linger_timeout: Duration::from_millis(300),
+            ..HttpLimits::default()
+        });
+        let mut s = TcpStream::connect(srv.addr).unwrap();
+        announce(&mut s, 1 << 30);
+        s.write_all(&[b'x'; 2048]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 413"));
+        let t0 = Instant::now();
+        write_until_refused(
+            &mut s,
+            &[b'x'; 1024],
+            Duration::from_millis(20),
+            Duration::from_secs(5),
+        );
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // The byte bound: a client pouring a body out as fast as it can.
+        let srv = limited_server(HttpLimits {
+            linger_bytes: 1 << 20,
+            linger_timeout: Duration::from_secs(60),
+            ..HttpLimits::default()
+        });
+        let mut s = TcpStream::connect(srv.addr).unwrap();
+        announce(&mut s, 1 << 30);
+        let sent = write_until_refused(
+            &mut s,
+            &[b'x'; 64 << 10],
+            Duration::ZERO,
+            Duration::from_secs(20),
+        );
+        // What the socket buffers on both sides hold comes on top of the cap.
+        assert!(sent < 64 << 20, "{sent} bytes taken");
     }
 
     #[test]
