@@ -3,8 +3,13 @@
 
 mod private;
 pub mod record;
+mod recover;
+mod state;
 mod tier;
+mod types;
+mod writer;
 
 pub use private::UnsafeFolder;
 pub use record::{RecordError, RecordHeader};
-pub use tier::{DiskConfig, DiskError, DiskStats, DiskTier, default_root};
+pub use tier::{DiskTier, default_root};
+pub use types::{DiskConfig, DiskError, DiskStats};
