@@ -223,8 +223,7 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
 
-    fn server(limits: HttpLimits) -> HttpServer {
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    fn serve(app: axum::Router, limits: HttpLimits) -> HttpServer {
         HttpServer::start(
             "127.0.0.1:0".parse().unwrap(),
             app,
@@ -232,6 +231,13 @@ mod tests {
             metrics::Counter::noop(),
         )
         .unwrap()
+    }
+
+    fn server(limits: HttpLimits) -> HttpServer {
+        serve(
+            axum::Router::new().route("/", axum::routing::get(|| async { "ok" })),
+            limits,
+        )
     }
 
     /// Reads until the server closes the connection or `within` passes; true if it closed.
@@ -269,19 +275,16 @@ mod tests {
             axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() })
                 .layer(axum::extract::DefaultBodyLimit::max(1024)),
         );
-        HttpServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            app,
-            limits,
-            metrics::Counter::noop(),
-        )
-        .unwrap()
+        serve(app, limits)
     }
 
-    /// Sends a request head announcing `len` bytes of body to `limited_server`'s route.
-    fn announce(s: &mut TcpStream, len: usize) {
+    /// A connection to `srv` that has sent a request head announcing `len` bytes of body to
+    /// `limited_server`'s route.
+    fn announcing(srv: &HttpServer, len: usize) -> TcpStream {
+        let mut s = TcpStream::connect(srv.addr).unwrap();
         let head = format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
         s.write_all(head.as_bytes()).unwrap();
+        s
     }
 
     /// Writes `chunk` every `pause` until a write fails; the bytes written by then.
@@ -308,9 +311,8 @@ mod tests {
         let srv = limited_server(HttpLimits::default());
         let body = vec![b'x'; 4 << 20];
         for round in 0..20 {
-            let mut s = TcpStream::connect(srv.addr).unwrap();
+            let mut s = announcing(&srv, body.len());
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            announce(&mut s, body.len());
             s.write_all(&body)
                 .unwrap_or_else(|e| panic!("round {round}: writing the body: {e}"));
             let mut raw = Vec::new();
@@ -331,8 +333,7 @@ mod tests {
             linger_timeout: Duration::from_millis(300),
             ..HttpLimits::default()
         });
-        let mut s = TcpStream::connect(srv.addr).unwrap();
-        announce(&mut s, 1 << 30);
+        let mut s = announcing(&srv, 1 << 30);
         s.write_all(&[b'x'; 2048]).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut raw = Vec::new();
@@ -352,8 +353,7 @@ mod tests {
             linger_timeout: Duration::from_secs(60),
             ..HttpLimits::default()
         });
-        let mut s = TcpStream::connect(srv.addr).unwrap();
-        announce(&mut s, 1 << 30);
+        let mut s = announcing(&srv, 1 << 30);
         let sent = write_until_refused(
             &mut s,
             &[b'x'; 64 << 10],
