@@ -58,5 +58,25 @@ pub(crate) fn buffer_segs(bufs: &[PyBuffer<u8>], writable: bool) -> PyResult<Vec
     Ok(segs)
 }
 
+/// One page per bytes-like buffer, for `keys` keys: the segments, carried across the GIL
+/// release, and their counts (one each). A count that differs from the keys' is a
+/// `ValueError`, as is a buffer [`buffer_segs`] refuses.
+pub(crate) fn page_buffers(
+    keys: usize,
+    bufs: &[PyBuffer<u8>],
+    writable: bool,
+) -> PyResult<(SendSegs, Vec<usize>)> {
+    if keys != bufs.len() {
+        let what = if writable { "destinations" } else { "values" };
+        return Err(PyValueError::new_err(format!(
+            "{keys} keys but {} {what}",
+            bufs.len()
+        )));
+    }
+    let segs = buffer_segs(bufs, writable)?;
+    let counts = vec![1; segs.len()];
+    Ok((SendSegs(segs), counts))
+}
+
 /// Raw segments carried across the GIL release.
 pub(crate) struct SendSegs(pub(crate) Vec<RawSeg>);

@@ -5,7 +5,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::args::{SendSegs, buffer_segs, raw, seconds};
+use crate::args::{SendSegs, page_buffers, raw, seconds};
 use crate::errors::to_py;
 use crate::logging;
 
@@ -249,16 +249,7 @@ impl Node {
         keys: Vec<String>,
         values: Vec<PyBuffer<u8>>,
     ) -> PyResult<Vec<bool>> {
-        if keys.len() != values.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} keys but {} values",
-                keys.len(),
-                values.len()
-            )));
-        }
-        let segs = buffer_segs(&values, false)?;
-        let counts = vec![1; segs.len()];
-        let segs = SendSegs(segs);
+        let (segs, counts) = page_buffers(keys.len(), &values, false)?;
         // SAFETY: the buffers are held (exported) by `values` for the whole call.
         let r = py
             .detach(|| unsafe { self.store.batch_set_raw(&keys, &segs.0, &counts) })
@@ -275,16 +266,7 @@ impl Node {
         keys: Vec<String>,
         dests: Vec<PyBuffer<u8>>,
     ) -> PyResult<Vec<bool>> {
-        if keys.len() != dests.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} keys but {} destinations",
-                keys.len(),
-                dests.len()
-            )));
-        }
-        let segs = buffer_segs(&dests, true)?;
-        let counts = vec![1; segs.len()];
-        let segs = SendSegs(segs);
+        let (segs, counts) = page_buffers(keys.len(), &dests, true)?;
         // SAFETY: writable buffers held (exported) by `dests` for the whole call.
         let r = py
             .detach(|| unsafe { self.store.batch_get_raw(&keys, &segs.0, &counts) })

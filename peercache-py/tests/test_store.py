@@ -161,6 +161,12 @@ def test_generic_path_with_bytes_arrays_and_a_read_only_destination(port):
         assert a.batch_get(["missing"], [bytearray(4096)]) == [None]
         with pytest.raises(ValueError, match="read-only"):
             a.batch_get(["g0"], [bytes(4096)])
+        # One buffer per key, or a ValueError naming both counts (nothing is read or written).
+        with pytest.raises(ValueError, match="2 keys but 1 destinations"):
+            a.core.get_buffers(["g0", "g1"], [bytearray(4096)])
+        with pytest.raises(ValueError, match="1 keys but 2 values"):
+            a.core.put_buffers(["g9"], [vals[0], vals[1]])
+        assert a.batch_exists(["g9"]) == 0
         assert a.check_server()
         a.clear()
         assert a.batch_exists(["g0"]) == 0
