@@ -117,3 +117,23 @@ fn the_shared_flags_and_their_aliases_parse() {
         .is_err()
     );
 }
+
+#[test]
+fn seconds_that_are_negative_nan_or_zero_are_refused_before_anything_runs() {
+    use peercache_bench::cmd::{drive::DriveArgs, main_job::MainArgs, throughput::ThroughputArgs};
+    for bad in ["-1", "nan", "inf", "0", "1e300", "soon"] {
+        let flag = format!("--secs={bad}");
+        assert!(
+            Wrap::<MainArgs>::try_parse_from(["bench", flag.as_str()]).is_err(),
+            "{flag}"
+        );
+    }
+    for bad in ["-1", "nan", "1e300"] {
+        let flag = format!("--warmup={bad}");
+        assert!(Wrap::<DriveArgs>::try_parse_from(["bench", flag.as_str()]).is_err());
+        assert!(Wrap::<ThroughputArgs>::try_parse_from(["bench", flag.as_str()]).is_err());
+    }
+    // A warm-up may be skipped; a measuring window may not.
+    let d = Wrap::<DriveArgs>::try_parse_from(["bench", "--warmup", "0"]).unwrap();
+    assert_eq!(d.args.warmup, 0.0);
+}

@@ -1,6 +1,6 @@
 //! The node binary as a newcomer meets it: one-line errors whatever `RUST_BACKTRACE` says, a
-//! mistyped setting answered with the nearest known key, and a one-node cluster called
-//! "1 member".
+//! bad number of seconds refused with a reason, a mistyped setting answered with the nearest
+//! known key, and a one-node cluster called "1 member".
 
 use std::process::Command;
 use std::time::Duration;
@@ -50,6 +50,46 @@ fn errors_are_one_line_with_their_cause_even_with_rust_backtrace_set() {
             "{args:?}: a cause chain: {}",
             lines[0]
         );
+    }
+}
+
+#[test]
+fn a_wait_or_deadline_that_is_negative_nan_or_zero_is_refused_with_a_reason() {
+    // Each would panic turning into a `Duration` (negative, NaN, overflow) or make every call
+    // fail at once (a zero deadline or TTL).
+    let node = env!("CARGO_BIN_EXE_peercache-node");
+    let tool = |name: &'static str, option: &'static str, rest: &'static [&'static str]| {
+        let mut args = vec![name, "--discovery-addr", "127.0.0.1:1", option];
+        args.extend_from_slice(rest);
+        args
+    };
+    let cases = [
+        (node, tool("locate", "--timeout=-1", &["k"]), "not negative"),
+        (node, tool("status", "--timeout=nan", &[]), "finite"),
+        (node, tool("status", "--timeout=0", &[]), "more than zero"),
+        (
+            node,
+            tool("drive", "--wait=1e300", &["--write-on", "x"]),
+            "a year",
+        ),
+        (
+            env!("CARGO_BIN_EXE_peercache-meta"),
+            vec!["--member-ttl=inf"],
+            "finite",
+        ),
+    ];
+    for (exe, args, why) in cases {
+        let out = Command::new(exe)
+            .args(&args)
+            .env("RUST_BACKTRACE", "full")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].contains(why), "{args:?}: {}", lines[0]);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
 

@@ -27,7 +27,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub readers: usize,
     /// Seconds to wait for `--readers` to join and for `--read-from`'s pages to appear.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = peercache_store::tools::secs::seconds)]
     pub connect_timeout: f64,
     /// After joining, read the pages another node published (`<node_id>/<i>`, i < `--preload`
     /// of that node = `--read-count`), check every byte, print `READ <node> hits=H/N wrong=W`.

@@ -140,7 +140,7 @@ pub struct ThroughputArgs {
     #[command(flatten)]
     pub load: crate::load::rows::LoadArgs,
     /// Seconds of warm-up per row.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = peercache_store::tools::secs::seconds)]
     pub warmup: f64,
     /// Pages in the working set (rounded up to whole requests).
     #[arg(long, default_value_t = 1024)]

@@ -11,7 +11,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
     /// Seconds per round.
-    #[arg(long, visible_alias = "duration", default_value_t = 0.5)]
+    #[arg(long, visible_alias = "duration", default_value_t = 0.5, value_parser = peercache_store::tools::secs::positive_seconds)]
     pub secs: f64,
     /// Also write the results as JSON to this file.
     #[arg(long)]

@@ -64,7 +64,7 @@ pub struct MetaArgs {
     #[arg(long, default_value = "0.0.0.0:31998")]
     pub bind: std::net::SocketAddr,
     /// Seconds a silent member is kept.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::tools::secs::positive_seconds)]
     pub member_ttl: f64,
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`). Without either the
     /// server only starts on a loopback address, as a node does, unless `--insecure`.

@@ -39,10 +39,10 @@ pub struct DriveArgs {
     #[arg(long, default_value_t = 0)]
     pub members: usize,
     /// Seconds to wait for the members.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::tools::secs::seconds)]
     pub wait: f64,
     /// Seconds each request may take.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::tools::secs::positive_seconds)]
     pub timeout: f64,
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
     #[arg(long)]

@@ -18,7 +18,7 @@ pub struct LocateArgs {
     #[arg(long)]
     pub via: Option<String>,
     /// Seconds each answer may take.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::tools::secs::positive_seconds)]
     pub timeout: f64,
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
     #[arg(long)]

@@ -22,7 +22,7 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// Seconds to wait for each answer.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::tools::secs::positive_seconds)]
     pub timeout: f64,
     /// File holding the cluster secret (else `PEERCACHE_CLUSTER_SECRET`).
     #[arg(long)]

@@ -46,7 +46,7 @@ pub struct DriveCommon {
     #[arg(long, default_value_t = 1024)]
     pub working_set: u64,
     /// Seconds a reader waits for the working set to appear (the owner to join and publish).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = peercache_store::tools::secs::seconds)]
     pub connect_timeout: f64,
     /// Readers read into GPU memory (GPUDirect RDMA: one-sided READ straight into the device,
     /// every page's stamp checked by one strided copy back). Needs `--protocol rdma`, a bench
@@ -78,7 +78,7 @@ pub struct DriveArgs {
     #[command(flatten)]
     pub threads: crate::load::rows::Threads,
     /// Seconds of warm-up per step.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = peercache_store::tools::secs::seconds)]
     pub warmup: f64,
     /// Interleaved rounds, seconds measured per step and the JSON output (the shared run
     /// flags).

@@ -27,10 +27,10 @@ pub struct ReaderArgs {
     #[arg(long)]
     pub host: String,
     /// Seconds of warm-up per step.
-    #[arg(long)]
+    #[arg(long, value_parser = peercache_store::tools::secs::seconds)]
     pub warmup: f64,
     /// Seconds measured per step.
-    #[arg(long)]
+    #[arg(long, value_parser = peercache_store::tools::secs::positive_seconds)]
     pub duration: f64,
     /// This reader's index among the reader processes (picks its GPU with `--gpu`).
     #[arg(long, default_value_t = 0)]

@@ -30,7 +30,7 @@ pub struct RecoveryArgs {
     pub replicas: usize,
     /// Simulated seconds until every member saw a death or restart: discovery's bound,
     /// `member_ttl` + 2 × `heartbeat_interval` with the defaults.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = peercache_store::tools::secs::seconds)]
     pub detect_secs: f64,
 }
 
